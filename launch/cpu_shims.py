@@ -1,0 +1,74 @@
+"""What SGLang 0.5.23 needs to run on a CPU without a GPU, applied for the user.
+
+- `SGLANG_USE_CPU_ENGINE=1`: SGLang's CPU platform is opt-in.
+- a stub `libcuda.so.1` on `LD_LIBRARY_PATH`: with the CPU engine on, SGLang imports
+  the CUDA build of `sgl_kernel` (`cache_move.py`), whose library links libcuda.
+- `TRITON_INTERPRET=1` is *not* set: our CPU paths are torch, not Triton.
+
+`cpu_server_env()` returns the environment for a server process; the demo and the
+tests start SGLang with it, so nobody sets these by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+STUB_SOURCE = Path(__file__).with_name("libcuda_stub.c")
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("SGLANG_EXT_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "sglang-ext"
+    )
+    return Path(root)
+
+
+def build_libcuda_stub(cache_dir: Path | None = None) -> Path:
+    """Compile the stub once; returns the folder that holds `libcuda.so.1`."""
+    out_dir = (cache_dir or default_cache_dir()) / "cudastub"
+    lib = out_dir / "libcuda.so.1"
+    if lib.exists() and lib.stat().st_mtime >= STUB_SOURCE.stat().st_mtime:
+        return out_dir
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise RuntimeError("building the libcuda stub needs a C compiler (gcc or cc) on PATH")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f"libcuda.so.1.{os.getpid()}.tmp"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(STUB_SOURCE)],
+        check=True,
+    )
+    os.replace(tmp, lib)
+    return out_dir
+
+
+def has_cuda_driver() -> bool:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def cpu_server_env(base: dict | None = None, vocab_dir: str | None = None) -> dict:
+    """Environment for an SGLang process on this CPU."""
+    env = dict(os.environ if base is None else base)
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env.pop("TRITON_INTERPRET", None)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if not has_cuda_driver():
+        stub_dir = str(build_libcuda_stub())
+        paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        if stub_dir not in paths:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([stub_dir] + paths)
+    if vocab_dir:
+        env["TIKTOKEN_ENCODINGS_BASE"] = vocab_dir
+        env.setdefault("TIKTOKEN_RS_CACHE_DIR", vocab_dir)
+        env.setdefault("TIKTOKEN_CACHE_DIR", vocab_dir)
+    return env

@@ -1,0 +1,26 @@
+"""Every change sglang-ext makes to SGLang 0.5.23, one module each.
+
+Each module has a `register()` that registers its hooks through SGLang's
+`HookRegistry` (applied by `load_plugins()` right after the plugins run) and a
+docstring naming the target, the pinned version and why the change exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+PATCH_MODULES = (
+    "probe_ckpt_flag",
+    "sink_attention_backend",
+)
+
+_registered = False
+
+
+def register_all() -> None:
+    global _registered
+    if _registered:
+        return
+    for name in PATCH_MODULES:
+        importlib.import_module(f"{__name__}.{name}").register()
+    _registered = True

@@ -1,0 +1,92 @@
+"""Patch: the `--probe-ckpt PATH` server flag (SGLang 0.5.23).
+
+Targets
+  - `sglang.srt.server_args.ServerArgs.add_cli_args` (AFTER): adds the flag, so it is
+    parsed and listed by `python -m sglang.launch_server --help`.
+  - `sglang.srt.server_args.ServerArgs.from_cli_args` (AFTER): `ServerArgs` is a sealed
+    msgspec struct that copies only declared fields from the namespace, so the value
+    would be dropped silently. We carry it as the underscore attribute `_probe_ckpt`
+    (pickled with the struct's `__dict__` into every scheduler/TP process) and as the
+    environment variable `SGLANG_EXT_PROBE_CKPT` (inherited by spawned children).
+    A path that does not exist stops the launch here, before any model loads.
+  - `sglang.srt.managers.scheduler.Scheduler.__init__` (AFTER): logs the value each
+    scheduler process received (the probe runtime binds to it there).
+
+Without the flag nothing changes: `_probe_ckpt` is None and no hook alters behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+logger = logging.getLogger(__name__)
+
+FLAG = "--probe-ckpt"
+ENV_VAR = "SGLANG_EXT_PROBE_CKPT"
+
+
+class ProbeCkptNotFound(SystemExit):
+    """One-line launch failure; SystemExit so that no caller turns it into a traceback."""
+
+
+def resolve_probe_ckpt(spec: str | None) -> str | None:
+    """Return the probe checkpoint folder for `spec`, or stop with one line naming it."""
+    if spec is None or spec == "":
+        return None
+    path = os.path.abspath(os.path.expanduser(spec))
+    if os.path.exists(path):
+        return path
+    raise ProbeCkptNotFound(f"{FLAG}: no such file or directory: {spec}")
+
+
+def _add_flag(result, parser):
+    if FLAG in parser._option_string_actions:  # add_cli_args may run twice on one parser
+        return
+    parser.add_argument(
+        FLAG,
+        type=str,
+        default=None,
+        metavar="PATH",
+        help="SingProbe checkpoint folder (config.json + model.safetensors) whose "
+        "per-token safety scores are returned with every generated token "
+        "(sglang-ext). Omit it to serve exactly as upstream SGLang.",
+    )
+
+
+def _carry_flag(server_args, cls, args):
+    probe_ckpt = resolve_probe_ckpt(getattr(args, "probe_ckpt", None))
+    server_args._probe_ckpt = probe_ckpt
+    if probe_ckpt is None:
+        os.environ.pop(ENV_VAR, None)
+    else:
+        os.environ[ENV_VAR] = probe_ckpt
+    return server_args
+
+
+def probe_ckpt_of(server_args) -> str | None:
+    """The value carried into this process (scheduler side)."""
+    value = getattr(server_args, "_probe_ckpt", None)
+    return value if value is not None else os.environ.get(ENV_VAR) or None
+
+
+def _log_in_scheduler(result, scheduler, server_args, *args, **kwargs):
+    probe_ckpt = probe_ckpt_of(server_args)
+    if probe_ckpt is not None:
+        logger.info("sglang-ext: scheduler received %s %s", FLAG, probe_ckpt)
+
+
+def register() -> None:
+    HookRegistry.register(
+        "sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER
+    )
+    HookRegistry.register(
+        "sglang.srt.server_args.ServerArgs.from_cli_args", _carry_flag, HookType.AFTER
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.__init__",
+        _log_in_scheduler,
+        HookType.AFTER,
+    )

@@ -1,0 +1,152 @@
+"""The `ext_sinks` attention backend: paged KV, sinks, inclusive sliding window.
+
+One backend, two kernel paths: the torch path (`sink_attention_torch`, CPU in bf16
+and fp32, and any device as a fallback) and the Triton path for H200 (kernels issue).
+It accepts both of SGLang's KV pools: the plain MHA pool and the hybrid SWA pool
+that gpt-oss gets by default (sliding layers then live in a smaller sub-pool and
+their slot ids are translated from the full pool's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+from sglang_ext.layers.sink_attention import sink_attention_torch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+BACKEND_NAME = "ext_sinks"
+
+
+@dataclass
+class _RequestSpan:
+    """One request of the batch: its query rows and its key range."""
+
+    req_pool_idx: int
+    q_start: int  # first row of this request in q
+    q_len: int
+    seq_len: int  # keys 0..seq_len-1 exist after this forward's KV write
+
+    @property
+    def first_q_position(self) -> int:
+        return self.seq_len - self.q_len
+
+
+class SinkAttnBackend(AttentionBackend):
+    def __init__(self, model_runner: "ModelRunner"):
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.uses_swa_pool = (
+            isinstance(self.token_to_kv_pool, SWAKVPool)
+            and self.token_to_kv_pool.swa_layer_nums > 0
+        )
+        self.kernel_path = "torch"
+        self.spans: List[_RequestSpan] = []
+        self.swa_out_cache_loc: Optional[torch.Tensor] = None
+
+    # -- metadata -------------------------------------------------------------
+    def init_forward_metadata(self, forward_batch: "ForwardBatch"):
+        mode = forward_batch.forward_mode
+        if self.uses_swa_pool and forward_batch.out_cache_loc is not None:
+            self.swa_out_cache_loc = self.token_to_kv_pool.translate_loc_from_full_to_swa(
+                forward_batch.out_cache_loc
+            )
+        else:
+            self.swa_out_cache_loc = None
+        if mode.is_idle():
+            self.spans = []
+            return
+        req_pool_indices = forward_batch.req_pool_indices.tolist()
+        seq_lens = forward_batch.seq_lens_cpu.tolist() if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens.tolist()
+        if mode.is_decode_or_idle():
+            q_lens = [1] * len(seq_lens)
+        else:
+            if forward_batch.extend_seq_lens_cpu is not None:
+                q_lens = list(forward_batch.extend_seq_lens_cpu)
+            else:
+                q_lens = forward_batch.extend_seq_lens.tolist()
+        spans, start = [], 0
+        for rpi, seq_len, q_len in zip(req_pool_indices, seq_lens, q_lens):
+            spans.append(_RequestSpan(int(rpi), start, int(q_len), int(seq_len)))
+            start += int(q_len)
+        self.spans = spans
+
+    # -- forward --------------------------------------------------------------
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"))
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"))
+
+    def _forward(
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer: "RadixAttention",
+        forward_batch: "ForwardBatch",
+        save_kv_cache: bool,
+        sinks: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        if layer.is_cross_attention:
+            raise NotImplementedError(f"{BACKEND_NAME} has no cross attention")
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer,
+                KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc),
+                k,
+                v,
+            )
+        num_heads, head_dim, v_head_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
+        q3 = q.reshape(-1, num_heads, head_dim)
+        out = q.new_empty((q3.shape[0], num_heads, v_head_dim))
+
+        k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        window_left = layer.sliding_window_size
+        window_left = -1 if window_left is None else int(window_left)
+        in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+        req_to_token = self.req_to_token_pool.req_to_token
+
+        for span in self.spans:
+            if span.q_len == 0:
+                continue
+            k_lo = 0
+            if window_left >= 0:
+                k_lo = max(0, span.first_q_position - window_left)
+            slots = req_to_token[span.req_pool_idx, k_lo : span.seq_len]
+            if in_swa_pool:
+                slots = self.token_to_kv_pool.translate_loc_from_full_to_swa(slots)
+            slots = slots.long()
+            q_rows = q3[span.q_start : span.q_start + span.q_len]
+            q_positions = torch.arange(span.first_q_position, span.seq_len, device=q.device)
+            out[span.q_start : span.q_start + span.q_len] = sink_attention_torch(
+                q_rows,
+                k_cache[slots],
+                v_cache[slots],
+                sinks,
+                q_positions,
+                k_lo,
+                window_left,
+                layer.scaling,
+            )
+        return out.view(-1, num_heads * v_head_dim)
+
+    def support_triton(self):
+        return False
+
+
+def create_sink_attn_backend(model_runner: "ModelRunner") -> SinkAttnBackend:
+    return SinkAttnBackend(model_runner)

@@ -1,0 +1,63 @@
+"""Attention with per-head sinks and an inclusive sliding window: the torch path.
+
+SGLang-free. The SGLang backend (`sglang_ext.attention_backend`) gathers each
+request's keys/values out of the paged KV pool and calls `sink_attention_torch`;
+the Triton path for H200 (kernels issue) replaces this call, not the backend.
+
+Conventions (gpt-oss, SPEC §1):
+  - `window_left` is the number of *earlier* keys a query may see, SGLang's
+    `sliding_window_size` (= config.sliding_window - 1 = 127): key j is visible to
+    query i iff i - window_left <= j <= i, i.e. 128 keys including itself.
+    A negative value means full causal attention.
+  - the sink is one extra logit column per query head that joins the softmax
+    denominator once and contributes no value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sink_attention_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor | None,
+    q_positions: torch.Tensor,
+    k_start: int,
+    window_left: int,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of queries at absolute `q_positions` over keys at k_start..k_start+L-1.
+
+    q: [Q, Hq, D]; k, v: [L, Hkv, D] with Hq a multiple of Hkv (GQA); sinks: [Hq].
+    Scores, softmax and the weighted sum run in fp32; the result is cast to q's dtype.
+    """
+    num_q, num_q_heads, head_dim = q.shape
+    num_k, num_kv_heads, _ = k.shape
+    group = num_q_heads // num_kv_heads
+    assert group * num_kv_heads == num_q_heads, (num_q_heads, num_kv_heads)
+
+    qf = q.float().view(num_q, num_kv_heads, group, head_dim)
+    kf = k.float()
+    vf = v.float()
+    scores = torch.einsum("qhgd,khd->hgqk", qf, kf) * scale  # [Hkv, G, Q, L]
+
+    k_positions = torch.arange(k_start, k_start + num_k, device=q.device)
+    qp = q_positions.to(q.device).view(-1, 1)
+    visible = k_positions.view(1, -1) <= qp
+    if window_left >= 0:
+        visible &= k_positions.view(1, -1) >= qp - window_left
+    scores = scores.masked_fill(~visible, float("-inf"))
+
+    row_max = scores.amax(dim=-1)  # [Hkv, G, Q]
+    if sinks is not None:
+        sink = sinks.float().view(num_kv_heads, group, 1)
+        row_max = torch.maximum(row_max, sink)
+    # A query always sees itself, so row_max is finite.
+    probs = torch.exp(scores - row_max.unsqueeze(-1))
+    denom = probs.sum(dim=-1)
+    if sinks is not None:
+        denom = denom + torch.exp(sink - row_max)
+    out = torch.einsum("hgqk,khd->qhgd", probs, vf) / denom.permute(2, 0, 1).unsqueeze(-1)
+    return out.reshape(num_q, num_q_heads, head_dim).to(q.dtype)
