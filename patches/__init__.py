@@ -12,6 +12,7 @@ import importlib
 PATCH_MODULES = (
     "probe_ckpt_flag",
     "sink_attention_backend",
+    "gpt_oss_model",
 )
 
 _registered = False

@@ -1,0 +1,270 @@
+"""gpt-oss (20b/120b) for SGLang: the whole forward in one file.
+
+The maths lives in SGLang-free modules (`sglang_ext.layers`: RMSNorm, YaRN RoPE,
+linear-with-bias, MoE, MXFP4); this class wires them to SGLang's batch metadata
+(RadixAttention -> the attention backend, `ForwardBatch`), its vocab-parallel
+embedding / LM head / logits processor and its tensor-parallel group.
+
+Parameter names equal the Hugging Face checkpoint keys, so loading is one loop. Two
+layouts differ from the bf16 checkpoint and say so: experts are stored [E, out, in]
+(`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]), the MXFP4 layout, which makes
+each expert one `F.linear`; the bf16 checkpoint's [E, in, out] tensors are transposed
+on load. Sinks are kept in fp32 (exact for bf16 checkpoints).
+
+Tensor parallelism (TP = t): attention heads and KV heads split across ranks; each
+expert's intermediate dimension I split in t slices (interleaved gate/up rows 2a..2b);
+o_proj's and mlp2's biases are added once, after the all-reduce.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Iterable, Optional, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
+from sglang.srt.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+from sglang_ext.layers.linear import Linear
+from sglang_ext.layers.moe import add_down_bias, experts_torch, route
+from sglang_ext.layers.mxfp4 import dequantize_mxfp4
+from sglang_ext.layers.norm import rms_norm
+from sglang_ext.layers.rope import YarnRope, apply_rope
+
+logger = logging.getLogger(__name__)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+class _TP:
+    def __init__(self):
+        self.size = get_tensor_model_parallel_world_size()
+        self.rank = get_tensor_model_parallel_rank()
+
+    def split(self, n: int, what: str) -> Tuple[int, int]:
+        if n % self.size:
+            raise ValueError(f"{what}={n} is not divisible by tensor parallel size {self.size}")
+        per = n // self.size
+        return self.rank * per, (self.rank + 1) * per
+
+
+class GptOssAttention(nn.Module):
+    def __init__(self, config, layer_id: int, tp: _TP):
+        super().__init__()
+        self.tp = tp
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads // tp.size
+        self.num_kv_heads = config.num_key_value_heads // tp.size
+        tp.split(config.num_attention_heads, "num_attention_heads")
+        tp.split(config.num_key_value_heads, "num_key_value_heads")
+        hidden = config.hidden_size
+        self.q_proj = Linear(hidden, self.num_heads * self.head_dim)
+        self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim)
+        self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
+        sliding = config.layer_types[layer_id] == "sliding_attention"
+        self.attn = RadixAttention(
+            self.num_heads,
+            self.head_dim,
+            1.0 / math.sqrt(self.head_dim),
+            self.num_kv_heads,
+            layer_id=layer_id,
+            # SGLang counts the earlier keys a query sees: window 128 inclusive -> 127.
+            sliding_window_size=config.sliding_window - 1 if sliding else -1,
+        )
+
+    def forward(self, x, cos_sin, forward_batch):
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x)
+        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v, forward_batch, sinks=self.sinks)
+        if self.tp.size == 1:
+            return self.o_proj(o)
+        return tensor_model_parallel_all_reduce(self.o_proj(o, with_bias=False)) + self.o_proj.bias
+
+
+class GptOssRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(config.num_local_experts), requires_grad=False)
+
+
+class GptOssExperts(nn.Module):
+    def __init__(self, config, tp: _TP):
+        super().__init__()
+        e, h = config.num_local_experts, config.hidden_size
+        lo, hi = tp.split(config.intermediate_size, "intermediate_size")
+        self.intermediate_slice = (lo, hi)
+        i = hi - lo
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h), requires_grad=False)
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h), requires_grad=False)
+
+
+class GptOssMLP(nn.Module):
+    def __init__(self, config, tp: _TP):
+        super().__init__()
+        self.tp = tp
+        self.top_k = config.num_experts_per_tok
+        self.limit = config.swiglu_limit
+        self.router = GptOssRouter(config)
+        self.experts = GptOssExperts(config, tp)
+
+    def forward(self, x):
+        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
+        ex = self.experts
+        if self.tp.size == 1:
+            return experts_torch(x, weights, ids, ex.gate_up_proj, ex.gate_up_proj_bias,
+                                 ex.down_proj, ex.down_proj_bias, self.limit)
+        partial = experts_torch(x, weights, ids, ex.gate_up_proj, ex.gate_up_proj_bias,
+                                ex.down_proj, None, self.limit)
+        return add_down_bias(tensor_model_parallel_all_reduce(partial), weights, ids, ex.down_proj_bias)
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int, tp: _TP):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = GptOssAttention(config, layer_id, tp)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GptOssMLP(config, tp)
+
+    def forward(self, h, cos_sin, forward_batch):
+        h = h + self.self_attn(self.input_layernorm(h), cos_sin, forward_batch)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class GptOssModel(nn.Module):
+    def __init__(self, config, tp: _TP):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rope = YarnRope.from_hf_config(config)
+        self._cos_sin: Optional[torch.Tensor] = None
+
+    def cos_sin(self, positions: torch.Tensor) -> torch.Tensor:
+        cache = self._cos_sin
+        needed = int(positions.max().item()) + 1 if positions.numel() and positions.device.type == "cpu" else 0
+        if cache is None or cache.device != positions.device or cache.shape[0] < needed:
+            length = max(needed, min(self.config.max_position_embeddings, 1 << 15), 1 << 12)
+            if positions.device.type != "cpu":
+                length = self.config.max_position_embeddings
+            cache = self._cos_sin = self.rope.cos_sin_cache(length, positions.device)
+        return cache[positions]
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None):
+        h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        cos_sin = self.cos_sin(positions)
+        for layer in self.layers:
+            h = layer(h, cos_sin, forward_batch)
+        return self.norm(h)
+
+
+class GptOssForCausalLM(nn.Module):
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.config = config
+        self.quant_config = quant_config
+        self.tp = _TP()
+        self.model = GptOssModel(config, self.tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.logits_processor = LogitsProcessor(config)
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
+        hidden = self.model(input_ids, positions, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    def get_attention_sliding_window_size(self):
+        return self.config.sliding_window - 1
+
+    @property
+    def start_layer(self):
+        return 0
+
+    @property
+    def end_layer(self):
+        return self.config.num_hidden_layers
+
+    # -- loading ----------------------------------------------------------------
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
+        params = dict(self.named_parameters())
+        pending_mxfp4 = {}
+        loaded = set()
+        for name, tensor in weights:
+            if name.endswith("_blocks") or name.endswith("_scales"):
+                base, part = name.rsplit("_", 1)
+                pending_mxfp4.setdefault(base, {})[part] = tensor
+                if len(pending_mxfp4[base]) == 2:
+                    pieces = pending_mxfp4.pop(base)
+                    dense = dequantize_mxfp4(pieces["blocks"], pieces["scales"], dtype=torch.float32)
+                    self._load_one(params, base, dense, layout="out_in")
+                    loaded.add(base)
+                continue
+            if name not in params:
+                raise KeyError(f"unexpected tensor in the gpt-oss checkpoint: {name}")
+            self._load_one(params, name, tensor, layout="checkpoint")
+            loaded.add(name)
+        if pending_mxfp4:
+            raise KeyError(f"MXFP4 tensors missing their blocks or scales: {sorted(pending_mxfp4)}")
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise KeyError(f"tensors missing from the gpt-oss checkpoint: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+
+    def _load_one(self, params, name: str, tensor: torch.Tensor, layout: str):
+        param = params[name]
+        loader = getattr(param, "weight_loader", None)
+        if loader is not None:  # vocab-parallel embedding / LM head shard themselves
+            loader(param, tensor)
+            return
+        tp = self.tp
+        leaf = name.rsplit(".", 1)[-1]
+        if ".experts." in name:
+            lo, hi = self.model.layers[0].mlp.experts.intermediate_slice
+            if leaf in ("gate_up_proj", "down_proj") and layout == "checkpoint":
+                tensor = tensor.transpose(-1, -2)  # bf16 checkpoints store [E, in, out]
+            if leaf == "gate_up_proj":
+                tensor = tensor[:, 2 * lo : 2 * hi, :]
+            elif leaf == "gate_up_proj_bias":
+                tensor = tensor[:, 2 * lo : 2 * hi]
+            elif leaf == "down_proj":
+                tensor = tensor[:, :, lo:hi]
+        elif ".self_attn." in name and tp.size > 1:
+            proj = name.rsplit(".", 2)[-2]
+            if proj in ("q_proj", "k_proj", "v_proj"):
+                tensor = tensor.chunk(tp.size, dim=0)[tp.rank]
+            elif proj == "o_proj" and leaf == "weight":
+                tensor = tensor.chunk(tp.size, dim=1)[tp.rank]
+            elif leaf == "sinks":
+                tensor = tensor.chunk(tp.size, dim=0)[tp.rank]
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
+        param.data.copy_(tensor.to(param.dtype))
+
+
+EntryClass = GptOssForCausalLM
