@@ -20,10 +20,9 @@ STUB_SOURCE = Path(__file__).with_name("libcuda_stub.c")
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("SGLANG_EXT_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "sglang-ext"
-    )
-    return Path(root)
+    from sglang_ext.launch.tokenizer import default_cache_dir as tokenizer_cache_dir
+
+    return Path(tokenizer_cache_dir())
 
 
 def build_libcuda_stub(cache_dir: Path | None = None) -> Path:
@@ -46,13 +45,15 @@ def build_libcuda_stub(cache_dir: Path | None = None) -> Path:
 
 
 def has_cuda_driver() -> bool:
-    try:
-        import ctypes
+    """A real driver with at least one device (our stub, once loaded, answers no device)."""
+    import ctypes
 
-        ctypes.CDLL("libcuda.so.1")
-        return True
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return False
+    count = ctypes.c_int(0)
+    return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
 def cpu_server_env(base: dict | None = None, vocab_dir: str | None = None) -> dict:
@@ -68,7 +69,7 @@ def cpu_server_env(base: dict | None = None, vocab_dir: str | None = None) -> di
         if stub_dir not in paths:
             env["LD_LIBRARY_PATH"] = os.pathsep.join([stub_dir] + paths)
     if vocab_dir:
-        env["TIKTOKEN_ENCODINGS_BASE"] = vocab_dir
-        env.setdefault("TIKTOKEN_RS_CACHE_DIR", vocab_dir)
-        env.setdefault("TIKTOKEN_CACHE_DIR", vocab_dir)
+        from sglang_ext.launch.tokenizer import harmony_env
+
+        env.update(harmony_env(vocab_dir))
     return env

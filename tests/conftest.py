@@ -25,3 +25,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints():
+    """The tiny gpt-oss checkpoints (bf16, fp32, mxfp4), generated once into the repo's .cache/."""
+    from pathlib import Path
+
+    from sglang_ext.launch.make_tiny import generate
+
+    root = Path(__file__).resolve().parents[1] / ".cache" / "tiny"
+    return {k: Path(v) for k, v in generate(root, variants=("bf16", "fp32", "mxfp4"), log=lambda *_: None).items()}
+
+
+@pytest.fixture(scope="session")
+def vocab_dir():
+    from sglang_ext.launch.tokenizer import ensure_o200k_vocab
+
+    return ensure_o200k_vocab()

@@ -1,0 +1,108 @@
+"""Start and stop a real SGLang server on 127.0.0.1 with sglang-ext on this CPU.
+
+Used by the demo, the server tests and the CPU benchmark: one way to start, wait
+for readiness, and stop the process tree that *we* started (by PID, never by name).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from sglang_ext.launch.cpu_shims import cpu_server_env, has_cuda_driver
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+class SGLangServer:
+    """`with SGLangServer(model, extra_args) as srv:` -> srv.url; stopped on exit."""
+
+    def __init__(self, model_path, extra_args=(), port=None, log_path=None, vocab_dir=None,
+                 startup_timeout=300.0, cpu=None):
+        self.model_path = str(model_path)
+        self.extra_args = [str(a) for a in extra_args]
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path) if log_path else Path(f"/tmp/sglang_ext_server_{self.port}.log")
+        self.vocab_dir = vocab_dir
+        self.startup_timeout = startup_timeout
+        self.cpu = (not has_cuda_driver()) if cpu is None else cpu
+        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
+               "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.cpu:
+            # --sleep-on-idle: an idle scheduler otherwise spins a whole core polling.
+            cmd += ["--device", "cpu", "--skip-server-warmup", "--max-total-tokens", "16384", "--sleep-on-idle"]
+        return cmd + self.extra_args
+
+    def start(self) -> "SGLangServer":
+        env = cpu_server_env(vocab_dir=self.vocab_dir) if self.cpu else dict(os.environ)
+        self._log = open(self.log_path, "w")
+        # Own process group: stop() signals the launcher and every child it spawned.
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        deadline = time.time() + self.startup_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerFailed(f"server exited with {self.proc.returncode}; log: {self.log_path}\n"
+                                   + self.log_tail())
+            try:
+                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise ServerFailed(f"server not ready after {self.startup_timeout:.0f} s; log: {self.log_path}\n"
+                           + self.log_tail())
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        keep = [line for line in text if "warnings.warn" not in line and "UserWarning" not in line]
+        return "\n".join(keep[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
+        # Children left behind after the launcher exited share its process group.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+        self.proc = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,125 @@
+"""Served greedy tokens from the real SGLang server with sglang-ext vs Hugging Face transformers.
+
+The oracle is `transformers.GptOssForCausalLM` on the same tiny checkpoint. The prompt
+(300 tokens) is longer than the 128-token sliding window, and 64 new tokens follow.
+"""
+
+import pytest
+import requests
+import torch
+
+from sglang_ext.launch.make_tiny import random_prompt
+from sglang_ext.launch.server import SGLangServer
+
+pytestmark = pytest.mark.server
+
+PROMPT_LEN, NEW_TOKENS = 300, 64
+
+
+def generate(url, ids, n=NEW_TOKENS, **extra):
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+    body.update(extra)
+    r = requests.post(url + "/generate", json=body, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def hf_model(path, dtype):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def hf_greedy(model, ids, n=NEW_TOKENS):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def fp32_server(tiny_checkpoints, vocab_dir):
+    with SGLangServer(tiny_checkpoints["fp32"], ["--dtype", "float32"], vocab_dir=vocab_dir) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def fp32_reference(tiny_checkpoints):
+    prompt = random_prompt(PROMPT_LEN, seed=0)
+    return prompt, hf_greedy(hf_model(tiny_checkpoints["fp32"], torch.float32), prompt)
+
+
+def test_fp32_greedy_equals_transformers(fp32_server, fp32_reference):
+    prompt, want = fp32_reference
+    requests.post(fp32_server.url + "/flush_cache", timeout=60)
+    got = generate(fp32_server.url, prompt)
+    assert got["meta_info"]["cached_tokens"] == 0
+    assert got["output_ids"] == want
+
+
+def test_radix_prefix_hit_equals_cold_prefill(fp32_server, fp32_reference):
+    prompt, want = fp32_reference
+    requests.post(fp32_server.url + "/flush_cache", timeout=60)
+    generate(fp32_server.url, prompt[:250], n=1)  # leaves 250 prompt tokens in the radix tree
+    hit = generate(fp32_server.url, prompt)
+    assert hit["meta_info"]["cached_tokens"] >= 200, hit["meta_info"]
+    assert hit["output_ids"] == want
+
+
+def test_concurrent_batch_equals_single(fp32_server, fp32_reference):
+    """Three requests decoded in one batch (different lengths) give each one's solo tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompt, want = fp32_reference
+    others = [random_prompt(40, seed=1), random_prompt(170, seed=2)]
+    solo = [generate(fp32_server.url, p, n=24)["output_ids"] for p in others]
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(generate, fp32_server.url, p) for p in [prompt]] + [
+            pool.submit(generate, fp32_server.url, p, 24) for p in others]
+        results = [f.result()["output_ids"] for f in futures]
+    assert results[0] == want
+    assert results[1:] == solo
+
+
+def test_chunked_prefill_equals_one_shot(tiny_checkpoints, vocab_dir, fp32_reference):
+    prompt, want = fp32_reference
+    args = ["--dtype", "float32", "--chunked-prefill-size", "64", "--disable-radix-cache"]
+    with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
+        assert generate(srv.url, prompt)["output_ids"] == want
+
+
+def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, vocab_dir):
+    """bf16: tokens equal HF's greedy until a near-tie flips. Every served step's logprob is
+    compared with the fp32 truth of the same weights (the fp32 checkpoint holds the bf16
+    values exactly): the served error must be within HF bf16's own error, and a served
+    token may differ from the truth's argmax only inside that error."""
+    prompt = random_prompt(PROMPT_LEN, seed=0)
+    model = hf_model(tiny_checkpoints["bf16"], torch.bfloat16)
+    want = hf_greedy(model, prompt)
+    with SGLangServer(tiny_checkpoints["bf16"], vocab_dir=vocab_dir) as srv:
+        got = generate(srv.url, prompt, return_logprob=True)
+    served = got["output_ids"]
+    served_lp = torch.tensor([lp for lp, _tok, _txt in got["meta_info"]["output_token_logprobs"]])
+    sequence = torch.tensor([prompt + served])
+    steps = torch.arange(NEW_TOKENS)
+    with torch.no_grad():
+        hf_bf16 = torch.log_softmax(model(sequence).logits[0, PROMPT_LEN - 1 : -1].float(), -1)
+        truth = torch.log_softmax(
+            hf_model(tiny_checkpoints["fp32"], torch.float32)(sequence).logits[0, PROMPT_LEN - 1 : -1], -1)
+    served_err = (served_lp - truth[steps, served]).abs().max().item()
+    hf_err = (hf_bf16 - truth).abs().max().item()
+    flip_margin = (truth.max(-1).values - truth[steps, served]).max().item()
+    agree = next((i for i, (a, b) in enumerate(zip(served, want)) if a != b), NEW_TOKENS)
+    print(f"bf16: {agree}/{NEW_TOKENS} tokens equal HF greedy before the first flip; "
+          f"max |logprob - fp32 truth|: served {served_err:.4f}, HF bf16 {hf_err:.4f}; "
+          f"worst served step is {flip_margin:.4f} below the truth's argmax")
+    assert served_err <= hf_err
+    assert flip_margin <= hf_err
+    assert agree >= 4
+
+
+def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir):
+    prompt = random_prompt(PROMPT_LEN, seed=0)
+    with SGLangServer(tiny_checkpoints["bf16"], vocab_dir=vocab_dir) as srv:
+        want = generate(srv.url, prompt)["output_ids"]
+    with SGLangServer(tiny_checkpoints["mxfp4"], vocab_dir=vocab_dir) as srv:
+        assert generate(srv.url, prompt)["output_ids"] == want
