@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Set up .venv for sglang-ext (used by launch/demo.sh and launch/test.sh).
+#
+#   bash launch/setup.sh
+#
+# Idempotent: creates .venv with `python3 -m venv` if it is missing, then runs
+# `pip install -e '.[test]'` (sglang==0.5.23, torch 2.14.1, ...; the first install
+# downloads ~11 GB and takes ~8 minutes). The install is skipped when .venv holds a
+# stamp with the sha256 of pyproject.toml, so reruns take a second. No prompts: safe
+# under CI=true with no stdin.
+#
+# Environment: PYTHON (default python3, must be >= 3.10), SGLANG_EXT_VENV (default .venv).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PYTHON="${PYTHON:-python3}"
+VENV="${SGLANG_EXT_VENV:-.venv}"
+VPY="$VENV/bin/python"
+STAMP="$VENV/.sglang-ext-install-stamp"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+PIP_FLAGS=()
+if [ -n "${CI:-}" ] || [ ! -t 1 ]; then
+    PIP_FLAGS+=(--progress-bar off)
+fi
+
+# 1. The virtual environment.
+if [ ! -x "$VPY" ]; then
+    command -v "$PYTHON" >/dev/null || { say "error: $PYTHON not found (need Python >= 3.10)"; exit 1; }
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+        || { say "error: $("$PYTHON" -V 2>&1) is too old (need Python >= 3.10)"; exit 1; }
+    say "creating $VENV with $("$PYTHON" -V 2>&1) ($(command -v "$PYTHON"))"
+    "$PYTHON" -m venv "$VENV"
+else
+    say "using $VENV ($("$VPY" -V 2>&1))"
+fi
+
+# 2. The install, keyed on pyproject.toml.
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+have="$(cat "$STAMP" 2>/dev/null || true)"
+
+installed_ok() {
+    # An install made before stamps existed: everything pyproject asks for is importable,
+    # sglang is the pinned release and sglang_ext is this checkout (editable).
+    "$VPY" - "$ROOT" <<'EOF' >/dev/null 2>&1
+import importlib.metadata as md, os, sys
+import pytest, pytest_timeout, requests, sglang, sglang_ext  # noqa: F401
+from sglang_ext import PINNED_SGLANG_VERSION
+assert md.version("sglang") == PINNED_SGLANG_VERSION
+assert os.path.realpath(sglang_ext.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)
+EOF
+}
+
+if [ "$have" = "$want" ]; then
+    say "install is up to date (stamp matches pyproject.toml sha256 ${want:0:12}); skipping pip"
+elif [ -z "$have" ] && installed_ok; then
+    say "found a complete install without a stamp (sglang $("$VPY" -m pip show sglang 2>/dev/null | sed -n 's/^Version: //p'), sglang_ext editable from $ROOT); writing the stamp, skipping pip"
+    printf '%s\n' "$want" >"$STAMP"
+else
+    if [ -n "$have" ]; then
+        say "pyproject.toml changed since the last install; re-running pip install"
+    else
+        say "installing (a first install downloads ~11 GB and takes ~8 minutes; later runs skip this)"
+    fi
+    say "+ $VPY -m pip install --upgrade pip"
+    "$VPY" -m pip install "${PIP_FLAGS[@]}" --upgrade pip
+    say "+ $VPY -m pip install -e '.[test]'"
+    "$VPY" -m pip install "${PIP_FLAGS[@]}" -e '.[test]'
+    "$VPY" -c 'import sglang, sglang_ext' \
+        || { say "error: the install finished but 'import sglang, sglang_ext' fails"; exit 1; }
+    printf '%s\n' "$want" >"$STAMP"
+    say "installed; stamp written to $STAMP"
+fi
