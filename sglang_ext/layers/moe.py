@@ -36,6 +36,11 @@ def swiglu_oai(gate_up: torch.Tensor, limit: float, alpha: float = SWIGLU_ALPHA)
     return gate * torch.sigmoid(gate * alpha) * (lin + 1)
 
 
+# Up to this many (token, expert) pairs the experts run as one batched matmul over
+# gathered weights (decode); above it, one matmul per expert over its tokens (prefill).
+GATHER_MAX_PAIRS = 32
+
+
 def experts_torch(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -47,7 +52,7 @@ def experts_torch(
     limit: float,
     expert_offset: int = 0,
 ) -> torch.Tensor:
-    """Sum over the k chosen experts of weight * expert(x), in x.dtype.
+    """Sum over the k chosen experts of weight * expert(x); the sum runs in fp32, one rounding.
 
     `expert_offset` and the expert count of the weights select this rank's experts
     under expert parallelism; other experts contribute nothing here.
@@ -55,26 +60,38 @@ def experts_torch(
     """
     num_tokens, top_k = topk_ids.shape
     num_local = gate_up_proj.shape[0]
-    out = torch.zeros_like(x)
-    flat_ids = topk_ids.reshape(-1) - expert_offset
-    order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids.clamp(min=-1) + 1, minlength=num_local + 2).tolist()
-    # counts[0] counts ids below this rank's range; ids above it land past num_local.
-    start = counts[0]
-    for expert in range(num_local):
-        n = counts[expert + 1]
-        if n == 0:
-            continue
-        rows = order[start : start + n]
-        start += n
-        token_idx = rows // top_k
-        h = F.linear(x[token_idx], gate_up_proj[expert], gate_up_proj_bias[expert])
+    local_ids = topk_ids.reshape(-1) - expert_offset
+    on_this_rank = (local_ids >= 0) & (local_ids < num_local)
+    weights = topk_weights.reshape(-1).float() * on_this_rank
+    pair_out = torch.empty(num_tokens * top_k, x.shape[-1], dtype=torch.float32, device=x.device)
+    token_of_pair = torch.arange(num_tokens * top_k, device=x.device) // top_k
+    if num_tokens * top_k <= GATHER_MAX_PAIRS:
+        ids = local_ids.clamp(0, num_local - 1)
+        xs = x[token_of_pair].unsqueeze(1)
+        h = torch.baddbmm(gate_up_proj_bias[ids].unsqueeze(1), xs, gate_up_proj[ids].transpose(1, 2))
         h = swiglu_oai(h, limit)
-        bias = down_proj_bias[expert] if down_proj_bias is not None else None
-        y = F.linear(h, down_proj[expert], bias)
-        y = y * topk_weights.reshape(-1)[rows, None]
-        out.index_add_(0, token_idx, y.to(x.dtype))
-    return out
+        if down_proj_bias is not None:
+            y = torch.baddbmm(down_proj_bias[ids].unsqueeze(1), h, down_proj[ids].transpose(1, 2))
+        else:
+            y = torch.bmm(h, down_proj[ids].transpose(1, 2))
+        pair_out = y.squeeze(1).float()
+    else:
+        pair_out.zero_()
+        order = torch.argsort(local_ids, stable=True)
+        counts = torch.bincount(local_ids.clamp(-1, num_local) + 1, minlength=num_local + 2).tolist()
+        start = counts[0]  # pairs whose expert lives on a lower rank
+        for expert in range(num_local):
+            n = counts[expert + 1]
+            if n == 0:
+                continue
+            pairs = order[start : start + n]
+            start += n
+            h = F.linear(x[token_of_pair[pairs]], gate_up_proj[expert], gate_up_proj_bias[expert])
+            h = swiglu_oai(h, limit)
+            bias = down_proj_bias[expert] if down_proj_bias is not None else None
+            pair_out[pairs] = F.linear(h, down_proj[expert], bias).float()
+    out = (pair_out * weights[:, None]).view(num_tokens, top_k, -1).sum(dim=1)
+    return out.to(x.dtype)
 
 
 def add_down_bias(out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
