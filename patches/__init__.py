@@ -13,6 +13,8 @@ PATCH_MODULES = (
     "probe_ckpt_flag",
     "sink_attention_backend",
     "gpt_oss_model",
+    "probe_kv_pool",
+    "openai_probe_scores",
 )
 
 _registered = False

@@ -8,9 +8,11 @@ Targets
     would be dropped silently. We carry it as the underscore attribute `_probe_ckpt`
     (pickled with the struct's `__dict__` into every scheduler/TP process) and as the
     environment variable `SGLANG_EXT_PROBE_CKPT` (inherited by spawned children).
-    A path that does not exist stops the launch here, before any model loads.
+    A path that does not exist, a checkpoint that is not a SingProbe in the real format
+    (exact tensor keys and shapes) or a probe bound to another base model (hidden size,
+    tapped layer ids, dtype) stops the launch here, with one line, before any model loads.
   - `sglang.srt.managers.scheduler.Scheduler.__init__` (AFTER): logs the value each
-    scheduler process received (the probe runtime binds to it there).
+    scheduler process received.
 
 Without the flag nothing changes: `_probe_ckpt` is None and no hook alters behaviour.
 """
@@ -33,13 +35,43 @@ class ProbeCkptNotFound(SystemExit):
 
 
 def resolve_probe_ckpt(spec: str | None) -> str | None:
-    """Return the probe checkpoint folder for `spec`, or stop with one line naming it."""
+    """Return the probe checkpoint folder for `spec` (a folder, or a hub id already in the
+    local Hugging Face cache), or stop with one line naming it."""
     if spec is None or spec == "":
         return None
     path = os.path.abspath(os.path.expanduser(spec))
-    if os.path.exists(path):
+    if os.path.isdir(path):
         return path
-    raise ProbeCkptNotFound(f"{FLAG}: no such file or directory: {spec}")
+    if os.path.exists(path):
+        raise ProbeCkptNotFound(f"{FLAG}: not a folder: {spec}")
+    looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise ProbeCkptNotFound(f"{FLAG}: no such file or directory: {spec}")
+    from sglang_ext.probe.checkpoint import ProbeCheckpointError, resolve_probe_path
+
+    try:
+        return resolve_probe_path(spec)
+    except ProbeCheckpointError as e:
+        raise ProbeCkptNotFound(str(e)) from None
+
+
+def validate_probe_for_model(folder: str, args) -> None:
+    """Load the probe's config and tensors and check them against the base model's config."""
+    import torch
+    from transformers import AutoConfig
+
+    from sglang_ext.probe.checkpoint import load_probe_checkpoint, validate_against_base
+
+    try:
+        cfg, _tensors = load_probe_checkpoint(folder)
+        base = AutoConfig.from_pretrained(args.model_path, revision=getattr(args, "revision", None))
+        dtype_name = getattr(args, "dtype", "auto")
+        if dtype_name in (None, "auto"):
+            dtype_name = str(getattr(base, "torch_dtype", None) or getattr(base, "dtype", None) or "bfloat16")
+        dtype = getattr(torch, dtype_name.replace("torch.", ""), torch.bfloat16)
+        validate_against_base(cfg, base, dtype)
+    except ValueError as e:
+        raise ProbeCkptNotFound(f"{FLAG}: {e}") from None
 
 
 def _add_flag(result, parser):
@@ -58,6 +90,8 @@ def _add_flag(result, parser):
 
 def _carry_flag(server_args, cls, args):
     probe_ckpt = resolve_probe_ckpt(getattr(args, "probe_ckpt", None))
+    if probe_ckpt is not None:
+        validate_probe_for_model(probe_ckpt, args)
     server_args._probe_ckpt = probe_ckpt
     if probe_ckpt is None:
         os.environ.pop(ENV_VAR, None)
@@ -79,6 +113,7 @@ def _log_in_scheduler(result, scheduler, server_args, *args, **kwargs):
 
 
 def register() -> None:
+
     HookRegistry.register(
         "sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER
     )

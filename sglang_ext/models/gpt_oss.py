@@ -177,10 +177,14 @@ class GptOssModel(nn.Module):
             cache = self._cos_sin = self.rope.cos_sin_cache(length, positions.device)
         return cache[positions]
 
-    def forward(self, input_ids, positions, forward_batch, input_embeds=None):
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, probe=None):
         h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         cos_sin = self.cos_sin(positions)
-        for layer in self.layers:
+        if probe is not None:
+            probe.begin(h.shape[0], h.device)
+        for i, layer in enumerate(self.layers):
+            if probe is not None:
+                probe.capture(i, h)  # the input residual stream of layer i
             h = layer(h, cos_sin, forward_batch)
         return self.norm(h)
 
@@ -194,11 +198,33 @@ class GptOssForCausalLM(nn.Module):
         self.model = GptOssModel(config, self.tp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.logits_processor = LogitsProcessor(config)
+        self.probe = self._make_probe(config)
+
+    def _make_probe(self, config):
+        from sglang.srt.runtime_context import get_server_args
+
+        from sglang_ext.patches.probe_ckpt_flag import probe_ckpt_of
+
+        folder = probe_ckpt_of(get_server_args())
+        # Only one tensor-parallel rank emits scores; the others skip the probe entirely.
+        if folder is None or self.tp.rank != 0:
+            return None
+        from sglang_ext.probe_runtime import ProbeRuntime
+
+        return ProbeRuntime(folder, config, torch.get_default_dtype())
+
+    def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool):
+        if self.probe is not None:
+            self.probe.bind_kv_pools(req_to_token_pool, token_to_kv_pool)
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
-        hidden = self.model(input_ids, positions, forward_batch, input_embeds)
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        probe = self.probe if self.probe is not None and not forward_batch.forward_mode.is_idle() else None
+        hidden = self.model(input_ids, positions, forward_batch, input_embeds, probe=probe)
+        out = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        if probe is not None:
+            out.customized_info = probe.as_customized_info(probe.score(forward_batch))
+        return out
 
     def get_attention_sliding_window_size(self):
         return self.config.sliding_window - 1

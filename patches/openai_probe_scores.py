@@ -1,0 +1,111 @@
+"""Patch: SingProbe scores in the OpenAI-compatible API (SGLang 0.5.23).
+
+SGLang returns `customized_info` keys only in the native API's `meta_info`; the
+upstream SingProbe pull request adds nothing to the OpenAI schema. We add, per
+choice, `token_probe_probs`: a list with one `{label: probability}` dict per
+generated token, in token order.
+
+Targets
+  - `OpenAIServingChat._generate_stream_content` (AROUND): every SSE chunk of a choice
+    carries the scores of the tokens decoded since that choice's previous chunk, so
+    the concatenation over a stream is exactly one score per completion token. When
+    a parser holds text back (reasoning or a tool call in progress) and yields no
+    chunk, an empty-delta chunk carries the scores: they stay aligned by token
+    offset, never by text.
+  - `OpenAIServingChat._build_chat_response` and
+    `OpenAIServingCompletion._build_completion_response` (AROUND): the full list on
+    each choice of a non-streamed response.
+Without `--probe-ckpt`, meta_info has no scores and both are a pass-through.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+SCORES_KEY = "token_probe_probs"
+
+# (id of the stream's offsets dict, choice index) -> scores already sent
+_sent: dict[tuple[int, int], int] = {}
+
+
+def _incremental_meta_info() -> bool:
+    try:
+        from sglang.srt.runtime_context import get_serving
+
+        return bool(get_serving().incremental_streaming_output)
+    except Exception:
+        return False
+
+
+def _with_scores(sse: str, index: int, scores: list) -> str | None:
+    """The chunk with `scores` attached to choice `index`, or None if it has no such choice."""
+    if not sse.startswith("data: ") or sse.startswith("data: [DONE]"):
+        return None
+    try:
+        payload = json.loads(sse[len("data: "):])
+    except ValueError:
+        return None
+    for choice in payload.get("choices") or []:
+        if choice.get("index") == index:
+            choice[SCORES_KEY] = scores
+            return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
+    return None
+
+
+async def _stream_content_with_scores(original, self, *args, **kwargs):
+    bound = inspect.signature(original).bind(self, *args, **kwargs).arguments
+    content, index = bound["content"], bound["index"]
+    all_scores = (content.get("meta_info") or {}).get(SCORES_KEY)
+    if all_scores is None:
+        async for chunk in original(self, *args, **kwargs):
+            yield chunk
+        return
+    key = (id(bound["stream_offsets"]), index)
+    start = 0 if _incremental_meta_info() else _sent.get(key, 0)
+    pending = list(all_scores[start:])
+    _sent[key] = start + len(pending)
+    async for chunk in original(self, *args, **kwargs):
+        if pending:
+            with_scores = _with_scores(chunk, index, pending)
+            if with_scores is not None:
+                chunk, pending = with_scores, []
+        yield chunk
+    if pending:
+        request = bound["request"]
+        carrier = {
+            "id": content["meta_info"]["id"],
+            "object": "chat.completion.chunk",
+            "created": bound["created"],
+            "model": request.model,
+            "choices": [{"index": index, "delta": {}, "finish_reason": None, SCORES_KEY: pending}],
+        }
+        yield "data: " + json.dumps(carrier, ensure_ascii=False) + "\n\n"
+    if bound.get("finish_reason_type"):
+        _sent.pop(key, None)
+
+
+def _response_with_scores(original, self, request, ret: list[dict[str, Any]], created, *args, **kwargs):
+    response = original(self, request, ret, created, *args, **kwargs)
+    scores = [(item.get("meta_info") or {}).get(SCORES_KEY) for item in ret]
+    if all(s is None for s in scores) or not hasattr(response, "model_dump_json"):
+        return response
+    from fastapi.responses import Response
+
+    payload = json.loads(response.model_dump_json(by_alias=True))
+    for choice in payload.get("choices") or []:
+        i = choice.get("index", 0)
+        if i < len(scores) and scores[i] is not None:
+            choice[SCORES_KEY] = scores[i]
+    return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
+
+
+def register() -> None:
+    chat = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat"
+    completions = "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion"
+    HookRegistry.register(f"{chat}._generate_stream_content", _stream_content_with_scores, HookType.AROUND)
+    HookRegistry.register(f"{chat}._build_chat_response", _response_with_scores, HookType.AROUND)
+    HookRegistry.register(f"{completions}._build_completion_response", _response_with_scores, HookType.AROUND)
