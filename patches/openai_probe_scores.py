@@ -12,6 +12,12 @@ Targets
     a parser holds text back (reasoning or a tool call in progress) and yields no
     chunk, an empty-delta chunk carries the scores: they stay aligned by token
     offset, never by text.
+  - `OpenAIServingCompletion._generate_completion_stream` (AROUND) with
+    `TokenizerManager.generate_request` (AROUND): the completions stream is one
+    monolithic generator, so the scores each generation result carries are recorded
+    in a sink keyed by the request object the stream hands to `generate_request`
+    (only completions streams register one, so concurrent requests never see each
+    other's) and attached to the next chunk of that choice.
   - `OpenAIServingChat._build_chat_response` and
     `OpenAIServingCompletion._build_completion_response` (AROUND): the full list on
     each choice of a non-streamed response.
@@ -88,6 +94,41 @@ async def _stream_content_with_scores(original, self, *args, **kwargs):
         _sent.pop(key, None)
 
 
+# id(GenerateReqInput) of a live completions stream -> {choice index: cumulative scores}
+_completion_sinks: dict[int, dict] = {}
+
+
+async def _generate_request_recording_scores(original, self, obj, *args, **kwargs):
+    sink = _completion_sinks.get(id(obj))
+    async for content in original(self, obj, *args, **kwargs):
+        if sink is not None and isinstance(content, dict):
+            scores = (content.get("meta_info") or {}).get(SCORES_KEY)
+            if scores is not None:
+                index = content.get("index", 0)
+                if _incremental_meta_info():
+                    sink.setdefault(index, []).extend(scores)
+                else:
+                    sink[index] = scores
+        yield content
+
+
+async def _completion_stream_with_scores(original, self, adapted_request, *args, **kwargs):
+    sink: dict = {}
+    _completion_sinks[id(adapted_request)] = sink
+    sent: dict[int, int] = {}
+    try:
+        async for chunk in original(self, adapted_request, *args, **kwargs):
+            for index, scores in sink.items():
+                if len(scores) > sent.get(index, 0):
+                    with_scores = _with_scores(chunk, index, list(scores[sent.get(index, 0):]))
+                    if with_scores is not None:
+                        chunk = with_scores
+                        sent[index] = len(scores)
+            yield chunk
+    finally:
+        _completion_sinks.pop(id(adapted_request), None)
+
+
 def _response_with_scores(original, self, request, ret: list[dict[str, Any]], created, *args, **kwargs):
     response = original(self, request, ret, created, *args, **kwargs)
     scores = [(item.get("meta_info") or {}).get(SCORES_KEY) for item in ret]
@@ -109,3 +150,7 @@ def register() -> None:
     HookRegistry.register(f"{chat}._generate_stream_content", _stream_content_with_scores, HookType.AROUND)
     HookRegistry.register(f"{chat}._build_chat_response", _response_with_scores, HookType.AROUND)
     HookRegistry.register(f"{completions}._build_completion_response", _response_with_scores, HookType.AROUND)
+    HookRegistry.register(f"{completions}._generate_completion_stream", _completion_stream_with_scores,
+                          HookType.AROUND)
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
+                          _generate_request_recording_scores, HookType.AROUND)

@@ -1,0 +1,151 @@
+"""Patch: the SingProbe guard, `--probe-stop label=threshold,...` (SGLang 0.5.23).
+
+When a request's probe score for a label exceeds its threshold, the request stops
+with finish reason `content_filter` (the OpenAI convention); `meta_info.finish_reason`
+names the label, the score and the threshold. Thresholds come from the server flag
+and per request from `custom_params.probe_stop` (OpenAI extra body `custom_params`,
+native `sampling_params.custom_params`), as a dict `{label: threshold}` or the flag's
+string form; per-request values override the server's for the same label.
+
+Targets
+  - `ServerArgs.add_cli_args` / `ServerArgs.from_cli_args` (AFTER): the flag, parsed
+    and checked at launch (labels of the probe, thresholds in [0, 1]); carried as
+    `_probe_stop` and the environment variable `SGLANG_EXT_PROBE_STOP`.
+  - `SchedulerBatchResultProcessor.process_batch_result_prefill` / `..._decode` (BEFORE): for
+    each request of the batch, the score row of the token just sampled is checked and
+    a crossing sets `req.to_finish`, which SGLang's own `update_finish_state` turns
+    into the finish reason in the same step, so the KV cache is released on the usual
+    path. Only that request stops; a bad per-request spec finishes only that request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+logger = logging.getLogger(__name__)
+
+FLAG = "--probe-stop"
+ENV_VAR = "SGLANG_EXT_PROBE_STOP"
+SCORES_KEY = "token_probe_probs"
+
+
+class ProbeStopSpecError(ValueError):
+    pass
+
+
+def parse_probe_stop(spec) -> dict[str, float]:
+    """'label_8=0.9,label_1=0.8' or {'label_8': 0.9} -> {label: threshold}."""
+    if spec is None or spec == "" or spec == {}:
+        return {}
+    if isinstance(spec, str):
+        items = []
+        for part in spec.split(","):
+            if "=" not in part:
+                raise ProbeStopSpecError(f"probe_stop: expected label=threshold, got {part.strip()!r}")
+            name, value = part.split("=", 1)
+            items.append((name.strip(), value.strip()))
+    elif isinstance(spec, dict):
+        items = list(spec.items())
+    else:
+        raise ProbeStopSpecError(f"probe_stop: expected a dict or 'label=threshold,...', got {type(spec).__name__}")
+    out = {}
+    for name, value in items:
+        try:
+            threshold = float(value)
+        except (TypeError, ValueError):
+            raise ProbeStopSpecError(f"probe_stop: threshold of {name!r} is not a number: {value!r}") from None
+        if not 0.0 <= threshold <= 1.0:
+            raise ProbeStopSpecError(f"probe_stop: threshold of {name!r} must lie in [0, 1], got {threshold}")
+        out[str(name)] = threshold
+    return out
+
+
+def _add_flag(result, parser):
+    if FLAG in parser._option_string_actions:
+        return
+    parser.add_argument(
+        FLAG, type=str, default=None, metavar="LABEL=P,...",
+        help="Stop a request with finish_reason content_filter when its SingProbe score for a "
+        "label exceeds the threshold, e.g. label_8=0.9,label_1=0.8 (needs --probe-ckpt; sglang-ext).")
+
+
+def _carry_flag(server_args, cls, args):
+    spec = getattr(args, "probe_stop", None)
+    if spec is None:
+        os.environ.pop(ENV_VAR, None)
+        server_args._probe_stop = {}
+        return server_args
+    try:
+        thresholds = parse_probe_stop(spec)
+    except ProbeStopSpecError as e:
+        raise SystemExit(f"{FLAG}: {e}") from None
+    probe = getattr(server_args, "_probe_ckpt", None)
+    if probe is None:
+        raise SystemExit(f"{FLAG} needs --probe-ckpt")
+    from sglang_ext.probe.config import ProbeConfig
+
+    labels = ProbeConfig.from_json_file(os.path.join(probe, "config.json")).labels
+    unknown = sorted(set(thresholds) - set(labels))
+    if unknown:
+        raise SystemExit(f"{FLAG}: unknown label(s) {unknown}; the probe's labels are {labels}")
+    server_args._probe_stop = thresholds
+    os.environ[ENV_VAR] = json.dumps(thresholds)
+    return server_args
+
+
+def _server_thresholds() -> dict[str, float]:
+    raw = os.environ.get(ENV_VAR)
+    return json.loads(raw) if raw else {}
+
+
+class FINISH_CONTENT_FILTER:  # noqa: N801 (SGLang's naming for finish reasons)
+    def __init__(self, label: str, score: float, threshold: float):
+        self.label, self.score, self.threshold = label, score, threshold
+
+    def to_json(self):
+        return {"type": "content_filter", "label": self.label, "score": self.score,
+                "threshold": self.threshold,
+                "message": f"probe score {self.label}={self.score:.4f} exceeded {self.threshold}"}
+
+
+def _bad_spec_finish(message: str):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    return FINISH_ABORT(message=message, status_code=None, err_type="BadRequestError")
+
+
+def _check_batch(processor, batch, result, *args, **kwargs):
+    logits_output = getattr(result, "logits_output", None)
+    info = getattr(logits_output, "customized_info", None) if logits_output is not None else None
+    rows = info.get(SCORES_KEY) if info else None
+    if not rows:
+        return
+    server = _server_thresholds()
+    for i, req in enumerate(batch.reqs):
+        if i >= len(rows) or req.finished() or getattr(req, "to_finish", None) is not None:
+            continue
+        if getattr(req, "is_chunked", 0) > 0:  # a prefill chunk, not a sampled token
+            continue
+        custom = getattr(req.sampling_params, "custom_params", None) or {}
+        try:
+            thresholds = {**server, **parse_probe_stop(custom.get("probe_stop"))}
+        except ProbeStopSpecError as e:
+            req.to_finish = _bad_spec_finish(str(e))
+            continue
+        for label, threshold in thresholds.items():
+            score = rows[i].get(label)
+            if score is not None and score > threshold:
+                req.to_finish = FINISH_CONTENT_FILTER(label, float(score), threshold)
+                break
+
+
+def register() -> None:
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _carry_flag, HookType.AFTER)
+    processor = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+    for step in ("process_batch_result_prefill", "process_batch_result_decode"):
+        HookRegistry.register(f"{processor}.{step}", _check_batch, HookType.BEFORE)
