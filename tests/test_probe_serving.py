@@ -30,7 +30,7 @@ def tiny_probe(tiny_checkpoints):
 
 @pytest.fixture(scope="module")
 def probe_server(tiny_checkpoints, tiny_probe, vocab_dir):
-    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe]
+    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--load-snapshot-publish-interval", "1"]
     with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
         yield srv
 
@@ -309,3 +309,43 @@ def test_guard_stops_request_with_content_filter(probe_server):
     assert reasons == ["content_filter"]
     # the server keeps serving normally
     assert generate(probe_server.url, prompt, n=4)["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def _load(url):
+    body = requests.get(url + "/v1/loads", timeout=30).json()
+    loads = body.get("loads", body) if isinstance(body, dict) else body
+    return loads[0] if isinstance(loads, list) else loads
+
+
+def test_hundred_aborted_streams_leave_kv_pool_at_baseline(probe_server):
+    """Clients disconnect mid-stream; afterwards nothing runs, a cache flush empties the KV pool
+    (a leaked slot would keep it non-zero) and the server still answers with scores."""
+    import random
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = probe_server.url
+
+    def abort_after(seed):
+        rng = random.Random(seed)
+        body = {"input_ids": random_prompt(rng.randint(5, 200), seed=100 + seed), "stream": True,
+                "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+        with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
+            for n, _line in enumerate(r.iter_lines()):
+                if n >= rng.randint(1, 6):
+                    break  # closing the response drops the connection mid-stream
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(abort_after, range(100)))
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        load = _load(url)
+        if load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0:
+            break
+        time.sleep(1)
+    assert load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0, load
+    assert requests.post(url + "/flush_cache", timeout=60).status_code == 200
+    time.sleep(2.5)  # two snapshot intervals
+    assert _load(url)["num_used_tokens"] == 0
+    out = generate(url, random_prompt(40, seed=9), n=4)
+    assert len(out["meta_info"]["token_probe_probs"]) == 4

@@ -35,6 +35,7 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
+from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128
 from sglang_ext.layers.linear import Linear
 from sglang_ext.layers.moe import add_down_bias, experts_torch, route
 from sglang_ext.layers.mxfp4 import dequantize_mxfp4
@@ -52,6 +53,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps)
+
+
+def is_fp8_checkpoint(config) -> bool:
+    qc = getattr(config, "quantization_config", None) or {}
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    if qc.get("quant_method") != "fp8":
+        return False
+    if list(qc.get("weight_block_size") or []) != [BLOCK, BLOCK] or qc.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"gpt-oss FP8 checkpoints must be e4m3 with weight_block_size [128, 128], got {qc}")
+    return True
 
 
 class _TP:
@@ -76,10 +87,11 @@ class GptOssAttention(nn.Module):
         tp.split(config.num_attention_heads, "num_attention_heads")
         tp.split(config.num_key_value_heads, "num_key_value_heads")
         hidden = config.hidden_size
-        self.q_proj = Linear(hidden, self.num_heads * self.head_dim)
-        self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim)
-        self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim)
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden)
+        fp8 = is_fp8_checkpoint(config)
+        self.q_proj = Linear(hidden, self.num_heads * self.head_dim, fp8=fp8)
+        self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, fp8=fp8)
+        self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, fp8=fp8)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, fp8=fp8)
         self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
         sliding = config.layer_types[layer_id] == "sliding_attention"
         self.attn = RadixAttention(
@@ -115,13 +127,33 @@ class GptOssExperts(nn.Module):
     def __init__(self, config, tp: _TP):
         super().__init__()
         e, h = config.num_local_experts, config.hidden_size
-        lo, hi = tp.split(config.intermediate_size, "intermediate_size")
+        # SGLang's CPU loader pads intermediate_size to the FP8 block for its own layers
+        # (keeping the true value as original_intermediate_size); ours use ragged blocks.
+        intermediate = getattr(config, "original_intermediate_size", None) or config.intermediate_size
+        lo, hi = tp.split(intermediate, "intermediate_size")
         self.intermediate_slice = (lo, hi)
         i = hi - lo
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h), requires_grad=False)
+        self.fp8 = is_fp8_checkpoint(config)
+        wdt = torch.float8_e4m3fn if self.fp8 else None
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h, dtype=wdt), requires_grad=False)
         self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(e, h, i, dtype=wdt), requires_grad=False)
         self.down_proj_bias = nn.Parameter(torch.empty(e, h), requires_grad=False)
+        if self.fp8:
+            if tp.size > 1:
+                raise NotImplementedError("FP8 experts under tensor parallelism: shard on 128-blocks (FP8 issue)")
+            nb = lambda n: (n + BLOCK - 1) // BLOCK  # noqa: E731
+            self.gate_up_proj_scale_inv = nn.Parameter(torch.empty(e, nb(2 * i), nb(h), dtype=torch.float32),
+                                                       requires_grad=False)
+            self.down_proj_scale_inv = nn.Parameter(torch.empty(e, nb(h), nb(i), dtype=torch.float32),
+                                                    requires_grad=False)
+
+    def dense(self, dtype):
+        """Expert weights in `dtype` (FP8: dequantised per block; the Triton MoE reads e4m3 directly)."""
+        if not self.fp8:
+            return self.gate_up_proj, self.down_proj
+        return (dequantize_weight_block128(self.gate_up_proj, self.gate_up_proj_scale_inv, dtype),
+                dequantize_weight_block128(self.down_proj, self.down_proj_scale_inv, dtype))
 
 
 class GptOssMLP(nn.Module):
@@ -136,11 +168,12 @@ class GptOssMLP(nn.Module):
     def forward(self, x):
         weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
         ex = self.experts
+        gate_up, down = ex.dense(x.dtype)
         if self.tp.size == 1:
-            return experts_torch(x, weights, ids, ex.gate_up_proj, ex.gate_up_proj_bias,
-                                 ex.down_proj, ex.down_proj_bias, self.limit)
-        partial = experts_torch(x, weights, ids, ex.gate_up_proj, ex.gate_up_proj_bias,
-                                ex.down_proj, None, self.limit)
+            return experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
+                                 down, ex.down_proj_bias, self.limit)
+        partial = experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
+                                down, None, self.limit)
         return add_down_bias(tensor_model_parallel_all_reduce(partial), weights, ids, ex.down_proj_bias)
 
 
@@ -272,8 +305,8 @@ class GptOssForCausalLM(nn.Module):
         leaf = name.rsplit(".", 1)[-1]
         if ".experts." in name:
             lo, hi = self.model.layers[0].mlp.experts.intermediate_slice
-            if leaf in ("gate_up_proj", "down_proj") and layout == "checkpoint":
-                tensor = tensor.transpose(-1, -2)  # bf16 checkpoints store [E, in, out]
+            if leaf in ("gate_up_proj", "down_proj") and layout == "checkpoint" and tensor.dtype != torch.float8_e4m3fn:
+                tensor = tensor.transpose(-1, -2)  # bf16 checkpoints store [E, in, out]; FP8 ones [E, out, in]
             if leaf == "gate_up_proj":
                 tensor = tensor[:, 2 * lo : 2 * hi, :]
             elif leaf == "gate_up_proj_bias":
@@ -290,6 +323,8 @@ class GptOssForCausalLM(nn.Module):
                 tensor = tensor.chunk(tp.size, dim=0)[tp.rank]
         if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
+        if param.dtype == torch.float8_e4m3fn and tensor.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{name}: FP8 checkpoint tensor has dtype {tensor.dtype}, expected float8_e4m3fn")
         param.data.copy_(tensor.to(param.dtype))
 
 
