@@ -51,6 +51,7 @@ def _import_project():
 
 _import_project()
 from sglang_ext.kernels.probe_attention import probe_attention, probe_attention_ref  # noqa: E402
+from sglang_ext.kernels.probe_tail import probe_tail, probe_tail_ref  # noqa: E402
 from sglang_ext.probe.config import ProbeConfig  # noqa: E402
 from sglang_ext.probe.model import SingProbeHead  # noqa: E402
 
@@ -72,7 +73,10 @@ def copy_bandwidth(nbytes=2 << 30):
     return 2 * a.numel() * 2 / times[len(times) // 2]  # read + write
 
 
-def graph_time(fn, iters=200):
+def graph_time(fn, iters=50, repeat=20):
+    """Per-call time of `fn` inside a CUDA graph that runs it `repeat` times back to back,
+    as it runs inside a model's decode graph; a graph of one small step would mostly time
+    the graph launch (~15 us here), not the step."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -81,7 +85,8 @@ def graph_time(fn, iters=200):
     torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(repeat):
+            fn()
     for _ in range(10):
         g.replay()
     torch.cuda.synchronize()
@@ -89,7 +94,7 @@ def graph_time(fn, iters=200):
     for _ in range(iters):
         s, e = torch.cuda.Event(True), torch.cuda.Event(True)
         s.record(); g.replay(); e.record(); torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
+        times.append(s.elapsed_time(e) / 1e3 / repeat)
     times.sort()
     return times[len(times) // 2]
 
@@ -106,7 +111,7 @@ def main():
         "base_model_layer_ids": [10, 22, 34], "num_attention_heads": 8, "head_dim": 64,
         "sliding_window": 2048, "num_labels": 10, "base_model_name": "openai/gpt-oss-120b",
         "torch_dtype": "bfloat16"})
-    head = SingProbeHead(cfg).cuda().bfloat16()
+    head = SingProbeHead(cfg).cuda().bfloat16().requires_grad_(False)
     for p in head.parameters():
         p.data.normal_(0, 0.02)
     head.norm.weight.data.fill_(1.0)
@@ -131,6 +136,16 @@ def main():
             ctx_ = probe_attention(q, kv_pool, req_to_token, row_req, row_pos, cfg.sliding_window, 0.125)
             result.copy_(torch.sigmoid(head.tail(q, ctx_)))
 
+        w_qkv = torch.cat([head.proj_q.weight, head.proj_k.weight, head.proj_v.weight])
+
+        def fused_step():
+            qkv = torch.nn.functional.linear(features, w_qkv)
+            q = qkv[:, :512].unflatten(-1, (8, 64))
+            kv_pool[out_loc] = qkv[:, 512:]
+            ctx_ = probe_attention(q, kv_pool, req_to_token, row_req, row_pos, cfg.sliding_window, 0.125)
+            probe_tail(q, ctx_, head.o_proj.weight, head.norm.weight, head.classifier.weight,
+                       head.classifier.bias, out=result)
+
         def attention_only():
             probe_attention(q0, kv_pool, req_to_token, row_req, row_pos, cfg.sliding_window, 0.125)
 
@@ -139,8 +154,17 @@ def main():
         want = probe_attention_ref(q0, kv_pool, req_to_token, row_req, row_pos, cfg.sliding_window, 0.125)
         got = probe_attention(q0, kv_pool, req_to_token, row_req, row_pos, cfg.sliding_window, 0.125)
         max_err = (got - want).abs().max().item()
-        t_step = graph_time(step)
+        t_step_unfused = graph_time(step)
+        unfused_probs = result.clone()
+        t_step = graph_time(fused_step)
+        tail_err = (result - unfused_probs).abs().max().item()
         t_attn = graph_time(attention_only)
+        qkv_buf = torch.empty(batch, 640, device="cuda", dtype=torch.bfloat16)
+        ctx_fixed = probe_attention(q0, kv_pool, req_to_token, row_req, row_pos, cfg.sliding_window, 0.125)
+        t_qkv = graph_time(lambda: torch.matmul(features, w_qkv.t(), out=qkv_buf))
+        t_write = graph_time(lambda: kv_pool.index_copy_(0, out_loc, qkv_buf[:, 512:]))
+        t_tail = graph_time(lambda: probe_tail(q0, ctx_fixed, head.o_proj.weight, head.norm.weight,
+                                               head.classifier.weight, head.classifier.bias, out=result))
         kv_bytes = batch * cfg.sliding_window * 128 * 2
         floor_bytes = weight_bytes + kv_bytes
         # KV one sequence reads at ctx 8192: 18 full layers x 8192 + 18 sliding x 128 positions,
@@ -151,7 +175,9 @@ def main():
         decode_floor_s = decode_bytes / bw
         rows.append({
             "batch": batch, "window": cfg.sliding_window, "context": ctx,
-            "probe_step_us": t_step * 1e6, "attention_us": t_attn * 1e6,
+            "probe_step_us": t_step * 1e6, "unfused_step_us": t_step_unfused * 1e6, "attention_us": t_attn * 1e6,
+            "fused_vs_unfused_max_prob_diff": tail_err,
+            "qkv_gemm_us": t_qkv * 1e6, "kv_write_us": t_write * 1e6, "tail_kernel_us": t_tail * 1e6,
             "bytes_floor": floor_bytes, "floor_us": floor_bytes / bw * 1e6,
             "achieved_bw_TBps": floor_bytes / t_step / 1e12,
             "attention_max_abs_err_vs_ref": max_err,
@@ -169,15 +195,17 @@ def main():
     lines = ["# SingProbe decode step on one H200 (gpt-oss-120b probe dims, random weights)", "",
              f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. "
              f"Measured copy bandwidth {bw / 1e12:.2f} TB/s. Probe weights {weight_bytes / 1e6:.1f} MB (bf16). "
-             "Times are medians of 200 CUDA-graph replays. The decode step is **modelled** "
+             "Times are per step: medians of 50 replays of a CUDA graph that runs the step 20 times back to back (as inside a decode graph). The decode step is **modelled** "
              "(bytes / measured copy bandwidth), not measured.", "",
-             "| batch | window | probe step (us) | attention (us) | bytes floor (us) | achieved TB/s | "
-             "modelled 120b decode step (us) | overhead (%) | attn max err |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| batch | window | probe step, fused (us) | unfused torch step (us) | attention (us) | bytes floor (us) | "
+             "achieved TB/s | modelled 120b decode step (us) | overhead (%) | attn max err | fused vs unfused max |dp| |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['window']} | {r['probe_step_us']:.1f} | {r['attention_us']:.1f} | "
+        lines.append(f"| {r['batch']} | {r['window']} | {r['probe_step_us']:.1f} | {r['unfused_step_us']:.1f} | "
+                     f"{r['attention_us']:.1f} | "
                      f"{r['floor_us']:.1f} | {r['achieved_bw_TBps']:.2f} | {r['modelled_120b_decode_step_us']:.0f} | "
-                     f"{r['overhead_vs_modelled_decode_pct']:.2f} | {r['attention_max_abs_err_vs_ref']:.1e} |")
+                     f"{r['overhead_vs_modelled_decode_pct']:.2f} | {r['attention_max_abs_err_vs_ref']:.1e} | "
+                     f"{r['fused_vs_unfused_max_prob_diff']:.1e} |")
     lines += ["", f"Command: `{meta['command']}`"]
     with open(os.path.join(args.out, "probe_decode_h200.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -34,8 +34,10 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 SCORES_KEY = "token_probe_probs"
 
-# (id of the stream's offsets dict, choice index) -> scores already sent
-_sent: dict[tuple[int, int], int] = {}
+# How many scores a choice has received is kept in the stream's own `stream_offsets`
+# dict (upstream reads it only by integer choice index), so it lives and dies with the
+# stream: a disconnected client leaves nothing behind in this process.
+_SENT = "sglang_ext_probe_scores_sent"
 
 
 def _incremental_meta_info() -> bool:
@@ -70,10 +72,10 @@ async def _stream_content_with_scores(original, self, *args, **kwargs):
         async for chunk in original(self, *args, **kwargs):
             yield chunk
         return
-    key = (id(bound["stream_offsets"]), index)
-    start = 0 if _incremental_meta_info() else _sent.get(key, 0)
+    offsets, key = bound["stream_offsets"], (_SENT, index)
+    start = 0 if _incremental_meta_info() else offsets.get(key, 0)
     pending = list(all_scores[start:])
-    _sent[key] = start + len(pending)
+    offsets[key] = start + len(pending)
     async for chunk in original(self, *args, **kwargs):
         if pending:
             with_scores = _with_scores(chunk, index, pending)
@@ -90,8 +92,6 @@ async def _stream_content_with_scores(original, self, *args, **kwargs):
             "choices": [{"index": index, "delta": {}, "finish_reason": None, SCORES_KEY: pending}],
         }
         yield "data: " + json.dumps(carrier, ensure_ascii=False) + "\n\n"
-    if bound.get("finish_reason_type"):
-        _sent.pop(key, None)
 
 
 # id(GenerateReqInput) of a live completions stream -> {choice index: cumulative scores}

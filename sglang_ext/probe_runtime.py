@@ -20,6 +20,7 @@ import logging
 import torch
 
 from sglang_ext.kernels.probe_attention import probe_attention, probe_attention_ref
+from sglang_ext.kernels.probe_tail import probe_tail
 from sglang_ext.probe.checkpoint import load_probe_checkpoint, validate_against_base
 from sglang_ext.probe.model import SingProbeHead
 
@@ -54,6 +55,8 @@ class ProbeRuntime:
         slots = int(token_to_kv_pool.size) + 2 * int(getattr(token_to_kv_pool, "page_size", 1)) + 1
         device = req_to_token_pool.req_to_token.device
         self.head.to(device)
+        # One q|k|v GEMM instead of three (+ a concat) per step: the step is launch-bound.
+        self.w_qkv = torch.cat([self.head.proj_q.weight, self.head.proj_k.weight, self.head.proj_v.weight])
         self.kv_pool = torch.zeros(slots, 2 * self.config.head_dim, dtype=self.model_dtype, device=device)
         self.req_to_token = req_to_token_pool.req_to_token
         logger.info("sglang-ext: probe K/V pool of %d slots x %d values", slots, 2 * self.config.head_dim)
@@ -81,7 +84,10 @@ class ProbeRuntime:
         if self.kv_pool is None:
             raise RuntimeError("probe K/V pool not bound: bind_kv_pools() runs at attention-backend init")
         features = self._features[: self._num_tokens]
-        q, kv = self.head.project(features)
+        cfg = self.config
+        qkv = torch.nn.functional.linear(features, self.w_qkv)
+        q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
+        kv = qkv[:, cfg.num_attention_heads * cfg.head_dim :]
         self.kv_pool[forward_batch.out_cache_loc.long()] = kv.to(self.kv_pool.dtype)
         mode = forward_batch.forward_mode
         if mode.is_decode():
@@ -94,8 +100,10 @@ class ProbeRuntime:
         attend = probe_attention if q_rows.is_cuda else probe_attention_ref
         ctx = attend(q_rows, self.kv_pool, self.req_to_token,
                      forward_batch.req_pool_indices, row_pos, self.window, self.scale)
-        logits = self.head.tail(q_rows, ctx)
-        return torch.sigmoid(logits.float())
+        if q_rows.is_cuda:
+            h = self.head
+            return probe_tail(q_rows, ctx, h.o_proj.weight, h.norm.weight, h.classifier.weight, h.classifier.bias)
+        return torch.sigmoid(self.head.tail(q_rows, ctx).float())
 
     def as_customized_info(self, probs: torch.Tensor) -> dict:
         return {SCORES_KEY: [dict(zip(self.labels, row)) for row in probs.tolist()]}
