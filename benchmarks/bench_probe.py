@@ -51,7 +51,7 @@ def _import_project():
 
 _import_project()
 from sglang_ext.kernels.probe_attention import probe_attention, probe_attention_ref  # noqa: E402
-from sglang_ext.kernels.probe_tail import probe_tail, probe_tail_ref  # noqa: E402
+from sglang_ext.kernels.probe_tail import probe_tail  # noqa: E402
 from sglang_ext.probe.config import ProbeConfig  # noqa: E402
 from sglang_ext.probe.model import SingProbeHead  # noqa: E402
 

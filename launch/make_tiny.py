@@ -34,7 +34,6 @@ O(2) so the +-7 swiglu clamp is hit sometimes.
 """
 
 import json
-import math
 import os
 import shutil
 import sys
