@@ -87,7 +87,13 @@ def test_chunked_prefill_equals_one_shot(tiny_checkpoints, vocab_dir, fp32_refer
         assert generate(srv.url, prompt)["output_ids"] == want
 
 
-def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, vocab_dir):
+@pytest.fixture(scope="module")
+def bf16_server(tiny_checkpoints, vocab_dir):
+    with SGLangServer(tiny_checkpoints["bf16"], vocab_dir=vocab_dir) as srv:
+        yield srv
+
+
+def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, bf16_server):
     """bf16: tokens equal HF's greedy until a near-tie flips. Every served step's logprob is
     compared with the fp32 truth of the same weights (the fp32 checkpoint holds the bf16
     values exactly): the served error must be within HF bf16's own error, and a served
@@ -95,8 +101,7 @@ def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, vocab_d
     prompt = random_prompt(PROMPT_LEN, seed=0)
     model = hf_model(tiny_checkpoints["bf16"], torch.bfloat16)
     want = hf_greedy(model, prompt)
-    with SGLangServer(tiny_checkpoints["bf16"], vocab_dir=vocab_dir) as srv:
-        got = generate(srv.url, prompt, return_logprob=True)
+    got = generate(bf16_server.url, prompt, return_logprob=True)
     served = got["output_ids"]
     served_lp = torch.tensor([lp for lp, _tok, _txt in got["meta_info"]["output_token_logprobs"]])
     sequence = torch.tensor([prompt + served])
@@ -117,9 +122,8 @@ def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, vocab_d
     assert agree >= 4
 
 
-def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir):
+def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir, bf16_server):
     prompt = random_prompt(PROMPT_LEN, seed=0)
-    with SGLangServer(tiny_checkpoints["bf16"], vocab_dir=vocab_dir) as srv:
-        want = generate(srv.url, prompt)["output_ids"]
+    want = generate(bf16_server.url, prompt)["output_ids"]
     with SGLangServer(tiny_checkpoints["mxfp4"], vocab_dir=vocab_dir) as srv:
         assert generate(srv.url, prompt)["output_ids"] == want
