@@ -203,7 +203,8 @@ BAD_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
-def test_bad_probe_checkpoint_stops_launch_with_one_line(case, tiny_checkpoints, tiny_probe, tmp_path):
+def test_bad_probe_checkpoint_stops_launch_with_one_line(case, tiny_checkpoints, tiny_probe, tmp_path,
+                                                        restore_probe_env):
     """The launcher's own argument path (plugin hooks applied), in-process: one line, no server."""
     import shutil
 
@@ -325,3 +326,54 @@ def test_hundred_aborted_streams_leave_kv_pool_at_baseline(probe_server):
     assert _load(url)["num_used_tokens"] == 0
     out = generate(url, random_prompt(40, seed=9), n=4)
     assert len(out["meta_info"]["token_probe_probs"]) == 4
+
+
+@pytest.fixture
+def restore_probe_env():
+    """The launcher hooks export the flags to the environment for child processes; keep them
+    out of this test process's later tests."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in ("SGLANG_EXT_PROBE_CKPT", "SGLANG_EXT_PROBE_STOP")}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("label_8=0.9,label_1=0.8", None),
+    ("label_99=0.5", "unknown label(s) ['label_99']"),
+    ("label_8=1.5", "must lie in [0, 1]"),
+    ("label_8", "expected label=threshold"),
+    ("label_8=0.9|noprobe", "needs --probe-ckpt"),
+])
+def test_server_wide_probe_stop_flag_is_checked_at_launch(spec, expected, tiny_checkpoints, tiny_probe,
+                                                          restore_probe_env):
+    """The launcher's argument path in-process (plugin hooks applied); a valid spec reaches the
+    scheduler through SGLANG_EXT_PROBE_STOP."""
+    import os
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_ext import plugin
+
+    plugin.load()
+    HookRegistry.apply_hooks()
+    argv = ["--model-path", str(tiny_checkpoints["fp32"]), "--device", "cpu", "--dtype", "float32"]
+    if spec.endswith("|noprobe"):
+        spec = spec.split("|")[0]
+    else:
+        argv += ["--probe-ckpt", tiny_probe]
+    argv += ["--probe-stop", spec]
+    if expected is None:
+        args = prepare_server_args(argv)
+        assert args._probe_stop == {"label_8": 0.9, "label_1": 0.8}
+        assert json.loads(os.environ["SGLANG_EXT_PROBE_STOP"]) == args._probe_stop
+        return
+    with pytest.raises(SystemExit) as stop:
+        prepare_server_args(argv)
+    assert str(stop.value).startswith("--probe-stop") and expected in str(stop.value)
