@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from sglang_ext.layers.fp8 import BLOCK, E4M3_MAX, dequantize_weight_block128, quantize_weight_block128
+from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128, quantize_weight_block128
 from sglang_ext.layers.mxfp4 import dequantize_mxfp4
 
 DENSE_FP8 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
@@ -63,19 +63,6 @@ def _source_index(src: str) -> dict[str, str]:
         return {k: "model.safetensors" for k in f.keys()}
 
 
-def quantize_pow2_block128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block-128 e4m3 with power-of-two scales: exact for values whose spread fits e4m3."""
-    q, scale_inv = quantize_weight_block128(w)
-    pow2 = torch.exp2(torch.ceil(torch.log2(scale_inv)))
-    return quantize_with_scale(w, pow2), pow2
-
-
-def quantize_with_scale(w, scale_inv):
-    n, k = w.shape[-2:]
-    expand = scale_inv.repeat_interleave(BLOCK, -2)[..., :n, :].repeat_interleave(BLOCK, -1)[..., :k]
-    return (w.float() / expand).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-
-
 def _block_exact(w: torch.Tensor, deq: torch.Tensor) -> tuple[int, int]:
     n, k = w.shape[-2:]
     nb, kb = math.ceil(n / BLOCK), math.ceil(k / BLOCK)
@@ -87,10 +74,7 @@ def _block_exact(w: torch.Tensor, deq: torch.Tensor) -> tuple[int, int]:
 
 def convert_matrix(w: torch.Tensor, exact_source: bool):
     """One [N, K] matrix -> (e4m3, scale_inv, stats)."""
-    if exact_source:
-        q, s = quantize_pow2_block128(w)
-    else:
-        q, s = quantize_weight_block128(w)
+    q, s = quantize_weight_block128(w, pow2_scales=exact_source)
     deq = dequantize_weight_block128(q, s)
     exact, total = _block_exact(w, deq)
     err = (deq - w.float()).abs()

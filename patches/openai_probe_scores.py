@@ -26,13 +26,14 @@ Without `--probe-ckpt`, meta_info has no scores and both are a pass-through.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-SCORES_KEY = "token_probe_probs"
+from sglang_ext.probe import SCORES_KEY
 
 # How many scores a choice has received is kept in the stream's own `stream_offsets`
 # dict (upstream reads it only by integer choice index), so it lives and dies with the
@@ -64,8 +65,13 @@ def _with_scores(sse: str, index: int, scores: list) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(fn) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
 async def _stream_content_with_scores(original, self, *args, **kwargs):
-    bound = inspect.signature(original).bind(self, *args, **kwargs).arguments
+    bound = _signature(original).bind(self, *args, **kwargs).arguments
     content, index = bound["content"], bound["index"]
     all_scores = (content.get("meta_info") or {}).get(SCORES_KEY)
     if all_scores is None:

@@ -20,17 +20,19 @@ Targets
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_ext.probe import SCORES_KEY
+
 logger = logging.getLogger(__name__)
 
 FLAG = "--probe-stop"
 ENV_VAR = "SGLANG_EXT_PROBE_STOP"
-SCORES_KEY = "token_probe_probs"
 
 
 class ProbeStopSpecError(ValueError):
@@ -97,9 +99,14 @@ def _carry_flag(server_args, cls, args):
     return server_args
 
 
-def _server_thresholds() -> dict[str, float]:
-    raw = os.environ.get(ENV_VAR)
+@functools.lru_cache(maxsize=1)
+def _server_thresholds_of(raw: str | None) -> dict[str, float]:
     return json.loads(raw) if raw else {}
+
+
+def _server_thresholds() -> dict[str, float]:
+    # Parsed once per value: this runs on every scheduler step.
+    return _server_thresholds_of(os.environ.get(ENV_VAR))
 
 
 class FINISH_CONTENT_FILTER:  # noqa: N801 (SGLang's naming for finish reasons)

@@ -19,13 +19,13 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from sglang_ext.layers.sink_attention import sink_attention_torch
+from sglang_ext.patches.sink_attention_backend import BACKEND_NAME
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-BACKEND_NAME = "ext_sinks"
 
 
 @dataclass
@@ -146,7 +146,3 @@ class SinkAttnBackend(AttentionBackend):
 
     def support_triton(self):
         return False
-
-
-def create_sink_attn_backend(model_runner: "ModelRunner") -> SinkAttnBackend:
-    return SinkAttnBackend(model_runner)

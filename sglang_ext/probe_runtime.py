@@ -21,13 +21,12 @@ import torch
 
 from sglang_ext.kernels.probe_attention import probe_attention, probe_attention_ref
 from sglang_ext.kernels.probe_tail import probe_tail
+from sglang_ext.probe import SCORES_KEY
 from sglang_ext.probe.checkpoint import load_probe_checkpoint, validate_against_base
-from sglang_ext.probe.model import SingProbeHead
+from sglang_ext.probe.model import SingProbeHead, rms_normalize
 
 logger = logging.getLogger(__name__)
 
-SCORES_KEY = "token_probe_probs"
-TAP_EPS = 1e-6
 
 
 class ProbeRuntime:
@@ -55,8 +54,14 @@ class ProbeRuntime:
         slots = int(token_to_kv_pool.size) + 2 * int(getattr(token_to_kv_pool, "page_size", 1)) + 1
         device = req_to_token_pool.req_to_token.device
         self.head.to(device)
-        # One q|k|v GEMM instead of three (+ a concat) per step: the step is launch-bound.
-        self.w_qkv = torch.cat([self.head.proj_q.weight, self.head.proj_k.weight, self.head.proj_v.weight])
+        # One q|k|v GEMM instead of three (+ a concat) per step: the step is launch-bound. The
+        # head's three weights become views of the fused one, so nothing is stored twice.
+        h = self.head
+        self.w_qkv = torch.cat([h.proj_q.weight, h.proj_k.weight, h.proj_v.weight])
+        q_rows, k_rows = h.proj_q.weight.shape[0], h.proj_k.weight.shape[0]
+        h.proj_q.weight.data = self.w_qkv[:q_rows]
+        h.proj_k.weight.data = self.w_qkv[q_rows : q_rows + k_rows]
+        h.proj_v.weight.data = self.w_qkv[q_rows + k_rows :]
         self.kv_pool = torch.zeros(slots, 2 * self.config.head_dim, dtype=self.model_dtype, device=device)
         self.req_to_token = req_to_token_pool.req_to_token
         logger.info("sglang-ext: probe K/V pool of %d slots x %d values", slots, 2 * self.config.head_dim)
@@ -73,10 +78,9 @@ class ProbeRuntime:
         slot = self.tap_slot.get(layer_id)
         if slot is None:
             return
-        xf = hidden.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + TAP_EPS)
+        # The probe's own feature transform, so serving taps equal the reference's.
         lo = slot * self.hidden_size
-        self._features[: hidden.shape[0], lo : lo + self.hidden_size] = normed.to(self.model_dtype)
+        self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
 
     # -- the step -------------------------------------------------------------------
     def score(self, forward_batch) -> torch.Tensor:

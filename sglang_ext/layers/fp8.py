@@ -27,8 +27,12 @@ def _blocks(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
 
 
-def quantize_weight_block128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., N, K] -> (e4m3 [..., N, K], scale_inv fp32 [..., ceil(N/128), ceil(K/128)])."""
+def quantize_weight_block128(w: torch.Tensor, pow2_scales: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., N, K] -> (e4m3 [..., N, K], scale_inv fp32 [..., ceil(N/128), ceil(K/128)]).
+
+    `pow2_scales` rounds each block's scale up to a power of two: then values that are
+    already a few mantissa bits times a power of two (MXFP4's) survive bit-exactly when the
+    block's exponent spread fits e4m3; amax/448 scales use the range fully but round them."""
     *lead, n, k = w.shape
     nb, kb = _blocks(n), _blocks(k)
     wf = w.float()
@@ -37,6 +41,8 @@ def quantize_weight_block128(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     tiles = padded.unflatten(-2, (nb, BLOCK)).unflatten(-1, (kb, BLOCK))  # [..., nb, 128, kb, 128]
     amax = tiles.abs().amax(dim=(-3, -1))  # [..., nb, kb]
     scale_inv = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    if pow2_scales:
+        scale_inv = torch.exp2(torch.ceil(torch.log2(scale_inv)))
     q = (tiles / scale_inv[..., :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
     q = q.flatten(-4, -3).flatten(-2, -1)[..., :n, :k]
     return q.to(torch.float8_e4m3fn), scale_inv

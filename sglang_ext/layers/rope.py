@@ -74,10 +74,12 @@ class YarnRope:
 
 
 def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """x: [tokens, heads, head_dim]; cos_sin: [tokens, head_dim] rows of the cache. fp32 maths."""
+    """x: [tokens, heads, head_dim]; cos_sin: [tokens, head_dim] rows of the cache. Maths in fp32
+    (or x's dtype if wider), one rounding back to x's dtype."""
     half = x.shape[-1] // 2
-    cos = cos_sin[:, None, :half]
-    sin = cos_sin[:, None, half:]
-    xf = x.float()
+    compute = torch.promote_types(x.dtype, torch.float32)
+    cos = cos_sin[:, None, :half].to(compute)
+    sin = cos_sin[:, None, half:].to(compute)
+    xf = x.to(compute)
     first, second = xf[..., :half], xf[..., half:]
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1).to(x.dtype)

@@ -82,10 +82,10 @@ class GptOssAttention(nn.Module):
         super().__init__()
         self.tp = tp
         self.head_dim = config.head_dim
-        self.num_heads = config.num_attention_heads // tp.size
-        self.num_kv_heads = config.num_key_value_heads // tp.size
-        tp.split(config.num_attention_heads, "num_attention_heads")
-        tp.split(config.num_key_value_heads, "num_key_value_heads")
+        lo, hi = tp.split(config.num_attention_heads, "num_attention_heads")
+        self.num_heads = hi - lo
+        lo, hi = tp.split(config.num_key_value_heads, "num_key_value_heads")
+        self.num_kv_heads = hi - lo
         hidden = config.hidden_size
         fp8 = is_fp8_checkpoint(config)
         self.q_proj = Linear(hidden, self.num_heads * self.head_dim, fp8=fp8)
@@ -149,11 +149,16 @@ class GptOssExperts(nn.Module):
                                                     requires_grad=False)
 
     def dense(self, dtype):
-        """Expert weights in `dtype` (FP8: dequantised per block; the Triton MoE reads e4m3 directly)."""
+        """Expert weights in `dtype` for the torch path. FP8 experts are dequantised once, on
+        first use after loading, not on every step (the Triton MoE reads e4m3 directly)."""
         if not self.fp8:
             return self.gate_up_proj, self.down_proj
-        return (dequantize_weight_block128(self.gate_up_proj, self.gate_up_proj_scale_inv, dtype),
+        cached = getattr(self, "_dense", None)
+        if cached is None or cached[0].dtype != dtype:
+            cached = self._dense = (
+                dequantize_weight_block128(self.gate_up_proj, self.gate_up_proj_scale_inv, dtype),
                 dequantize_weight_block128(self.down_proj, self.down_proj_scale_inv, dtype))
+        return cached
 
 
 class GptOssMLP(nn.Module):
@@ -201,14 +206,11 @@ class GptOssModel(nn.Module):
         self._cos_sin: Optional[torch.Tensor] = None
 
     def cos_sin(self, positions: torch.Tensor) -> torch.Tensor:
-        cache = self._cos_sin
-        needed = int(positions.max().item()) + 1 if positions.numel() and positions.device.type == "cpu" else 0
-        if cache is None or cache.device != positions.device or cache.shape[0] < needed:
-            length = max(needed, min(self.config.max_position_embeddings, 1 << 15), 1 << 12)
-            if positions.device.type != "cpu":
-                length = self.config.max_position_embeddings
-            cache = self._cos_sin = self.rope.cos_sin_cache(length, positions.device)
-        return cache[positions]
+        # Every position the model accepts, built once (131072 x 64 fp32 = 32 MiB): a lookup,
+        # no host read of the positions in the step.
+        if self._cos_sin is None or self._cos_sin.device != positions.device:
+            self._cos_sin = self.rope.cos_sin_cache(self.config.max_position_embeddings, positions.device)
+        return self._cos_sin[positions]
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, probe=None):
         h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
@@ -272,6 +274,8 @@ class GptOssForCausalLM(nn.Module):
 
     # -- loading ----------------------------------------------------------------
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
+        for layer in self.model.layers:  # new weights: drop the torch path's dequantised experts
+            layer.mlp.experts._dense = None
         params = dict(self.named_parameters())
         pending_mxfp4 = {}
         loaded = set()
