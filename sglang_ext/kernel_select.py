@@ -1,0 +1,36 @@
+"""Which maths path runs: the Triton kernels (`sglang_ext.kernels`) or the torch path.
+
+SGLang-free. One switch for the model's layers, the attention backend and the benchmark
+harness, so that a test can run the whole served model through the Triton kernels on a
+CPU under `TRITON_INTERPRET=1` and compare it with the torch path:
+
+  SGLANG_EXT_KERNELS=auto    (default) Triton on CUDA tensors, torch elsewhere
+  SGLANG_EXT_KERNELS=triton  Triton everywhere (on CPU only with TRITON_INTERPRET=1)
+  SGLANG_EXT_KERNELS=torch   torch everywhere (a fallback and a peer)
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENV_VAR = "SGLANG_EXT_KERNELS"
+CHOICES = ("auto", "triton", "torch")
+
+
+def kernel_mode() -> str:
+    mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    if mode not in CHOICES:
+        raise ValueError(f"{ENV_VAR}={mode!r}: expected one of {', '.join(CHOICES)}")
+    if mode == "triton" and os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        raise ValueError(f"{ENV_VAR}=triton on a machine without CUDA needs TRITON_INTERPRET=1")
+    return mode
+
+
+def use_triton(device: torch.device | str) -> bool:
+    """True when the Triton kernels should run for tensors on `device`."""
+    mode = kernel_mode()
+    if mode == "auto":
+        return torch.device(device).type == "cuda"
+    return mode == "triton"
