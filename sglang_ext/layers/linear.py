@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, fp8_linear_torch
 
 
@@ -34,5 +35,9 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
         bias = self.bias if with_bias else None
         if self.fp8:
+            if use_triton(x.device):
+                from sglang_ext.kernels.fp8_gemm import fp8_linear
+
+                return fp8_linear(x, self.weight, self.weight_scale_inv, bias)
             return fp8_linear_torch(x, self.weight, self.weight_scale_inv, bias)
         return F.linear(x, self.weight, bias)

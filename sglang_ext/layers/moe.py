@@ -99,3 +99,43 @@ def add_down_bias(out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch
     """mlp2's bias, weighted by routing, for the tensor-parallel path (added once after the all-reduce)."""
     bias = (down_proj_bias[topk_ids].float() * topk_weights.float()[..., None]).sum(dim=1)
     return (out.float() + bias).to(out.dtype)
+
+
+def moe_forward(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    router_bias: torch.Tensor,
+    w1: torch.Tensor,
+    w1_scale_inv: torch.Tensor | None,
+    b1: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale_inv: torch.Tensor | None,
+    b2: torch.Tensor,
+    top_k: int,
+    limit: float,
+    expert_offset: int = 0,
+    with_down_bias: bool = True,
+) -> torch.Tensor:
+    """The gpt-oss MoE block for this rank's experts: route over all experts, run the local ones.
+
+    w1 [E_local, 2I, H], w2 [E_local, H, I]; e4m3 with block-128 `*_scale_inv` or plain
+    floats (scale_inv None). `with_down_bias=False` leaves mlp2's bias to another rank
+    (tensor-parallel slices of one expert add it once). FP8 experts run the Triton MoE
+    where `sglang_ext.kernel_select.use_triton` says so, else the torch path on weights
+    dequantised per call (callers that loop should cache, as the model does).
+    """
+    from sglang_ext.kernel_select import use_triton
+
+    weights, ids = route(x, router_weight, router_bias, top_k)
+    fp8 = w1.dtype == torch.float8_e4m3fn
+    if fp8 and use_triton(x.device):
+        from sglang_ext.kernels.moe import fused_experts_fp8
+
+        return fused_experts_fp8(x, weights, ids, w1, w1_scale_inv, b1, w2, w2_scale_inv,
+                                 b2 if with_down_bias else None, limit=limit, expert_offset=expert_offset)
+    if fp8:
+        from sglang_ext.layers.fp8 import dequantize_weight_block128
+
+        w1 = dequantize_weight_block128(w1, w1_scale_inv, x.dtype)
+        w2 = dequantize_weight_block128(w2, w2_scale_inv, x.dtype)
+    return experts_torch(x, weights, ids, w1, b1, w2, b2 if with_down_bias else None, limit, expert_offset)

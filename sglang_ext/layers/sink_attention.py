@@ -61,3 +61,45 @@ def sink_attention_torch(
         denom = denom + torch.exp(sink - row_max)
     out = torch.einsum("hgqk,khd->qhgd", probs, vf) / denom.permute(2, 0, 1).unsqueeze(-1)
     return out.reshape(num_q, num_q_heads, head_dim).to(q.dtype)
+
+
+def paged_sink_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_start: torch.Tensor,
+    q_len: torch.Tensor,
+    sinks: torch.Tensor | None,
+    window_left: int,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of flattened query rows over SGLang's paged KV layout, [T, Hq, D].
+
+    Request b owns rows q_start[b] .. q_start[b]+q_len[b]-1, at the last q_len[b] of its
+    seq_lens[b] positions; position p of request b lives in slot req_to_token[req_pool_indices[b], p]
+    of k_buffer/v_buffer [slots, Hkv, D]. The Triton kernels run where
+    `sglang_ext.kernel_select.use_triton` says so (graph-safe, no host reads); the torch path
+    reads the lengths on the host and is for CPUs and tests.
+    """
+    from sglang_ext.kernel_select import use_triton
+
+    if use_triton(q.device):
+        from sglang_ext.kernels.sink_attention import paged_attention
+
+        return paged_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
+                               sinks, window_left, scale)
+    out = torch.empty_like(q)
+    for b, (rpi, seq_len, start, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(),
+                                                       q_start.tolist(), q_len.tolist())):
+        if n == 0:
+            continue
+        first = seq_len - n
+        k_lo = max(0, first - window_left) if window_left >= 0 else 0
+        slots = req_to_token[rpi, k_lo:seq_len].long()
+        positions = torch.arange(first, seq_len, device=q.device)
+        out[start:start + n] = sink_attention_torch(q[start:start + n], k_buffer[slots], v_buffer[slots], sinks,
+                                                    positions, k_lo, window_left, scale)
+    return out

@@ -1,0 +1,221 @@
+"""Decode speed and cost of gpt-oss-120b/20b by TP/EP/DP configuration, probe off and on.
+
+Runs the model-step harness (model_step.py: the project's own layers and Triton kernels,
+random FP8 weights, paged KV) at full size. Each row: one decode step for `batch` users
+at `context` tokens, timed as the median replay of a CUDA graph of the whole step
+(embedding .. LM head, NCCL collectives inside the graph), then tok/s per user
+(1 / step), tok/s per GPU, $ per million output tokens at $3.00 per H200-hour, and the
+achieved bandwidth on the bytes the step must read (weights touched + KV) against the
+copy bandwidth measured in the same run. The probe (SingProbe, window 2048) runs in the
+same step for the "probe on" time; its overhead is (on - off) / off.
+
+Configurations that need more GPUs than this run has are *modelled*: one process builds
+rank 0's shard (its heads, experts, intermediate slice), times its step without
+collectives, and adds the collectives' time from perf_model.py (calibrated on measured
+NCCL times of 2 GPUs when benchmarks/results/nccl_collectives.json exists). Rows say
+"measured" or "modelled". A batch whose KV does not fit next to the weights is reported
+as such, with the bytes, never dropped.
+
+    python benchmarks/bench_decode.py --models 120b,20b --out benchmarks/results          # 1 GPU
+    python benchmarks/bench_decode.py --nproc 2 --configs 2:1:1,2:2:1,2:2:2 --stem bench_decode_x2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+import perf_model  # noqa: E402
+from model_step import MODELS, HarnessProbe, ModelStep, Sharding, decode_step_bytes  # noqa: E402
+
+MEMORY_MARGIN = 6 << 30  # activations, graphs, allocator slack
+
+
+def parse_configs(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for item in text.split(","):
+        tp, ep, dp = (int(v) for v in item.split(":"))
+        out.append((tp, ep, dp))
+    return out
+
+
+def time_decode(model: ModelStep, context: int, probe: bool, eager: bool) -> float:
+    inputs = model.decode_inputs(context)
+    model.probe = HarnessProbe(model) if probe else None
+
+    def step():
+        model.forward(**inputs)
+
+    if eager:
+        import time
+
+        step()
+        t0 = time.perf_counter()
+        step()
+        return time.perf_counter() - t0
+    graph = bc.capture_graph(step)
+    t = bc.graph_time(graph)
+    del graph
+    model.probe = None
+    return t
+
+
+def run(rank: int, world: int, args):
+    bc.set_nccl_env()
+    cuda = torch.cuda.is_available() and not args.cpu
+    device = "cuda" if cuda else "cpu"
+    group = None
+    if world > 1:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world,
+                                init_method=f"tcp://127.0.0.1:{args.port}")
+        group = dist.group.WORLD
+    ceilings = bc.measure_ceilings() if cuda else {"copy_bandwidth_Bps": float("nan")}
+    comm = perf_model.CollectiveModel.load(args.nccl)
+    rows = []
+    for model_name in args.models.split(","):
+        dims = MODELS[model_name]
+        if args.layers:
+            dims = type(dims)(**{**dims.__dict__, "num_layers": args.layers})
+        for tp, ep, dp in parse_configs(args.configs):
+            emulate = tp != world
+            sharding = Sharding(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
+            base = {"model": dims.name, "config": sharding.label, "gpus": tp,
+                    "kind": "modelled" if emulate else "measured"}
+            need_w = ModelStep.bytes_needed(dims, sharding, 1, 1)["weights"]
+            free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
+            if need_w + MEMORY_MARGIN > free:
+                rows.append({**base, "does_not_fit": f"weights {need_w / 1e9:.1f} GB per GPU > free "
+                                                     f"{free / 1e9:.1f} GB"})
+                continue
+            try:
+                model = ModelStep(dims, sharding, batch=1, context=args.context_probe_min, device=device,
+                                  group=group, emulate=emulate, dtype=torch.bfloat16 if cuda else torch.float32)
+            except Exception as exc:
+                rows.append({**base, "error": repr(exc)[:300]})
+                continue
+            for context in [int(c) for c in args.contexts.split(",")]:
+                for batch in [int(b) for b in args.batches.split(",")]:
+                    row = {**base, "batch": batch, "context": context}
+                    if dp > 1 and batch < dp:
+                        rows.append({**row, "skipped": f"batch {batch} < dp {dp}"})
+                        continue
+                    kv = ModelStep.bytes_needed(dims, sharding, batch, context)["kv"]
+                    probe_kv = batch * context * 128 * 2 if args.probe else 0
+                    free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
+                    if cuda:
+                        free += sum(t.numel() * t.element_size() for pair in model.kv_full + model.kv_swa
+                                    if pair is not None for t in pair)
+                    if kv + probe_kv + MEMORY_MARGIN > free:
+                        rows.append({**row, "does_not_fit": f"KV {kv / 1e9:.1f} GB (+ probe {probe_kv / 1e9:.1f}) "
+                                                            f"per GPU > {free / 1e9:.1f} GB free next to the weights"})
+                        continue
+                    try:
+                        model.allocate_cache(batch, context)
+                        t_off = time_decode(model, context, probe=False, eager=not cuda)
+                        t_on = time_decode(model, context, probe=True, eager=not cuda) if args.probe else None
+                    except Exception as exc:
+                        traceback.print_exc()
+                        rows.append({**row, "error": repr(exc)[:300]})
+                        continue
+                    comm_s = comm.decode_step_seconds(dims, sharding, batch) if emulate else 0.0
+                    step = t_off + comm_s
+                    bytes_floor = decode_step_bytes(dims, sharding, batch, context)
+                    total_tps = batch / step
+                    row.update({
+                        "step_ms": step * 1e3,
+                        "compute_ms": t_off * 1e3,
+                        "modelled_collectives_ms": comm_s * 1e3 if emulate else None,
+                        "tok_s_per_user": 1 / step,
+                        "tok_s_total": total_tps,
+                        "tok_s_per_gpu": total_tps / tp,
+                        "dollars_per_M_output": bc.dollars_per_million_output(total_tps, tp),
+                        "bytes_per_gpu_step": bytes_floor,
+                        "achieved_TBps": bytes_floor / t_off / 1e12,
+                        "pct_copy_bw": 100 * bytes_floor / t_off / ceilings["copy_bandwidth_Bps"],
+                    })
+                    if t_on is not None:
+                        row["probe_on_step_ms"] = (t_on + comm_s) * 1e3
+                        row["probe_overhead_pct"] = 100 * (t_on - t_off) / step
+                    rows.append(row)
+                    if rank == 0:
+                        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+            if args.profile and rank == 0 and cuda and not emulate:
+                profile_rows = perf_model.kernel_breakdown(model, min(int(args.contexts.split(",")[0]), model.context))
+                rows.append({**base, "profile_batch": model.batch, "kernel_breakdown": profile_rows})
+            del model
+            if cuda:
+                torch.cuda.empty_cache()
+    if rank == 0:
+        meta = bc.run_meta(" ".join(["python", "benchmarks/bench_decode.py"] + sys.argv[1:]),
+                           {"ceilings": ceilings, "world": world, "collective_model": comm.describe()})
+        bc.write_results(args.out, args.stem, meta, rows, markdown(meta, rows))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def markdown(meta: dict, rows: list) -> str:
+    c = meta["ceilings"]
+    lines = [f"# Decode: gpt-oss by TP/EP/DP configuration ({meta.get('gpu', 'cpu')})", "",
+             f"`{meta['command']}` — {meta['date']}, torch {meta['torch']}, triton {meta.get('triton')}.",
+             f"Copy bandwidth measured in this run: {c.get('copy_bandwidth_Bps', float('nan')) / 1e12:.2f} TB/s. "
+             f"Cost at ${meta['dollars_per_gpu_hour']:.2f} per GPU-hour. Step = median CUDA-graph replay of one "
+             "whole decode step; 'modelled' rows time rank 0's shard and add modelled collectives "
+             f"({meta['collective_model']}).", ""]
+    cols = [("model", "model", None), ("config", "config", None), ("kind", "kind", None),
+            ("context", "context", None), ("batch", "batch", None), ("step ms", "step_ms", "{:.3f}"),
+            ("tok/s/user", "tok_s_per_user", "{:.1f}"), ("tok/s/GPU", "tok_s_per_gpu", "{:.0f}"),
+            ("$/M out", "dollars_per_M_output", "{:.3f}"), ("GB read/GPU", "bytes_per_gpu_step", None),
+            ("% copy BW", "pct_copy_bw", "{:.0f}"), ("probe on ms", "probe_on_step_ms", "{:.3f}"),
+            ("probe %", "probe_overhead_pct", "{:.2f}")]
+    timed = [dict(r, bytes_per_gpu_step=f"{r['bytes_per_gpu_step'] / 1e9:.2f}") for r in rows if "step_ms" in r]
+    lines.append(bc.md_table(timed, cols))
+    other = [r for r in rows if "step_ms" not in r and "kernel_breakdown" not in r]
+    if other:
+        lines += ["", "Not timed:", ""]
+        for r in other:
+            why = r.get("does_not_fit") or r.get("skipped") or r.get("error")
+            lines.append(f"- {r['model']} {r['config']} batch {r.get('batch', '—')} context {r.get('context', '—')}: {why}")
+    for r in rows:
+        if "kernel_breakdown" in r:
+            lines += ["", f"Kernel breakdown, {r['model']} {r['config']} batch {r['profile_batch']} (profiler, "
+                          "one eager step):", "", bc.md_table(r["kernel_breakdown"],
+                                                                [("kernel", "name", None), ("calls", "calls", None),
+                                                                 ("total us", "us", "{:.1f}"), ("share %", "pct", "{:.1f}")])]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="120b,20b")
+    ap.add_argument("--configs", default="1:1:1", help="tp:ep:dp,...; tp != --nproc rows are modelled")
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--contexts", default="8192,32768")
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--no-probe", dest="probe", action="store_false")
+    ap.add_argument("--profile", action="store_true", help="per-kernel breakdown of one step (rank 0)")
+    ap.add_argument("--layers", type=int, default=0, help="override the layer count (smoke tests)")
+    ap.add_argument("--nccl", default=os.path.join(os.path.dirname(__file__), "results", "nccl_collectives.json"))
+    ap.add_argument("--cpu", action="store_true", help="tiny smoke run on CPU (torch path, eager)")
+    ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--stem", default="bench_decode")
+    ap.add_argument("--context-probe-min", type=int, default=256)
+    args = ap.parse_args()
+    if args.nproc > 1:
+        import torch.multiprocessing as mp
+
+        mp.spawn(run, args=(args.nproc, args), nprocs=args.nproc)
+    else:
+        run(0, 1, args)
+
+
+if __name__ == "__main__":
+    main()

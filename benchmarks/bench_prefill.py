@@ -1,0 +1,148 @@
+"""Prefill latency and $ per million input tokens of gpt-oss by TP degree and input length.
+
+Batch 1, DP 1 (SPEC §4). One forward of `length` new tokens through the model-step
+harness (model_step.py: the project's own layers and Triton kernels, random FP8 weights,
+paged KV), timed with CUDA events (median of a few runs after warm-up; a prefill is
+long enough that launch overhead does not need a graph). FLOP rate against the FP8 and
+bf16 matmul rates measured in the same run. TP degrees beyond this run's GPUs are
+modelled as in bench_decode.py (rank 0's shard timed + modelled collectives).
+
+    python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+import perf_model  # noqa: E402
+from bench_decode import MEMORY_MARGIN, parse_configs  # noqa: E402
+from model_step import MODELS, ModelStep, Sharding, prefill_flops  # noqa: E402
+
+
+def run(rank: int, world: int, args):
+    bc.set_nccl_env()
+    cuda = torch.cuda.is_available() and not args.cpu
+    device = "cuda" if cuda else "cpu"
+    group = None
+    if world > 1:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{args.port}")
+        group = dist.group.WORLD
+    ceilings = bc.measure_ceilings() if cuda else {}
+    comm = perf_model.CollectiveModel.load(args.nccl)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    rows = []
+    for model_name in args.models.split(","):
+        dims = MODELS[model_name]
+        if args.layers:
+            dims = type(dims)(**{**dims.__dict__, "num_layers": args.layers})
+        for tp, ep, dp in parse_configs(args.configs):
+            emulate = tp != world
+            sharding = Sharding(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
+            base = {"model": dims.name, "config": sharding.label, "gpus": tp,
+                    "kind": "modelled" if emulate else "measured"}
+            need = ModelStep.bytes_needed(dims, sharding, 1, max(lengths), swa_slots=max(lengths))
+            free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
+            if need["total"] + MEMORY_MARGIN > free:
+                rows.append({**base, "does_not_fit": f"{need['total'] / 1e9:.1f} GB per GPU > free {free / 1e9:.1f} GB"})
+                continue
+            try:
+                model = ModelStep(dims, sharding, batch=1, context=max(lengths), swa_slots=max(lengths), device=device,
+                                  group=group, emulate=emulate, dtype=torch.bfloat16 if cuda else torch.float32)
+            except Exception as exc:
+                rows.append({**base, "error": repr(exc)[:300]})
+                continue
+            for length in lengths:
+                row = {**base, "length": length}
+                inputs = model.prefill_inputs(length)
+                try:
+                    if cuda:
+                        t = bc.event_time(lambda: model.forward(**inputs), iters=args.iters, warmup=1)
+                    else:
+                        model.forward(**inputs)
+                        t0 = time.perf_counter()
+                        model.forward(**inputs)
+                        t = time.perf_counter() - t0
+                except Exception as exc:
+                    traceback.print_exc()
+                    rows.append({**row, "error": repr(exc)[:300]})
+                    continue
+                comm_s = comm.prefill_seconds(dims, sharding, length) if emulate else 0.0
+                latency = t + comm_s
+                flops = prefill_flops(dims, length) / tp
+                row.update({
+                    "latency_ms": latency * 1e3, "compute_ms": t * 1e3,
+                    "modelled_collectives_ms": comm_s * 1e3 if emulate else None,
+                    "tok_s": length / latency,
+                    "dollars_per_M_input": bc.dollars_per_million_input(latency, length, tp),
+                    "tflops_per_gpu": flops / t / 1e12,
+                    "pct_fp8_peak": 100 * flops / t / ceilings["fp8_matmul_flops"] if "fp8_matmul_flops" in ceilings else None,
+                })
+                rows.append(row)
+                if rank == 0:
+                    print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+            del model
+            if cuda:
+                torch.cuda.empty_cache()
+    if rank == 0:
+        meta = bc.run_meta(" ".join(["python", "benchmarks/bench_prefill.py"] + sys.argv[1:]),
+                           {"ceilings": ceilings, "world": world, "collective_model": comm.describe()})
+        bc.write_results(args.out, args.stem, meta, rows, markdown(meta, rows))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def markdown(meta: dict, rows: list) -> str:
+    c = meta["ceilings"]
+    rate = c.get("fp8_matmul_flops")
+    lines = [f"# Prefill: gpt-oss, batch 1, DP 1, by TP degree and input length ({meta.get('gpu', 'cpu')})", "",
+             f"`{meta['command']}` — {meta['date']}, torch {meta['torch']}, triton {meta.get('triton')}.",
+             (f"FP8 matmul rate measured in this run: {rate / 1e12:.0f} TFLOP/s; " if rate else "") +
+             f"cost at ${meta['dollars_per_gpu_hour']:.2f} per GPU-hour; 'modelled' rows time rank 0's shard and add "
+             f"modelled collectives ({meta['collective_model']}).", ""]
+    cols = [("model", "model", None), ("config", "config", None), ("kind", "kind", None),
+            ("input tokens", "length", None), ("latency ms", "latency_ms", "{:.1f}"), ("tok/s", "tok_s", "{:.0f}"),
+            ("$/M input", "dollars_per_M_input", "{:.4f}"), ("TFLOP/s/GPU", "tflops_per_gpu", "{:.0f}"),
+            ("% FP8 rate", "pct_fp8_peak", "{:.0f}")]
+    lines.append(bc.md_table([r for r in rows if "latency_ms" in r], cols))
+    other = [r for r in rows if "latency_ms" not in r]
+    if other:
+        lines += ["", "Not timed:", ""]
+        lines += [f"- {r['model']} {r['config']} length {r.get('length', '—')}: "
+                  f"{r.get('does_not_fit') or r.get('error')}" for r in other]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="120b,20b")
+    ap.add_argument("--configs", default="1:1:1")
+    ap.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--nccl", default=os.path.join(os.path.dirname(__file__), "results", "nccl_collectives.json"))
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--port", type=int, default=29537)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--stem", default="bench_prefill")
+    args = ap.parse_args()
+    if args.nproc > 1:
+        import torch.multiprocessing as mp
+
+        mp.spawn(run, args=(args.nproc, args), nprocs=args.nproc)
+    else:
+        run(0, 1, args)
+
+
+if __name__ == "__main__":
+    main()
