@@ -11,8 +11,8 @@ softmax over top-4) -> experts (FP8, biases; mlp2's bias once) -> all-reduce -> 
 Parallelism follows SGLang's --tp/--ep/--dp (world = tp): attention heads split over
 tp // dp ranks (dp > 1 is data-parallel attention: each DP group runs its own requests);
 experts split into `ep` contiguous ranges, each expert's intermediate dimension over
-tp // ep ranks (an even slice with its own 128-block grid: for timing this equals the
-exact block-aligned sharding of sglang_ext.layers.parallel within one ragged block). Collectives are torch.distributed (NCCL on GPUs, gloo on CPU for the
+tp // ep ranks cut on the 128-block grid (sglang_ext.layers.parallel.block_granular_ranges:
+2880 at moe-TP 4 -> 768/768/768/576; rank 0, the busiest, is the one timed when modelled). Collectives are torch.distributed (NCCL on GPUs, gloo on CPU for the
 tests). Under `emulate_world`, a single process builds rank 0's shard of a larger
 configuration and the collectives are replaced by modelled times (perf_model.py): the
 "modelled" rows of bench_decode / bench_prefill.
@@ -64,6 +64,7 @@ def import_project():
 
 import_project()
 from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
+from sglang_ext.layers.parallel import block_granular_ranges  # noqa: E402
 from sglang_ext.layers.linear import Linear  # noqa: E402
 from sglang_ext.layers.moe import moe_forward  # noqa: E402
 from sglang_ext.layers.norm import rms_norm  # noqa: E402
@@ -156,6 +157,11 @@ def _random_fp8(shape, device, gen) -> torch.Tensor:
     return out
 
 
+def expert_slice_width(intermediate: int, moe_tp: int, moe_tp_rank: int) -> int:
+    lo, hi = block_granular_ranges(intermediate, moe_tp)[moe_tp_rank]
+    return hi - lo
+
+
 def _all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     world = dist.get_world_size(group)
     out = x.new_empty(world * x.shape[0], *x.shape[1:])
@@ -229,7 +235,7 @@ class ModelStep:
         self.num_kv_heads = d.num_kv_heads // s.attn_tp
         self.local_experts = d.num_experts // s.ep
         self.expert_offset = s.ep_rank * self.local_experts
-        self.inter_local = d.intermediate // s.moe_tp
+        self.inter_local = expert_slice_width(d.intermediate, s.moe_tp, s.moe_tp_rank)
         hd = d.head_dim
         self.rope = YarnRope(head_dim=hd)
         self.cos_sin = self.rope.cos_sin_cache(self.context + 1, device=dev)
@@ -295,7 +301,7 @@ class ModelStep:
         """Bytes this rank allocates (weights, KV), computed before allocating anything."""
         s, d = sharding, dims
         heads, kv_heads = d.num_heads // s.attn_tp, d.num_kv_heads // s.attn_tp
-        inter = d.intermediate // s.moe_tp
+        inter = expert_slice_width(d.intermediate, s.moe_tp, s.moe_tp_rank)
         experts = d.num_experts // s.ep
         attn = d.hidden * (heads + 2 * kv_heads) * d.head_dim + heads * d.head_dim * d.hidden
         expert_bytes = experts * (2 * inter * d.hidden + d.hidden * inter)
@@ -485,7 +491,7 @@ def decode_step_bytes(dims: GptOssDims, sharding: Sharding, batch: int, context:
     heads, kv_heads = d.num_heads // s.attn_tp, d.num_kv_heads // s.attn_tp
     b = batch if s.dp == 1 else -(-batch // s.dp)
     moe_tokens = batch if s.dp > 1 else b
-    inter = d.intermediate // s.moe_tp
+    inter = expert_slice_width(d.intermediate, s.moe_tp, s.moe_tp_rank)
     local = d.num_experts // s.ep
     touched = expected_distinct_experts(d.num_experts, d.top_k, moe_tokens) * local / d.num_experts
     attn = d.hidden * (heads + 2 * kv_heads) * d.head_dim + heads * d.head_dim * d.hidden
