@@ -1,10 +1,17 @@
 """The `ext_sinks` attention backend: paged KV, sinks, inclusive sliding window.
 
 One backend, two kernel paths: the torch path (`sink_attention_torch`, CPU in bf16
-and fp32, and any device as a fallback) and the Triton path for H200 (kernels issue).
+and fp32, and any device as a fallback) and the Triton path (`sglang_ext.kernels.
+sink_attention`, chosen by `sglang_ext.kernel_select.use_triton`: CUDA by default, or a
+CPU under TRITON_INTERPRET=1 with SGLANG_EXT_KERNELS=triton).
 It accepts both of SGLang's KV pools: the plain MHA pool and the hybrid SWA pool
 that gpt-oss gets by default (sliding layers then live in a smaller sub-pool and
 their slot ids are translated from the full pool's).
+
+The Triton path reads the batch only through device tensors (no host reads in the
+step), so decode can be captured in a CUDA graph: the cuda-graph hooks keep the
+runner's static req_pool_indices / seq_lens and refill a static buffer for the
+hybrid pool's translated write slots before each replay.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
+from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.sink_attention import sink_attention_torch
 from sglang_ext.patches.sink_attention_backend import BACKEND_NAME
 
@@ -42,6 +50,17 @@ class _RequestSpan:
         return self.seq_len - self.q_len
 
 
+@dataclass
+class _DeviceBatch:
+    """The batch as the Triton kernels read it: device tensors only, so a CUDA graph
+    replays with whatever the runner copied into them."""
+
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor  # keys after this forward's KV write
+    q_start: Optional[torch.Tensor]  # extend: first q row of each request (None: packed in order)
+    q_len: Optional[torch.Tensor]  # extend: q rows of each request; None for decode (one row each)
+
+
 class SinkAttnBackend(AttentionBackend):
     def __init__(self, model_runner: "ModelRunner"):
         super().__init__()
@@ -52,9 +71,11 @@ class SinkAttnBackend(AttentionBackend):
             isinstance(self.token_to_kv_pool, SWAKVPool)
             and self.token_to_kv_pool.swa_layer_nums > 0
         )
-        self.kernel_path = "torch"
+        self.kernel_path = "triton" if use_triton(self.device) else "torch"
         self.spans: List[_RequestSpan] = []
+        self.device_batch: Optional[_DeviceBatch] = None
         self.swa_out_cache_loc: Optional[torch.Tensor] = None
+        self.graph_swa_out_cache_loc: Optional[torch.Tensor] = None
 
     # -- metadata -------------------------------------------------------------
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
@@ -67,6 +88,9 @@ class SinkAttnBackend(AttentionBackend):
             self.swa_out_cache_loc = None
         if mode.is_idle():
             self.spans = []
+            return
+        if self.kernel_path == "triton":
+            self.device_batch = self._device_batch(forward_batch)
             return
         req_pool_indices = forward_batch.req_pool_indices.tolist()
         seq_lens = forward_batch.seq_lens_cpu.tolist() if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens.tolist()
@@ -82,6 +106,49 @@ class SinkAttnBackend(AttentionBackend):
             spans.append(_RequestSpan(int(rpi), start, int(q_len), int(seq_len)))
             start += int(q_len)
         self.spans = spans
+
+    @staticmethod
+    def _device_batch(forward_batch: "ForwardBatch") -> _DeviceBatch:
+        if forward_batch.forward_mode.is_decode_or_idle():
+            return _DeviceBatch(forward_batch.req_pool_indices, forward_batch.seq_lens, None, None)
+        return _DeviceBatch(
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            getattr(forward_batch, "extend_start_loc", None),
+            forward_batch.extend_seq_lens,
+        )
+
+    # -- CUDA graphs (decode; Triton path only) --------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        if self.kernel_path != "triton":
+            raise NotImplementedError(
+                f"{BACKEND_NAME}: CUDA graphs need the Triton path (SGLANG_EXT_KERNELS=auto or triton); "
+                "the torch path reads the batch on the host: use --disable-cuda-graph"
+            )
+        if self.uses_swa_pool:
+            # The captured KV write reads the sliding sub-pool's slots from here.
+            self.graph_swa_out_cache_loc = torch.zeros((max_num_tokens,), dtype=torch.int64, device=self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch: "ForwardBatch", in_capture: bool = False):
+        # Called before capture and before every replay with the runner's static buffers
+        # (req_pool_indices, seq_lens): the kernels captured here read them by address.
+        if not forward_batch.forward_mode.is_decode_or_idle():
+            raise NotImplementedError(f"{BACKEND_NAME}: CUDA graphs cover decode only, got {forward_batch.forward_mode}")
+        self.device_batch = _DeviceBatch(forward_batch.req_pool_indices, forward_batch.seq_lens, None, None)
+        self.swa_out_cache_loc = None
+        if self.graph_swa_out_cache_loc is not None and forward_batch.out_cache_loc is not None:
+            n = forward_batch.out_cache_loc.shape[0]
+            buf = self.graph_swa_out_cache_loc
+            buf[n:].zero_()  # padded rows write to the dummy slot 0
+            if in_capture:
+                buf[:n].zero_()
+            else:
+                buf[:n].copy_(self.token_to_kv_pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc))
+            self.swa_out_cache_loc = buf[:n]
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        # Padded rows attend to one key (slot of position 0 of request row 0): finite, discarded.
+        return 1
 
     # -- forward --------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -120,6 +187,10 @@ class SinkAttnBackend(AttentionBackend):
         in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
         req_to_token = self.req_to_token_pool.req_to_token
 
+        if self.kernel_path == "triton":
+            self._forward_triton(q3, k_cache, v_cache, out, sinks, window_left, layer.scaling, in_swa_pool)
+            return out.view(-1, num_heads * v_head_dim)
+
         for span in self.spans:
             if span.q_len == 0:
                 continue
@@ -143,6 +214,23 @@ class SinkAttnBackend(AttentionBackend):
                 layer.scaling,
             )
         return out.view(-1, num_heads * v_head_dim)
+
+    def _forward_triton(self, q3, k_cache, v_cache, out, sinks, window_left, scale, in_swa_pool):
+        from sglang_ext.kernels.sink_attention import sink_attention_decode, sink_attention_extend
+
+        batch = self.device_batch
+        req_to_token = self.req_to_token_pool.req_to_token
+        # The sliding sub-pool is addressed by translated ids: the kernels translate per key.
+        slot_map = self.token_to_kv_pool.full_to_swa_index_mapping if in_swa_pool else None
+        if q3.stride(-1) != 1:
+            q3 = q3.contiguous()
+        if batch.q_len is None:
+            sink_attention_decode(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,
+                                  sinks, window_left, scale, slot_map=slot_map, out=out)
+        else:
+            sink_attention_extend(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,
+                                  batch.q_start, batch.q_len, sinks, window_left, scale, slot_map=slot_map,
+                                  out=out)
 
     def support_triton(self):
         return False

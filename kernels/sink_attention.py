@@ -1,0 +1,542 @@
+"""Paged attention with per-head sinks and an inclusive sliding window (gpt-oss), for extend and decode.
+
+Semantics are those of ``sglang_ext.layers.sink_attention.sink_attention_torch`` (SPEC §1):
+``window_left`` is the number of *earlier* keys a query sees (127 for gpt-oss's sliding layers: key j is
+visible to query i iff i - 127 <= j <= i), negative means full causal; every query head has one sink
+logit that joins the softmax denominator once and carries no value. GQA: q head h reads kv head
+h // (Hq // Hkv).
+
+KV layout as in SGLang: ``k_buffer``/``v_buffer`` [num_slots, Hkv, D]; position p of request b lives in
+slot ``req_to_token[req_pool_indices[b], p]`` (through ``slot_map`` first when given: the hybrid SWA
+pool keeps its sliding layers in a smaller sub-pool addressed by translated slot ids). Request b owns
+the flattened query rows ``q_start[b] .. q_start[b] + q_len[b] - 1``, at its last ``q_len[b]`` positions
+of ``seq_lens[b]`` (keys after this forward's KV write).
+
+Both launchers read no tensor values on the host (grids come from shapes), so both can be captured in
+a CUDA graph:
+  - extend: one program per (tile of BLOCK_M // group query positions of one request, kv head); the
+    tile's query rows are (position, q head of the group) pairs, so one K/V block read serves all heads
+    of the group. Tiles of all requests are numbered on the device (cumsum of per-request tile counts)
+    and each program finds its request by counting, so ragged batches run in one launch with no host
+    max length. Key blocks outside the causal window of the tile are never visited; blocks entirely
+    visible to every row run without masks.
+  - decode: flash-decoding; each (request, kv head) key range is cut into NUM_SPLITS contiguous runs
+    (a host constant: CUDA-graph safe), and a merge kernel combines the partial results and adds the
+    sink to the denominator there, once. Sliding layers only read their last window_left + 1 keys.
+
+Precision: scores, softmax and accumulators are fp32. fp32 inputs use IEEE fp32 dots. When q and K/V are
+both bf16 (or both fp16) the dots run on tensor cores: Q.K^T products are exact in the fp32 accumulator;
+in extend the probabilities enter P.V rounded to 16 bits (as in FlashAttention); in decode, which is
+bound by memory and not by dots, they enter as a hi + lo pair of 16-bit values (~16 mantissa bits).
+
+``sink_attention_ref`` is the same contract in plain torch (fp32), the CPU fallback and the test oracle.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp2 is one instruction
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _attend_key_range(
+    acc, m_i, l_i,  # running output [BLOCK_M, D], max [BLOCK_M] (log2 units), denominator [BLOCK_M]
+    q,  # [BLOCK_M, D]
+    K, V, tok_base, SLOT_MAP,
+    stride_kn, stride_vn, kv_head_off_k, kv_head_off_v,
+    row_pos,  # [BLOCK_M] absolute position of each query row
+    key_lo, key_hi,  # keys [key_lo, key_hi) of this run
+    window_left, qk_scale_log2,
+    D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,  # False only when every key of every block is visible to every row
+    HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr, PV_HI_LO: tl.constexpr,
+):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for start in range(key_lo, key_hi, BLOCK_N):
+        key_pos = start + offs_n
+        if MASK:
+            key_ok = key_pos < key_hi
+            slot = tl.load(tok_base + key_pos, mask=key_ok, other=0).to(tl.int64)
+        else:
+            slot = tl.load(tok_base + key_pos).to(tl.int64)
+        if HAS_SLOT_MAP:
+            # Unmapped ids (-1) only occur for keys no row may see; keep them in bounds anyway.
+            slot = tl.maximum(tl.load(SLOT_MAP + slot).to(tl.int64), 0)
+        k_ptr = K + slot[:, None] * stride_kn + kv_head_off_k + offs_d[None, :]
+        v_ptr = V + slot[:, None] * stride_vn + kv_head_off_v + offs_d[None, :]
+        if MASK:
+            k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptr)
+            v = tl.load(v_ptr)
+        if DOTS_16BIT:
+            s = tl.dot(q, tl.trans(k))
+        else:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        s = s * qk_scale_log2
+        if MASK:
+            visible = key_ok[None, :] & (key_pos[None, :] <= row_pos[:, None])
+            visible = visible & ((window_left < 0) | (key_pos[None, :] >= row_pos[:, None] - window_left))
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOTS_16BIT:
+            p_hi = p.to(v.dtype)
+            pv = tl.dot(p_hi, v)
+            if PV_HI_LO:
+                pv += tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v)
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _sink_extend_kernel(
+    Q, K, V, OUT, SINKS, REQ_TO_TOKEN, SLOT_MAP,
+    REQ_POOL_IDX, SEQ_LENS, Q_START, Q_LEN, TILE_END,  # per request; TILE_END = cumsum of tile counts
+    num_reqs,
+    stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_r2t,
+    window_left, qk_scale_log2,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+    BLOCK_POS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_POS * GROUP_PAD
+    # Highest tile ids first: with causal masking they carry the most keys, so the long programs
+    # start in the first wave instead of trailing the last one.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    # Request of this tile = number of requests whose tiles all come before it.
+    req = 0
+    offs_r = tl.arange(0, 128)
+    for r0 in range(0, num_reqs, 128):
+        ends = tl.load(TILE_END + r0 + offs_r, mask=r0 + offs_r < num_reqs, other=2147483647)
+        req += tl.sum((ends <= tile).to(tl.int32), axis=0)
+    if req >= num_reqs:
+        return  # the grid is an upper bound on the tile count
+    q_len = tl.load(Q_LEN + req).to(tl.int32)
+    tile_in_req = tile - (tl.load(TILE_END + req).to(tl.int32) - tl.cdiv(q_len, BLOCK_POS))
+    seq_len = tl.load(SEQ_LENS + req).to(tl.int32)
+    q_start = tl.load(Q_START + req).to(tl.int64)
+    req_row = tl.load(REQ_POOL_IDX + req).to(tl.int64)
+
+    rows = tl.arange(0, BLOCK_M)
+    m_idx = tile_in_req * BLOCK_POS + rows // GROUP_PAD  # query index inside the request
+    head_in_group = rows % GROUP_PAD
+    row_ok = (m_idx < q_len) & (head_in_group < GROUP)
+    q_head = kv_head * GROUP + head_in_group
+    first_pos = seq_len - q_len
+    row_pos = first_pos + m_idx
+    offs_d = tl.arange(0, D)
+
+    q_ptr = Q + (q_start + m_idx)[:, None] * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr, mask=row_ok[:, None], other=0.0)
+    if not DOTS_16BIT:
+        q = q.to(tl.float32)
+
+    if HAS_SINKS:
+        m_i = tl.load(SINKS + q_head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)  # exp2(sink - m_i)
+    else:
+        # Finite start: a row whose keys are all masked in a block keeps alpha = exp2(0) and p = 0
+        # instead of exp2(-inf - -inf) = NaN.
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+
+    # Positions p0..p1 of this tile; keys [lo_any, p1] are visible to some row, [int_lo, int_hi) to all.
+    p0 = first_pos + tile_in_req * BLOCK_POS
+    p1 = tl.minimum(p0 + BLOCK_POS - 1, seq_len - 1)
+    windowed = window_left >= 0
+    lo_any = tl.where(windowed, tl.maximum(p0 - window_left, 0), 0)
+    int_lo = tl.where(windowed, tl.maximum(lo_any, p1 - window_left), 0)
+    int_hi = tl.maximum(int_lo, p0 + 1)
+    mid_hi = int_lo + ((int_hi - int_lo) // BLOCK_N) * BLOCK_N
+
+    tok_base = REQ_TO_TOKEN + req_row * stride_r2t
+    koff = kv_head * stride_kh
+    voff = kv_head * stride_vh
+    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff, voff,
+                                      row_pos, lo_any, int_lo, window_left, qk_scale_log2,
+                                      D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, False)
+    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff, voff,
+                                      row_pos, int_lo, mid_hi, window_left, qk_scale_log2,
+                                      D, BLOCK_N, False, HAS_SLOT_MAP, DOTS_16BIT, False)
+    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff, voff,
+                                      row_pos, mid_hi, p1 + 1, window_left, qk_scale_log2,
+                                      D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, False)
+
+    # Every real row sees at least its own key, so l_i > 0 there; padding rows are not stored.
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptr = OUT + (q_start + m_idx)[:, None] * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _sink_decode_kernel(
+    Q, K, V, OUT, PART_O, PART_LSE, SINKS, REQ_TO_TOKEN, SLOT_MAP, REQ_POOL_IDX, SEQ_LENS,
+    stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_r2t,
+    window_left, qk_scale_log2,
+    HQ: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr,
+    DOTS_16BIT: tl.constexpr,
+):
+    """One (request, kv head, split): the GROUP q heads of the kv head against one run of keys.
+    With NUM_SPLITS == 1 it writes the final output (sink included); otherwise a partial output and
+    its log2-sum-exp without the sink, which the merge kernel adds once."""
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
+    req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
+    hi = seq_len
+    lo = tl.where(window_left >= 0, tl.maximum(hi - 1 - window_left, 0), 0)
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0), NUM_SPLITS) * BLOCK_N
+        lo = lo + split * per_split
+        hi = tl.minimum(lo + per_split, hi)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    head_ok = offs_h < GROUP
+    q_head = kv_head * GROUP + offs_h
+    q = tl.load(Q + b * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+    if not DOTS_16BIT:
+        q = q.to(tl.float32)
+    if HAS_SINKS and NUM_SPLITS == 1:
+        m_i = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
+    row_pos = tl.full([BLOCK_H], 0, dtype=tl.int32) + (seq_len - 1)
+    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, REQ_TO_TOKEN + req_row * stride_r2t, SLOT_MAP,
+                                      stride_kn, stride_vn, kv_head * stride_kh, kv_head * stride_vh,
+                                      row_pos, lo, hi, window_left, qk_scale_log2,
+                                      D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, True)
+    has_keys = l_i > 0  # False only for an empty split (or a zero-length CUDA-graph padding row)
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        o_ptr = OUT + b * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=head_ok[:, None])
+    else:
+        part = (b * HQ + q_head) * NUM_SPLITS + split  # PART_O [B, HQ, NUM_SPLITS, D], PART_LSE [B, HQ, NUM_SPLITS]
+        tl.store(PART_O + part[:, None] * D + offs_d[None, :], out, mask=head_ok[:, None])
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(PART_LSE + part, lse, mask=head_ok)
+
+
+@triton.jit
+def _sink_decode_merge_kernel(
+    PART_O, PART_LSE, SINKS, OUT, stride_ot, stride_oh,
+    HQ: tl.constexpr, BLOCK_HQ: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_HQ)
+    offs_d = tl.arange(0, D)
+    head_ok = offs_h < HQ
+    base = (b * HQ + offs_h) * NUM_SPLITS
+    m = tl.full([BLOCK_HQ], float("-inf"), dtype=tl.float32)
+    for sp in tl.static_range(NUM_SPLITS):
+        m = tl.maximum(m, tl.load(PART_LSE + base + sp, mask=head_ok, other=float("-inf")))
+    if HAS_SINKS:
+        sink = tl.load(SINKS + offs_h, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m = tl.where(m > float("-inf"), m, 0.0)
+    den = tl.zeros([BLOCK_HQ], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_HQ, D], dtype=tl.float32)
+    for sp in tl.static_range(NUM_SPLITS):
+        w = tl.exp2(tl.load(PART_LSE + base + sp, mask=head_ok, other=float("-inf")) - m)  # 0 if empty
+        part = tl.load(PART_O + (base + sp)[:, None] * D + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+        acc += w[:, None] * part
+        den += w
+    if HAS_SINKS:
+        den += tl.exp2(sink - m)  # the sink, once
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(OUT + b * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=head_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _use_16bit_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Tensor-core dots when q and K/V share a 16-bit type. Not for bf16 under TRITON_INTERPRET: the
+    interpreter's bf16 arithmetic is wrong (triton 3.8), so there bf16 is upcast at load; the same 16-bit
+    code is covered by fp16 on CPU and by the gpu test on a GPU."""
+    if q_dtype != kv_dtype or q_dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return not (_interpreted() and q_dtype == torch.bfloat16)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map):
+    if q.dim() != 3:
+        raise ValueError(f"sink_attention: q must be [T, Hq, D], got {tuple(q.shape)}")
+    _, hq, d = q.shape
+    if k_buffer.dim() != 3 or v_buffer.dim() != 3 or k_buffer.shape[2] != d or v_buffer.shape[2] != d:
+        raise ValueError(f"sink_attention: k/v buffers must be [slots, Hkv, {d}], got "
+                         f"{tuple(k_buffer.shape)}/{tuple(v_buffer.shape)}")
+    hkv = k_buffer.shape[1]
+    if v_buffer.shape[1] != hkv or hq % hkv:
+        raise ValueError(f"sink_attention: {hq} q heads need a multiple of {hkv} kv heads")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"sink_attention: head_dim must be a power of two >= 16, got {d}")
+    if req_to_token.dim() != 2 or req_to_token.stride(1) != 1:
+        raise ValueError("sink_attention: req_to_token must be 2-D with a unit last stride")
+    if req_pool_indices.dim() != 1 or seq_lens.shape != req_pool_indices.shape:
+        raise ValueError("sink_attention: req_pool_indices and seq_lens must be [B]")
+    if sinks is not None and tuple(sinks.shape) != (hq,):
+        raise ValueError(f"sink_attention: sinks must be [{hq}], got {tuple(sinks.shape)}")
+    if slot_map is not None and slot_map.dim() != 1:
+        raise ValueError("sink_attention: slot_map must be 1-D")
+    for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"sink_attention: {name} needs a unit last stride")
+    return hq, hkv, d
+
+
+def sink_attention_extend(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_start: Optional[torch.Tensor],
+    q_len: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    window_left: int,
+    scale: float,
+    *,
+    slot_map: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    block_m: int = 128,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """Extend (prefill over a cached prefix) for a ragged batch in one launch: out [T, Hq, D] in q's dtype.
+
+    ``q_start`` None means the requests' rows are packed in order (exclusive cumsum of ``q_len``).
+    ``block_m`` query rows per program = block_m // next_pow2(group) positions x the group's heads."""
+    hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
+    t = q.shape[0]
+    num_reqs = req_pool_indices.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"sink_attention_extend: out must be {tuple(q.shape)} with a unit last stride")
+    if t == 0 or num_reqs == 0:
+        return out
+    group = hq // hkv
+    group_pad = triton.next_power_of_2(group)
+    block_pos = max(1, block_m // group_pad)
+    if q_start is None:
+        q_start = torch.cumsum(q_len, 0) - q_len
+    tile_end = torch.cumsum(torch.div(q_len + block_pos - 1, block_pos, rounding_mode="floor"), 0).to(torch.int32)
+    # Each request's last tile may be partial: at most T / block_pos + B tiles in all.
+    grid = (triton.cdiv(t, block_pos) + num_reqs, hkv)
+    _sink_extend_kernel[grid](
+        q, k_buffer, v_buffer, out, sinks if sinks is not None else q, req_to_token,
+        slot_map if slot_map is not None else req_to_token,
+        req_pool_indices, seq_lens, q_start, q_len, tile_end, num_reqs,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        out.stride(0), out.stride(1), req_to_token.stride(0),
+        int(window_left), float(scale) * LOG2E,
+        GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK_POS=block_pos, BLOCK_N=block_n,
+        HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
+        DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def auto_num_splits(batch: int, num_kv_heads: int, window_left: int, device: torch.device,
+                    block_n: int = 64) -> int:
+    """Key-range splits per (request, kv head), from host-known values only (CUDA-graph safe).
+
+    Decode reads every key once, so it is bound by memory; it needs enough programs in flight to cover
+    the HBM latency (about two per SM), and no more: each split adds a partial [Hq, D] write and read.
+    A sliding layer has at most cdiv(window_left + 1, block_n) blocks to share out. Full layers do not
+    know the context length here; splits past a short context exit at once."""
+    if device.type != "cuda":
+        return 1
+    programs = batch * num_kv_heads
+    splits = triton.cdiv(2 * _num_sms(device), programs)
+    if window_left >= 0:
+        splits = min(splits, triton.cdiv(window_left + 1, block_n))
+    return int(max(1, min(MAX_SPLITS, splits)))
+
+
+def sink_attention_decode(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    window_left: int,
+    scale: float,
+    *,
+    slot_map: Optional[torch.Tensor] = None,
+    num_splits: Optional[int] = None,
+    out: Optional[torch.Tensor] = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """One query row per request (row b = request b, at position seq_lens[b] - 1): out [B, Hq, D] in q's
+    dtype. ``num_splits`` None picks from the batch, the window and the SM count (auto_num_splits)."""
+    hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
+    batch = q.shape[0]
+    if req_pool_indices.shape[0] != batch:
+        raise ValueError(f"sink_attention_decode: {batch} q rows for {req_pool_indices.shape[0]} requests")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"sink_attention_decode: out must be {tuple(q.shape)} with a unit last stride")
+    if batch == 0:
+        return out
+    if num_splits is None:
+        num_splits = auto_num_splits(batch, hkv, window_left, q.device, block_n)
+    group = hq // hkv
+    block_h = max(16, triton.next_power_of_2(group))
+    if num_splits > 1:
+        part_o = torch.empty((batch, hq, num_splits, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out
+    sinks_arg = sinks if sinks is not None else q
+    _sink_decode_kernel[(batch, hkv, num_splits)](
+        q, k_buffer, v_buffer, out, part_o, part_lse, sinks_arg, req_to_token,
+        slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        out.stride(0), out.stride(1), req_to_token.stride(0),
+        int(window_left), float(scale) * LOG2E,
+        HQ=hq, GROUP=group, BLOCK_H=block_h, D=d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
+        DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _sink_decode_merge_kernel[(batch,)](
+            part_o, part_lse, sinks_arg, out, out.stride(0), out.stride(1),
+            HQ=hq, BLOCK_HQ=triton.next_power_of_2(hq), D=d, NUM_SPLITS=num_splits, HAS_SINKS=sinks is not None,
+        )
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_start: Optional[torch.Tensor],
+    q_len: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    window_left: int,
+    scale: float,
+    *,
+    slot_map: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Extend or decode, chosen from shapes alone. Contract (SGLang's): every request has at least one
+    query row, so T == B means one row per request, i.e. decode, with rows in request order."""
+    if q.shape[0] == req_pool_indices.shape[0]:
+        return sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
+                                     window_left, scale, slot_map=slot_map, out=out)
+    return sink_attention_extend(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
+                                 sinks, window_left, scale, slot_map=slot_map, out=out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reference
+# ---------------------------------------------------------------------------------------------------------
+
+
+def sink_attention_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_start: Optional[torch.Tensor],
+    q_len: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    window_left: int,
+    scale: float,
+    *,
+    slot_map: Optional[torch.Tensor] = None,
+    max_elems: int = 1 << 26,
+) -> torch.Tensor:
+    """The launchers' contract in plain torch, fp32 maths, out in q's dtype (decode: q_len all ones).
+
+    Per request: gather the visible keys through req_to_token (and slot_map), mask causal + window,
+    softmax with the sink as one extra logit column. Query rows go in chunks so that scores stay under
+    ``max_elems`` (long full-causal prompts at 64 heads would not fit otherwise)."""
+    hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
+    group = hq // hkv
+    out = torch.zeros_like(q)
+    if q_start is None:
+        q_start = torch.cumsum(q_len, 0) - q_len
+    for rpi, seq_len, start, n in zip(req_pool_indices.tolist(), seq_lens.tolist(), q_start.tolist(),
+                                      q_len.tolist()):
+        first = seq_len - n
+        rows_per_chunk = max(1, max_elems // (hq * max(seq_len, 1)))
+        for c0 in range(0, n, rows_per_chunk):
+            c1 = min(n, c0 + rows_per_chunk)
+            lo = max(0, first + c0 - window_left) if window_left >= 0 else 0
+            hi = first + c1  # keys lo .. hi-1
+            slots = req_to_token[rpi, lo:hi].long()
+            if slot_map is not None:
+                slots = slot_map[slots].long()
+            k = k_buffer[slots].float()  # [L, Hkv, D]
+            v = v_buffer[slots].float()
+            qf = q[start + c0:start + c1].float().view(c1 - c0, hkv, group, d)
+            scores = torch.einsum("qhgd,khd->hgqk", qf, k) * scale
+            q_pos = torch.arange(first + c0, first + c1, device=q.device).view(-1, 1)
+            k_pos = torch.arange(lo, hi, device=q.device).view(1, -1)
+            visible = k_pos <= q_pos
+            if window_left >= 0:
+                visible &= k_pos >= q_pos - window_left
+            scores = scores.masked_fill(~visible, float("-inf"))
+            if sinks is not None:
+                sink_col = sinks.float().view(hkv, group, 1, 1).expand(hkv, group, c1 - c0, 1)
+                scores = torch.cat([scores, sink_col], dim=-1)
+            probs = torch.softmax(scores, dim=-1)[..., : hi - lo]
+            ctx = torch.einsum("hgqk,khd->qhgd", probs, v)
+            out[start + c0:start + c1] = ctx.reshape(c1 - c0, hq, d).to(q.dtype)
+    return out

@@ -1,0 +1,492 @@
+"""Paged sink attention (extend + split-KV decode): Triton kernels == torch reference == float64 loop.
+
+The kernels run under ``TRITON_INTERPRET=1`` in a subprocess (this file run as a script): triton decides
+interpretation when ``@triton.jit`` runs, so the variable must be set before the kernel module is first
+imported, and setting it in the pytest process would change other tests' kernels too. The same sweep runs
+compiled on a GPU, and there the decode launcher is also captured in a CUDA graph and replayed on changed
+inputs, which is what makes "no host reads in the launcher" a tested property rather than a claim.
+
+Every case poisons the K/V slots that no query may see (other positions of the request outside its
+window, and slots of no request) with NaN: a kernel that reads a key it should skip, even masked, turns
+its output into NaN. So "sliding layers only read their window" is tested too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HQ, HKV, D = 8, 2, 16  # the tiny model's attention: GQA group 4
+WINDOWS = (-1, 0, 1, 7, 15)  # window_left: full causal, self only, ..., a small stand-in for gpt-oss's 127
+# (cached prefix, query rows) per request: no prefix, a prefix the window crosses, a one-row extend
+# far into the context, lengths off the block sizes, and a block-sized one.
+EXTEND_REQUESTS = [(0, 23), (20, 30), (100, 1), (110, 19), (0, 1), (3, 16)]
+# Decode context lengths: 1 (a CUDA-graph padding row), block (16) edges, window (41 keys for
+# window_left 40) edges, several blocks.
+DECODE_SEQ_LENS = [1, 16, 17, 41, 42, 129]
+DECODE_WINDOWS = WINDOWS + (40,)
+TOL = {"float32": 3e-5, "float16": 3e-3, "bfloat16": 2e-2}
+
+
+def _kernel_module():
+    """The kernel module, installed (``sglang_ext.kernels``) or from the checkout (device machines)."""
+    try:
+        from sglang_ext.kernels import sink_attention as mod
+
+        return mod
+    except ImportError:
+        path = os.path.join(HERE, "..", "kernels", "sink_attention.py")
+        spec = importlib.util.spec_from_file_location("_sink_attention_checkout", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cases and the independent oracle
+# ---------------------------------------------------------------------------------------------------------
+
+
+def make_case(requests, dtype, seed, hq=HQ, hkv=HKV, d=D, device="cpu", swa_map=False):
+    """A paged batch: each request's positions sit in random, non-contiguous slots of a shared pool
+    (a radix cache after evictions), in scrambled rows of req_to_token; q rows packed in request order.
+    With ``swa_map``, req_to_token holds full-pool ids and ``slot_map`` translates them into a smaller
+    scrambled sub-pool, as SGLang's hybrid SWA pool does (unused ids map to -1)."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [p + n for p, n in requests]
+    max_ctx = max(seq_lens) + 3
+    num_slots = sum(seq_lens) + 64
+    slots = torch.randperm(num_slots - 1, generator=g)[: sum(seq_lens)] + 1  # slot 0: SGLang's dummy
+    rows = torch.randperm(len(requests) + 2, generator=g)[: len(requests)]
+    req_to_token = torch.zeros((len(requests) + 2, max_ctx), dtype=torch.int32)
+    off = 0
+    for r, n in zip(rows.tolist(), seq_lens):
+        req_to_token[r, :n] = slots[off:off + n].int()
+        off += n
+    pool_slots = num_slots
+    slot_map = None
+    if swa_map:
+        # Sub-pool of its own size; the mapping covers the full pool plus SGLang's trailing -1 sentinel.
+        pool_slots = sum(seq_lens) + 8
+        slot_map = torch.full((num_slots + 1,), -1, dtype=torch.int64)
+        slot_map[slots] = torch.randperm(pool_slots - 1, generator=g)[: len(slots)] + 1
+        slot_map[0] = 0
+    k_buffer = torch.randn(pool_slots, hkv, d, generator=g).to(dtype)
+    v_buffer = torch.randn(pool_slots, hkv, d, generator=g).to(dtype)
+    q_len = torch.tensor([n for _, n in requests])
+    q = (torch.randn(int(q_len.sum()), hq, d, generator=g) * 2.0).to(dtype)  # peaked softmax: masking errors show
+    sinks = torch.randn(hq, generator=g) * 2.0
+    case = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, req_pool_indices=rows,
+                seq_lens=torch.tensor(seq_lens), q_start=torch.cumsum(q_len, 0) - q_len, q_len=q_len)
+    extra = dict(sinks=sinks, slot_map=slot_map)
+    return ({k: v.to(device) for k, v in case.items()},
+            {k: (v.to(device) if v is not None else None) for k, v in extra.items()})
+
+
+def poisoned(case, slot_map, window_left):
+    """Copy of ``case`` whose K/V slots that no query row may see hold NaN."""
+    visible = torch.zeros(case["k_buffer"].shape[0], dtype=torch.bool)
+    for r, n, ql in zip(case["req_pool_indices"].tolist(), case["seq_lens"].tolist(), case["q_len"].tolist()):
+        lo = max(0, n - ql - window_left) if window_left >= 0 else 0
+        ids = case["req_to_token"][r, lo:n].long().cpu()
+        visible[slot_map.cpu()[ids] if slot_map is not None else ids] = True
+    out = dict(case)
+    for name in ("k_buffer", "v_buffer"):
+        buf = case[name].clone()
+        buf[~visible.to(buf.device)] = float("nan")
+        out[name] = buf
+    return out
+
+
+def loop_reference_f64(case, sinks, window_left, scale, slot_map=None):
+    """Independent oracle: per query row, its visible keys listed explicitly, softmax over them plus the
+    sink column in float64."""
+    q = case["q"].double()
+    hq = q.shape[1]
+    group = hq // case["k_buffer"].shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    starts = case["q_start"].tolist()
+    for b, (r, n, ql) in enumerate(zip(case["req_pool_indices"].tolist(), case["seq_lens"].tolist(),
+                                       case["q_len"].tolist())):
+        for i in range(ql):
+            pos = n - ql + i
+            keys = [j for j in range(pos + 1) if window_left < 0 or j >= pos - window_left]
+            ids = case["req_to_token"][r, keys].long().cpu()
+            if slot_map is not None:
+                ids = slot_map.cpu()[ids]
+            heads = torch.arange(hq) // group
+            k = case["k_buffer"].cpu()[ids][:, heads].double()  # [L, Hq, D]
+            v = case["v_buffer"].cpu()[ids][:, heads].double()
+            logits = torch.einsum("hd,lhd->hl", q[starts[b] + i].cpu(), k) * scale
+            if sinks is not None:
+                logits = torch.cat([logits, sinks.cpu().double()[:, None]], dim=1)
+            w = torch.softmax(logits, dim=1)[:, : len(keys)]
+            out[starts[b] + i] = torch.einsum("hl,lhd->hd", w, v)
+    return out
+
+
+def _decode_case(dtype, seed, device="cpu", swa_map=False, seq_lens=DECODE_SEQ_LENS, hq=HQ, hkv=HKV, d=D):
+    return make_case([(n - 1, 1) for n in seq_lens], dtype, seed, hq=hq, hkv=hkv, d=d, device=device,
+                     swa_map=swa_map)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# in-process: the torch reference against the float64 loop and the layers' semantics oracle
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window_left", WINDOWS)
+@pytest.mark.parametrize("with_sinks", [True, False])
+def test_reference_matches_float64_loop(window_left, with_sinks):
+    mod = _kernel_module()
+    case, extra = make_case(EXTEND_REQUESTS, torch.float32, seed=window_left + 10, swa_map=window_left == 7)
+    sinks = extra["sinks"] if with_sinks else None
+    case = poisoned(case, extra["slot_map"], window_left)
+    got = mod.sink_attention_ref(**case, sinks=sinks, window_left=window_left, scale=0.25, slot_map=extra["slot_map"])
+    want = loop_reference_f64(case, sinks, window_left, 0.25, extra["slot_map"])
+    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
+
+
+def test_reference_chunks_and_matches_layers_oracle():
+    """Row chunking changes nothing, and each request equals ``sink_attention_torch`` (the torch path
+    the backend runs) on its gathered keys."""
+    from sglang_ext.layers.sink_attention import sink_attention_torch
+
+    mod = _kernel_module()
+    case, extra = make_case(EXTEND_REQUESTS, torch.float32, seed=3)
+    whole = mod.sink_attention_ref(**case, sinks=extra["sinks"], window_left=15, scale=0.25)
+    chunked = mod.sink_attention_ref(**case, sinks=extra["sinks"], window_left=15, scale=0.25, max_elems=1)
+    torch.testing.assert_close(chunked, whole, atol=2e-6, rtol=1e-6)
+    for b, (r, n, ql) in enumerate(zip(case["req_pool_indices"].tolist(), case["seq_lens"].tolist(),
+                                       case["q_len"].tolist())):
+        ids = case["req_to_token"][r, :n].long()
+        start = int(case["q_start"][b])
+        want = sink_attention_torch(case["q"][start:start + ql], case["k_buffer"][ids], case["v_buffer"][ids],
+                                    extra["sinks"], torch.arange(n - ql, n), 0, 15, 0.25)
+        torch.testing.assert_close(whole[start:start + ql], want, atol=2e-6, rtol=1e-6)
+
+
+def test_launchers_reject_bad_shapes():
+    mod = _kernel_module()
+    case, extra = make_case([(0, 3)], torch.float32, seed=0)
+    bad_kv = dict(case, k_buffer=case["k_buffer"][:, :, :8])
+    with pytest.raises(ValueError, match="k/v buffers"):
+        mod.sink_attention_ref(**bad_kv, sinks=None, window_left=-1, scale=0.25)
+    with pytest.raises(ValueError, match="sinks must be"):
+        mod.sink_attention_extend(**case, sinks=extra["sinks"][:3], window_left=-1, scale=0.25)
+    with pytest.raises(ValueError, match="q heads"):
+        mod.sink_attention_extend(**dict(case, q=case["q"][:, :3]), sinks=None, window_left=-1, scale=0.25)
+    with pytest.raises(ValueError, match="q rows"):
+        mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                  case["req_pool_indices"], case["seq_lens"], None, -1, 0.25)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the kernels: interpreted here (subprocess), compiled + CUDA graph on a GPU
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check(got, case, sinks, window_left, scale, dtype_name, label, slot_map=None, with_loop=True):
+    """Kernel output vs the torch reference and (optionally) the float64 loop; returns the max error."""
+    mod = _kernel_module()
+    ref = mod.sink_attention_ref(**case, sinks=sinks, window_left=window_left, scale=scale, slot_map=slot_map)
+    tol = TOL[dtype_name]
+    wants = [ref.double().cpu()]
+    if with_loop:
+        wants.append(loop_reference_f64(case, sinks, window_left, scale, slot_map))
+    got = got.double().cpu()
+    worst = 0.0
+    for want in wants:
+        if not torch.isfinite(got).all():
+            raise AssertionError(f"{label}: non-finite output (a skipped key was read)")
+        err = (got - want).abs().max().item()
+        if not err <= tol * max(1.0, want.abs().max().item()):
+            raise AssertionError(f"{label}: max err {err} (tol {tol})")
+        worst = max(worst, err)
+    return worst
+
+
+def sweep(dtype_name: str, device: str = "cpu") -> dict:
+    """Extend and decode over windows x sinks x splits; returns counts and worst errors (raises on a miss).
+    The interpreter is slow, so fp32 carries the full matrix and the 16-bit types a slice of it: the
+    masking and split logic does not depend on the dtype, the 16-bit dot path does (fp16 runs it on CPU;
+    bf16 runs it on a GPU and is upcast under the interpreter)."""
+    mod = _kernel_module()
+    dtype = getattr(torch, dtype_name)
+    full = dtype_name == "float32" or device != "cpu"
+    gpu = device != "cpu"
+    # The float64 loop for fp32 on CPU; elsewhere the torch reference (itself checked against the loop).
+    with_loop = dtype_name == "float32" and not gpu
+    n_ext = n_dec = 0
+    worst = 0.0
+    # Small blocks: several key blocks per tile, all three loops of the extend kernel, split edges
+    # inside and outside windows. On a GPU the production block sizes run too.
+    ext_blocks = [(64, 16)] + ([(128, 64)] if gpu else [])
+    for i, window_left in enumerate(WINDOWS):
+        if full:
+            sink_choices = (True, False)
+        elif dtype_name == "float16":
+            sink_choices = (i % 2 == 0,)
+        else:
+            sink_choices = {-1: (True,), 15: (False,)}.get(window_left, ())
+        for with_sinks in sink_choices:
+            case, extra = make_case(EXTEND_REQUESTS, dtype, seed=100 + i, device=device)
+            case = poisoned(case, None, window_left)
+            sinks = extra["sinks"] if with_sinks else None
+            for block_m, block_n in ext_blocks:
+                got = mod.sink_attention_extend(**case, sinks=sinks, window_left=window_left, scale=0.25,
+                                                block_m=block_m, block_n=block_n)
+                worst = max(worst, _check(got, case, sinks, window_left, 0.25, dtype_name,
+                                          f"extend {dtype_name} W={window_left} sinks={with_sinks} "
+                                          f"blocks={block_m}x{block_n}", with_loop=with_loop))
+                n_ext += 1
+    if full:
+        # GQA group 3 (padded to 4 rows per position); the SWA sub-pool's slot map with q_start left to
+        # the launcher.
+        case, extra = make_case(EXTEND_REQUESTS, dtype, seed=7, hq=6, hkv=2, device=device)
+        case = poisoned(case, None, 7)
+        got = mod.sink_attention_extend(**case, sinks=extra["sinks"], window_left=7, scale=0.3, block_m=64,
+                                        block_n=16)
+        worst = max(worst, _check(got, case, extra["sinks"], 7, 0.3, dtype_name, "extend group 3",
+                                  with_loop=with_loop))
+        case, extra = make_case(EXTEND_REQUESTS, dtype, seed=8, device=device, swa_map=True)
+        case = poisoned(case, extra["slot_map"], 15)
+        got = mod.sink_attention_extend(**dict(case, q_start=None), sinks=extra["sinks"], window_left=15,
+                                        scale=0.25, slot_map=extra["slot_map"], block_m=64, block_n=16)
+        worst = max(worst, _check(got, case, extra["sinks"], 15, 0.25, dtype_name, "extend swa slot map",
+                                  slot_map=extra["slot_map"], with_loop=with_loop))
+        n_ext += 2
+
+    for i, window_left in enumerate(DECODE_WINDOWS):
+        # The 16-bit types on CPU: 3 splits with sinks, windows that split across blocks and do not.
+        if full:
+            combos = [(1, True), (2, False), (3, True)]
+        else:
+            combos = [(3, True)] if window_left in ((-1, 15, 40) if dtype_name == "float16" else (-1, 40)) else []
+        for splits, with_sinks in combos:
+            case, extra = _decode_case(dtype, seed=200 + i, device=device, swa_map=window_left == 40)
+            case = poisoned(case, extra["slot_map"], window_left)
+            sinks = extra["sinks"] if with_sinks else None
+            got = mod.sink_attention_decode(
+                case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"], case["req_pool_indices"],
+                case["seq_lens"], sinks, window_left, 0.25, slot_map=extra["slot_map"], num_splits=splits,
+                block_n=16)
+            worst = max(worst, _check(got, case, sinks, window_left, 0.25, dtype_name,
+                                      f"decode {dtype_name} W={window_left} splits={splits} sinks={with_sinks}",
+                                      slot_map=extra["slot_map"], with_loop=with_loop))
+            n_dec += 1
+    return {"dtype": dtype_name, "extend_cases": n_ext, "decode_cases": n_dec, "max_abs_err": worst}
+
+
+# --- the backend's Triton path against its torch path -----------------------------------------------------
+
+
+def backend_parity() -> dict:
+    """Run tests/test_attention_backend.py's mixed-batch case through two ext_sinks backends on the same
+    SGLang KV pools, one on the Triton path (SGLANG_EXT_KERNELS=triton), one on the torch path, and
+    compare every output: prefix extends, a ragged extend batch, one decode step; both layer kinds.
+    The decode step also runs through the CUDA-graph hooks (static buffers, capture-time then
+    replay-time metadata, eagerly: CPUs have no graphs), which route the hybrid pool's KV write
+    through the backend's static slot buffer."""
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    sys.path.insert(0, HERE)
+    from sglang_ext.launch.cpu_shims import build_libcuda_stub, has_cuda_driver
+
+    if not has_cuda_driver():
+        ctypes.CDLL(str(build_libcuda_stub() / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
+    import test_attention_backend as tab
+
+    results = []
+    seq_lens, prefix_lens = tab.CASES[1]
+    num_heads, num_kv_heads, head_dim, num_layers, size = 8, 2, 16, 2, 2048
+    for swa_pool, dtype in ((False, torch.float32), (True, torch.bfloat16)):
+        torch.manual_seed(1)
+        pools = tab._Pools(swa=swa_pool, dtype=dtype, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                           num_layers=num_layers, size=size)
+        slots = torch.randperm(size - 1)[: sum(seq_lens) + len(seq_lens)] + 1
+        req_to_token = torch.zeros((8, 512), dtype=torch.int32)
+        rpis = [3, 1, 6, 0][: len(seq_lens)]
+        off = 0
+        for rpi, n in zip(rpis, seq_lens):
+            req_to_token[rpi, : n + 1] = slots[off: off + n + 1].int()
+            off += n + 1
+        backends = {}
+        # The graph-hook backend goes first: the decode token's slots are still empty then, so a KV write
+        # through a wrong static buffer would show in its own output.
+        for path in ("triton_graph_hooks", "triton", "torch"):
+            os.environ["SGLANG_EXT_KERNELS"] = path.split("_")[0]
+            backends[path] = tab._make_backend(pools, req_to_token)
+            assert backends[path].kernel_path == path.split("_")[0]
+        backends["triton_graph_hooks"].init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+        sinks = torch.randn(num_heads) * 2
+        worst = 0.0
+
+        def both(kind, q, k, v, layer, fb):
+            nonlocal worst
+            outs = {}
+            for path, backend in backends.items():
+                if path == "triton_graph_hooks":
+                    if kind != "decode":
+                        continue
+                    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+                    backend.init_forward_metadata_out_graph(fb)
+                else:
+                    backend.init_forward_metadata(fb)
+                fwd = backend.forward_decode if kind == "decode" else backend.forward_extend
+                outs[path] = fwd(q, k, v, layer, fb, sinks=sinks).float()
+            err = max((outs[p] - outs["torch"]).abs().max().item() for p in outs if p != "torch")
+            tol = TOL["float32" if dtype == torch.float32 else "bfloat16"]
+            if not err <= tol * max(1.0, outs["torch"].abs().max().item()):
+                raise AssertionError(f"backend {kind} swa={swa_pool} {dtype} layer {layer.layer_id}: err {err}")
+            worst = max(worst, err)
+
+        for layer_id, window_left in ((0, tab.WINDOW_LEFT), (1, -1)):
+            layer = tab._layer(layer_id, num_heads, num_kv_heads, head_dim, window_left)
+            keys = {r: torch.randn(n + 1, num_kv_heads, head_dim).to(dtype) for r, n in zip(rpis, seq_lens)}
+            values = {r: torch.randn(n + 1, num_kv_heads, head_dim).to(dtype) for r, n in zip(rpis, seq_lens)}
+            for rpi, n, p in zip(rpis, seq_lens, prefix_lens):
+                if p:
+                    fb = tab._forward_batch("extend", [rpi], [p], [p], req_to_token[rpi, :p].long())
+                    both("extend", torch.randn(p, num_heads * head_dim).to(dtype), keys[rpi][:p], values[rpi][:p],
+                         layer, fb)
+            ext = [n - p for n, p in zip(seq_lens, prefix_lens)]
+            loc = torch.cat([req_to_token[r, p:n].long() for r, n, p in zip(rpis, seq_lens, prefix_lens)])
+            fb = tab._forward_batch("extend", rpis, seq_lens, ext, loc)
+            both("extend", torch.randn(sum(ext), num_heads * head_dim).to(dtype),
+                 torch.cat([keys[r][p:n] for r, n, p in zip(rpis, seq_lens, prefix_lens)]),
+                 torch.cat([values[r][p:n] for r, n, p in zip(rpis, seq_lens, prefix_lens)]), layer, fb)
+            loc = torch.stack([req_to_token[r, n].long() for r, n in zip(rpis, seq_lens)])
+            fb = tab._forward_batch("decode", rpis, [n + 1 for n in seq_lens], [1] * len(rpis), loc)
+            both("decode", torch.randn(len(rpis), num_heads * head_dim).to(dtype),
+                 torch.stack([keys[r][n] for r, n in zip(rpis, seq_lens)]),
+                 torch.stack([values[r][n] for r, n in zip(rpis, seq_lens)]), layer, fb)
+        results.append({"swa_pool": swa_pool, "dtype": str(dtype), "max_abs_err": worst})
+    return {"backend_parity": results}
+
+
+def _run_interpreted(args, timeout):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), *args], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert p.returncode == 0, f"interpreted run {args} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    lines = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
+    return lines, time.time() - t0
+
+
+def test_kernels_match_reference_interpreted():
+    """fp32 (full matrix), fp16 (16-bit dots) and bf16 (upcast at load) in one interpreter process."""
+    results, _ = _run_interpreted(["--sweep", "float32,float16,bfloat16"], timeout=400)
+    assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
+    fp32 = results[0]
+    assert fp32["extend_cases"] == 2 * len(WINDOWS) + 2
+    assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS)
+    assert all(r["extend_cases"] > 0 and r["decode_cases"] > 0 for r in results)
+
+
+def test_backend_triton_path_matches_torch_path_interpreted():
+    results, _ = _run_interpreted(["--backend"], timeout=400)
+    parity = results[0]["backend_parity"]
+    assert len(parity) == 2
+
+
+# --- full shapes on a GPU ------------------------------------------------------------------------------------
+
+
+def gpu_full_shapes() -> dict:
+    """gpt-oss-120b attention shapes (64 q / 8 kv heads, D 64, bf16) at 8k context, compiled: ragged extend
+    and decode vs the reference for both layer kinds, then decode captured in a CUDA graph and replayed
+    after every input (q, lengths, request rows, K/V) changed in place."""
+    mod = _kernel_module()
+    hq, hkv, d = 64, 8, 64
+    scale = 1 / 8
+    res = {}
+    extend_requests = [(0, 1000), (7000, 1192), (130, 70), (8191, 1)]
+    for window_left in (127, -1):
+        case, extra = make_case(extend_requests, torch.bfloat16, seed=1, hq=hq, hkv=hkv, d=d, device="cuda",
+                                swa_map=window_left >= 0)
+        case = poisoned(case, extra["slot_map"], window_left)
+        got = mod.sink_attention_extend(**case, sinks=extra["sinks"], window_left=window_left, scale=scale,
+                                        slot_map=extra["slot_map"])
+        res[f"extend_W{window_left}"] = _check(got, case, extra["sinks"], window_left, scale, "bfloat16",
+                                               f"gpu extend W={window_left}", slot_map=extra["slot_map"],
+                                               with_loop=False)
+    seq_lens = [8192, 1, 128, 129, 4097, 8000, 65, 300] * 2
+    for window_left in (127, -1):
+        for splits in (None, 1, 7):
+            case, extra = _decode_case(torch.bfloat16, seed=2, device="cuda", seq_lens=seq_lens, hq=hq, hkv=hkv, d=d)
+            case = poisoned(case, None, window_left)
+            got = mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                            case["req_pool_indices"], case["seq_lens"], extra["sinks"], window_left,
+                                            scale, num_splits=splits)
+            res[f"decode_W{window_left}_splits{splits}"] = _check(
+                got, case, extra["sinks"], window_left, scale, "bfloat16", f"gpu decode W={window_left} {splits}",
+                with_loop=False)
+        res[f"graph_W{window_left}"] = _graph_check(mod, window_left, seq_lens, hq, hkv, d, scale)
+    return res
+
+
+def _graph_check(mod, window_left, seq_lens, hq, hkv, d, scale) -> float:
+    case, extra = _decode_case(torch.bfloat16, seed=3, device="cuda", seq_lens=seq_lens, hq=hq, hkv=hkv, d=d)
+    out = torch.empty_like(case["q"])
+    args = lambda: (case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],  # noqa: E731
+                    case["req_pool_indices"], case["seq_lens"], extra["sinks"], window_left, scale)
+    mod.sink_attention_decode(*args(), out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mod.sink_attention_decode(*args(), out=out)
+    worst = 0.0
+    for seed, lens in ((4, seq_lens[::-1]), (5, [n // 2 + 1 for n in seq_lens])):
+        new, new_extra = _decode_case(torch.bfloat16, seed=seed, device="cuda", seq_lens=lens, hq=hq, hkv=hkv, d=d)
+        for name in ("q", "req_pool_indices", "seq_lens"):
+            case[name].copy_(new[name])
+        n_slots = min(case["k_buffer"].shape[0], new["k_buffer"].shape[0])
+        case["k_buffer"][:n_slots].copy_(new["k_buffer"][:n_slots])
+        case["v_buffer"][:n_slots].copy_(new["v_buffer"][:n_slots])
+        case["req_to_token"].zero_()
+        rows, cols = new["req_to_token"].shape
+        case["req_to_token"][:rows, :cols].copy_(new["req_to_token"].clamp(max=n_slots - 1))
+        extra["sinks"].copy_(new_extra["sinks"])
+        graph.replay()
+        torch.cuda.synchronize()
+        worst = max(worst, _check(out, case, extra["sinks"], window_left, scale, "bfloat16",
+                                  f"graph replay W={window_left}", with_loop=False))
+    return worst
+
+
+@pytest.mark.gpu
+def test_kernels_compiled_full_shapes_and_graph():
+    for name in ("float32", "bfloat16"):
+        sweep(name, device="cuda")
+    res = gpu_full_shapes()
+    assert all(err <= TOL["bfloat16"] * 8 for err in res.values()), res
+
+
+if __name__ == "__main__":
+    # python tests/test_kernel_sink_attention.py --sweep DTYPE[,DTYPE...] [--device cuda]
+    # python tests/test_kernel_sink_attention.py --backend          (interpreter: TRITON_INTERPRET=1)
+    # python tests/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
+    argv = sys.argv[1:]
+    if "--backend" in argv:
+        print(json.dumps(backend_parity()), flush=True)
+    elif "--gpu" in argv:
+        for name in ("float32", "bfloat16"):
+            print(json.dumps(sweep(name, device="cuda")), flush=True)
+        print(json.dumps({"full_shapes": gpu_full_shapes()}), flush=True)
+    else:
+        dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        for name in argv[argv.index("--sweep") + 1].split(","):
+            t0 = time.time()
+            res = sweep(name, device=dev)
+            res["seconds"] = round(time.time() - t0, 1)
+            print(json.dumps(res), flush=True)
