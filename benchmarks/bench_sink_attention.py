@@ -1,0 +1,401 @@
+"""Paged sink attention on one H200 at gpt-oss attention shapes (64 q / 8 kv heads, D 64, bf16 KV).
+
+Decode: context 8192 and 32768, batch 1/8/32/128, a full-causal layer and a sliding layer (window 128
+keys), slots scattered over the pool (a random permutation: the gather worst case). Time per call is the
+median over replays of a CUDA graph that runs the launcher several times back to back on different
+requests, so that the KV one replay reads exceeds the 50 MB L2 where it can (a real decode step flushes
+L2 between two visits of a layer); "distinct MB per replay" says how far that held. Achieved bandwidth
+counts KV bytes that must be read (K and V of every visible key) against the device copy bandwidth
+measured in the same run (target: >= 75% for the full layer).
+
+Extend: one 8192-token request, no prefix, full causal (and the sliding layer), against
+torch.nn.functional.scaled_dot_product_attention on the flash backend (no sinks, same shapes, K/V
+contiguous: the peer gets the easier layout); TFLOP/s counts the causal half only. Also a small sweep
+of launch configurations, for the next tuning step.
+
+Peers: ``peers(kind, case)`` returns name -> callable; errors are caught and recorded. SGLang's
+``decode_attention_fwd`` / ``extend_attention_fwd`` with sinks can be added there.
+
+    python benchmarks/bench_sink_attention.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def _import_project():
+    # The GPU image has no SGLang and no installed sglang-ext: import the folders directly.
+    import importlib.util
+    import types
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    if "sglang_ext" not in sys.modules:
+        pkg = types.ModuleType("sglang_ext")
+        pkg.__path__ = [os.path.join(root, "sglang_ext")]
+        sys.modules["sglang_ext"] = pkg
+    if "sglang_ext.kernels" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "sglang_ext.kernels", os.path.join(root, "kernels", "__init__.py"),
+            submodule_search_locations=[os.path.join(root, "kernels")])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["sglang_ext.kernels"] = mod
+        spec.loader.exec_module(mod)
+
+
+_import_project()
+from sglang_ext.kernels import sink_attention as sa  # noqa: E402
+
+HQ, HKV, D = 64, 8, 64
+SCALE = 1 / 8
+WINDOW_LEFT = 127  # gpt-oss sliding layers: 128 keys inclusive
+KV_BYTES_PER_KEY = HKV * D * 2 * 2  # K and V, bf16
+L2_DEFEAT_BYTES = 200e6  # distinct KV per graph replay we aim for (H200 L2: 50 MB)
+# "cpu" only for a smoke run of this script under TRITON_INTERPRET=1 (--device cpu: wall-clock
+# timing, no graphs); every number in results/ comes from "cuda".
+DEVICE = "cuda"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# timing and ceilings
+# ---------------------------------------------------------------------------------------------------------
+
+
+def event_time(fn, iters=20, warmup=3) -> float:
+    if DEVICE != "cuda":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(times)
+
+
+def graph_time(calls, iters=20) -> float:
+    """Per-call seconds of `calls` (a list of closures) captured back to back in one CUDA graph."""
+    if DEVICE != "cuda":
+        return event_time(calls[0])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    return event_time(graph.replay, iters=iters) / len(calls)
+
+
+def copy_bandwidth() -> float:
+    if DEVICE != "cuda":
+        return 1e9
+    a = torch.empty(1 << 30, dtype=torch.bfloat16, device=DEVICE).normal_()
+    b = torch.empty_like(a)
+    t = event_time(lambda: b.copy_(a), iters=10)
+    return 2 * (1 << 30) * 2 / t  # read + write
+
+
+# ---------------------------------------------------------------------------------------------------------
+# peers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _sdpa_flash_causal(case):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    t = case["q"].shape[0]
+    q = case["q"].view(1, t, HQ, D).transpose(1, 2)
+    slots = case["req_to_token"][0, :t].long()
+    k = case["k_buffer"][slots].transpose(0, 1).unsqueeze(0).contiguous()  # [1, Hkv, T, D]
+    v = case["v_buffer"][slots].transpose(0, 1).unsqueeze(0).contiguous()
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE, enable_gqa=True)
+        gqa = True
+    except RuntimeError:
+        # Flash without native GQA in this torch: give it the expanded heads (not timed).
+        k = k.repeat_interleave(HQ // HKV, dim=1)
+        v = v.repeat_interleave(HQ // HKV, dim=1)
+        gqa = False
+
+    def run():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE, enable_gqa=gqa)
+        return o.transpose(1, 2).reshape(t, HQ, D)
+
+    return run
+
+
+def peers(kind: str, case: dict) -> dict:
+    """Peer implementations on the same inputs: name -> zero-argument callable returning [T, Hq, D].
+    ``kind`` is "decode" or "extend"; ``case`` holds the paged inputs (q, k_buffer, v_buffer,
+    req_to_token, req_pool_indices, seq_lens, q_start, q_len, sinks, window_left). Add SGLang's triton
+    decode_attention_fwd / extend_attention_fwd (with sinks) here when the image has them."""
+    if kind == "extend" and case["window_left"] < 0 and case["sinks"] is None:
+        return {"sdpa_flash_no_sinks": _sdpa_flash_causal(case)}
+    return {}
+
+
+def run_peers(kind, case, ours_s, ours_out):
+    results = {}
+    for name, make in peers(kind, case).items():
+        try:
+            fn = make
+            out = fn()
+            t = event_time(fn) if kind == "extend" else graph_time([fn])
+            results[name] = {"time_us": t * 1e6, "ours_speedup": t / ours_s,
+                             "max_abs_diff_vs_ours": (out.float() - ours_out.float()).abs().max().item()}
+        except Exception as exc:  # a peer's failure is a result, not a crash
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decode
+# ---------------------------------------------------------------------------------------------------------
+
+
+def bench_decode(contexts, batches, bw, sweep: bool):
+    max_ctx = max(contexts)
+    max_batch = max(batches)
+    num_slots = max_batch * max_ctx + 1
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    k_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    v_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    sinks = torch.randn(HQ, device=DEVICE, generator=g)
+    rows = []
+    for ctx in contexts:
+        # Every request row of the pool: random, disjoint slots (slot 0 is SGLang's dummy); and, for one
+        # comparison row, each request in consecutive slots (a fresh pool's allocation).
+        n_rows = (num_slots - 1) // ctx
+        perm = torch.randperm(num_slots - 1, device=DEVICE, generator=g)[: n_rows * ctx] + 1
+        layouts = {"random": perm.view(n_rows, ctx).to(torch.int32),
+                   "contiguous": (torch.arange(n_rows * ctx, device=DEVICE) + 1).view(n_rows, ctx).to(torch.int32)}
+        del perm
+        shapes = [(b, w, "random") for b in batches for w in (-1, WINDOW_LEFT)]
+        shapes += [(b, -1, "contiguous") for b in batches if b == 32]
+        for batch, window_left, layout in shapes:
+            req_to_token = layouts[layout]
+            keys = ctx if window_left < 0 else min(ctx, window_left + 1)
+            kv_bytes = batch * keys * KV_BYTES_PER_KEY
+            n_sets = max(1, min(n_rows // batch, math.ceil(L2_DEFEAT_BYTES / kv_bytes), 256))
+            q = torch.randn(n_sets, batch, HQ, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+            out = torch.empty_like(q)
+            seq_lens = torch.full((batch,), ctx, device=DEVICE, dtype=torch.int64)
+            sets = [torch.arange(s * batch, (s + 1) * batch, device=DEVICE) for s in range(n_sets)]
+
+            def call(s, **kw):
+                return lambda: sa.sink_attention_decode(q[s], k_buffer, v_buffer, req_to_token, sets[s],
+                                                        seq_lens, sinks, window_left, SCALE, out=out[s], **kw)
+
+            t = graph_time([call(s) for s in range(n_sets)])
+            ref = sa.sink_attention_ref(q[0], k_buffer, v_buffer, req_to_token, sets[0], seq_lens, None,
+                                        torch.ones_like(seq_lens), sinks, window_left, SCALE)
+            err = (out[0].float() - ref.float()).abs().max().item()
+            row = {
+                "context": ctx, "batch": batch, "layer": "full" if window_left < 0 else "sliding128",
+                "slots": layout,
+                "num_splits": sa.auto_num_splits(batch, HKV, window_left, q.device),
+                "time_us": t * 1e6, "kv_bytes": kv_bytes, "achieved_TBps": kv_bytes / t / 1e12,
+                "fraction_of_copy_bw": kv_bytes / t / bw, "distinct_MB_per_replay": n_sets * kv_bytes / 1e6,
+                "max_abs_err_vs_ref": err,
+            }
+            case = dict(q=q[0], k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token,
+                        req_pool_indices=sets[0], seq_lens=seq_lens, q_start=None, q_len=None, sinks=sinks,
+                        window_left=window_left)
+            row["peers"] = run_peers("decode", case, t, out[0])
+            if sweep and ctx == max_ctx and batch == 8 and window_left < 0 and layout == "random":
+                row["config_sweep"] = {}
+                for block_n, warps, stages in ((64, 4, 2), (64, 4, 4), (128, 4, 3), (32, 4, 4), (64, 8, 3)):
+                    key = f"block_n={block_n} warps={warps} stages={stages}"
+                    try:
+                        tc = graph_time([call(s, block_n=block_n, num_warps=warps, num_stages=stages)
+                                         for s in range(n_sets)])
+                        row["config_sweep"][key] = {"time_us": tc * 1e6, "fraction_of_copy_bw": kv_bytes / tc / bw}
+                    except Exception as exc:
+                        row["config_sweep"][key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del layouts
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# extend
+# ---------------------------------------------------------------------------------------------------------
+
+
+def causal_flops(t: int, window_left: int) -> float:
+    keys = sum(min(i + 1, window_left + 1) if window_left >= 0 else i + 1 for i in range(t))
+    return 4.0 * HQ * D * keys  # QK^T and PV, 2 FLOPs per multiply-add each
+
+
+def bench_extend(tokens, sweep: bool):
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    k_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    v_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    req_to_token = (torch.randperm(tokens, device=DEVICE, generator=g) + 1).view(1, tokens).to(torch.int32)
+    q = torch.randn(tokens, HQ, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    sinks = torch.randn(HQ, device=DEVICE, generator=g)
+    common = dict(req_pool_indices=torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                  seq_lens=torch.tensor([tokens], device=DEVICE), q_start=torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                  q_len=torch.tensor([tokens], device=DEVICE))
+    rows = []
+    for window_left in (-1, WINDOW_LEFT):
+        for with_sinks in (True, False):
+            s = sinks if with_sinks else None
+            out = torch.empty_like(q)
+
+            def ours(**kw):
+                return lambda: sa.sink_attention_extend(q, k_buffer, v_buffer, req_to_token, **common, sinks=s,
+                                                        window_left=window_left, scale=SCALE, out=out, **kw)
+
+            t = event_time(ours())
+            flops = causal_flops(tokens, window_left)
+            row = {"tokens": tokens, "layer": "full" if window_left < 0 else "sliding128", "sinks": with_sinks,
+                   "time_us": t * 1e6, "TFLOPs": flops / t / 1e12}
+            if with_sinks:
+                ref = sa.sink_attention_ref(q, k_buffer, v_buffer, req_to_token, **common, sinks=s,
+                                            window_left=window_left, scale=SCALE)
+                row["max_abs_err_vs_ref"] = (out.float() - ref.float()).abs().max().item()
+                del ref
+            case = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, **common, sinks=s,
+                        window_left=window_left)
+            row["peers"] = run_peers("extend", case, t, out)
+            if sweep and window_left < 0 and with_sinks:
+                row["config_sweep"] = {}
+                for block_m, block_n, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+                                                        (128, 64, 4, 2), (256, 64, 8, 2)):
+                    key = f"block_m={block_m} block_n={block_n} warps={warps} stages={stages}"
+                    try:
+                        tc = event_time(ours(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages))
+                        row["config_sweep"][key] = {"time_us": tc * 1e6, "TFLOPs": flops / tc / 1e12}
+                    except Exception as exc:
+                        row["config_sweep"][key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------------
+
+
+def markdown(meta, decode_rows, extend_rows) -> str:
+    bw = meta["copy_bandwidth_TBps"]
+    lines = [
+        "# Paged sink attention on one H200 (gpt-oss shapes: 64 q / 8 kv heads, D 64, bf16)", "",
+        f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. "
+        f"Copy bandwidth measured in this run: {bw:.2f} TB/s. Decode: median per-call time over replays of a "
+        "CUDA graph of back-to-back calls on different requests (random slot permutation); bandwidth counts "
+        "the K/V bytes of every visible key. Extend: median of CUDA-event timed calls.", "",
+        "## Decode", "",
+        "| context | batch | layer | slots | splits | time (us) | KV MB | TB/s | of copy BW | distinct MB/replay | max err |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in decode_rows:
+        lines.append(f"| {r['context']} | {r['batch']} | {r['layer']} | {r['slots']} | {r['num_splits']} | "
+                     f"{r['time_us']:.1f} | "
+                     f"{r['kv_bytes'] / 1e6:.1f} | {r['achieved_TBps']:.2f} | {100 * r['fraction_of_copy_bw']:.0f}% | "
+                     f"{r['distinct_MB_per_replay']:.0f} | {r['max_abs_err_vs_ref']:.1e} |")
+    lines += ["", "## Extend (one request, no prefix)", "",
+              "| tokens | layer | sinks | time (us) | TFLOP/s | peer | peer time (us) | ours vs peer | max err |",
+              "|---:|---|---|---:|---:|---|---:|---:|---:|"]
+    for r in extend_rows:
+        peer_items = list(r["peers"].items()) or [("-", {})]
+        for name, p in peer_items:
+            if "error" in p:
+                peer_t, speed = "error", p["error"][:60]
+            elif p:
+                peer_t, speed = f"{p['time_us']:.0f}", f"{p['ours_speedup']:.2f}x"
+            else:
+                peer_t, speed = "-", "-"
+            err = r.get("max_abs_err_vs_ref")
+            lines.append(f"| {r['tokens']} | {r['layer']} | {r['sinks']} | {r['time_us']:.0f} | {r['TFLOPs']:.0f} | "
+                         f"{name} | {peer_t} | {speed} | {'-' if err is None else f'{err:.1e}'} |")
+    sweeps = [(f"decode ctx {r['context']} batch {r['batch']} {r['layer']}", r["config_sweep"])
+              for r in decode_rows if "config_sweep" in r]
+    sweeps += [(f"extend {r['tokens']} {r['layer']} sinks={r['sinks']}", r["config_sweep"])
+               for r in extend_rows if "config_sweep" in r]
+    for title, sw in sweeps:
+        lines += ["", f"Config sweep, {title} (default in the table above):", ""]
+        for key, v in sw.items():
+            lines.append(f"- {key}: " + (v["error"] if "error" in v else f"{v['time_us']:.1f} us"))
+    lines += ["", f"Command: `{meta['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--contexts", default="8192,32768")
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--extend-tokens", type=int, default=8192)
+    ap.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweeps")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    t0 = time.time()
+    bw = copy_bandwidth()
+    meta = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "copy_bandwidth_TBps": bw / 1e12,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
+            "command": "python benchmarks/bench_sink_attention.py --out " + args.out}
+    errors = []
+    extend_rows, decode_rows = [], []
+    try:
+        extend_rows = bench_extend(args.extend_tokens, sweep=not args.no_sweep)
+    except Exception:
+        errors.append(traceback.format_exc())
+        print(errors[-1], flush=True)
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        decode_rows = bench_decode([int(c) for c in args.contexts.split(",")],
+                                   [int(b) for b in args.batches.split(",")], bw, sweep=not args.no_sweep)
+    except Exception:
+        errors.append(traceback.format_exc())
+        print(errors[-1], flush=True)
+    meta["seconds"] = round(time.time() - t0, 1)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "bench_sink_attention")
+    with open(stem + ".json", "w") as f:
+        json.dump({"meta": meta, "decode": decode_rows, "extend": extend_rows, "errors": errors}, f, indent=2)
+    md = markdown(meta, decode_rows, extend_rows)
+    if errors:
+        md += "\n## Errors\n\n" + "\n".join(f"```\n{e}\n```" for e in errors)
+    with open(stem + ".md", "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
