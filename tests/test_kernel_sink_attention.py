@@ -265,6 +265,12 @@ def sweep(dtype_name: str, device: str = "cpu") -> dict:
         worst = max(worst, _check(got, case, extra["sinks"], 15, 0.25, dtype_name, "extend swa slot map",
                                   slot_map=extra["slot_map"], with_loop=with_loop))
         n_ext += 2
+        # paged_attention (the model-step harness's entry) picks extend or decode from shapes alone.
+        for requests in (EXTEND_REQUESTS, [(n - 1, 1) for n in DECODE_SEQ_LENS]):
+            case, extra = make_case(requests, dtype, seed=9, device=device)
+            got = mod.paged_attention(**case, sinks=extra["sinks"], window_left=15, scale=0.25)
+            worst = max(worst, _check(got, case, extra["sinks"], 15, 0.25, dtype_name, "paged_attention",
+                                      with_loop=False))
 
     for i, window_left in enumerate(DECODE_WINDOWS):
         # The 16-bit types on CPU: 3 splits with sinks, windows that split across blocks and do not.
