@@ -1,0 +1,454 @@
+"""FP8 e4m3 block-128 GEMM with the bias fused, for gpt-oss's dense layers (qkv, o, lm_head).
+
+y = x W^T + b with the conventions of `sglang_ext/layers/fp8.py`: W [N, K] e4m3 with
+`weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)] (a *ragged* last block over 2880 = 22.5 x 128,
+no padding), x quantised per token in 1x128 groups along K (scale = amax/448, ragged last
+group), products summed in fp32, the bias added to the fp32 accumulator, one rounding to the
+output dtype.
+
+Kernels:
+  - `_quantize_group128_kernel`: x (any float) -> e4m3 codes + fp32 scales, one [rows, 128]
+    tile per program. Scales are written MN-major (`[M, KB]` with strides (1, M)): the GEMM's
+    per-K-block scale load is then contiguous, and it is the layout cuBLAS's block-scaled GEMM
+    asks for;
+  - `_fp8_gemm_kernel`: one [BLOCK_M, BLOCK_N] output tile per program, BLOCK_K = 128 = one
+    scale group, so each K step is `acc += dot(a_q, w_q) * a_scale * w_scale` (the per-block
+    promotion to fp32 that also bounds the error of Hopper's fp8 tensor-core accumulator).
+    The accumulator starts at the bias. With `QUANTIZE_A` it reads x itself and quantises each
+    1x128 group inside the K loop (decode: one launch for the whole linear). With split-K the
+    K blocks are shared by `grid[1]` programs that write fp32 partials (the bias in split 0's),
+    and `_splitk_sum_kernel` adds them in a fixed order (deterministic, no atomics);
+  - launch parameters come from `gemm_config(M, N, K)`, a heuristic by M bucket (no runtime
+    autotune, so the interpreter stays fast and a CUDA graph sees one fixed kernel).
+
+Exactness: the quantisation is bit-equal to the torch quantiser (`tl.math.div_rn` where torch
+divides; rounding to the e4m3 grid done in fp32 arithmetic before the cast, because the Triton
+interpreter's fp32 -> fp8 cast rounds wrongly, while casting a value already on the grid is
+exact everywhere). The launchers read no tensor values on the host: CUDA-graph safe.
+
+`fp8_gemm_ref` / `fp8_linear_ref` are the same contract in plain torch (the test oracle's
+building blocks are the project's torch quantiser and dequantiser).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Optional
+
+import torch
+
+import triton
+import triton.language as tl
+
+from sglang_ext.layers import fp8 as fp8_torch
+
+GROUP = 128  # the scale block along K (activations and weights) and along N (weights)
+E4M3_MAX = tl.constexpr(448.0)  # a constexpr: jit functions may read it
+H200_SMS = 132  # SM count assumed off-GPU, so the interpreter runs the configs an H200 would get
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------
+# device helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _round_to_e4m3_grid(v):
+    """fp32 |v| <= 448 -> the nearest e4m3 value (ties to even), still fp32.
+
+    The step of e4m3 near v is 2^(e-3) for exponent e >= -6 and 2^-9 below (subnormals);
+    v / step is exact (a power of two) and below 16 in magnitude, so adding and removing
+    1.5 * 2^23 rounds it to an integer with fp32's own round-to-nearest-even."""
+    bits = v.to(tl.int32, bitcast=True)
+    exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+    step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inv_step = ((127 + 3 - exponent) << 23).to(tl.float32, bitcast=True)
+    magic = 12582912.0  # 1.5 * 2^23
+    rounded = ((v * inv_step + magic) - magic) * step
+    # Keep v's sign when it rounds to zero (-0.0 has its own e4m3 code, as in torch).
+    sign = bits & -2147483648  # 0x80000000 as int32
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_to_bf16_grid(v):
+    """fp32 -> nearest bf16 value (ties to even), still fp32. Used only under TRITON_INTERPRET,
+    whose fp32 -> bf16 store rounds wrongly; compiled kernels use the hardware conversion."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 == 0xFFFF0000 as int32
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_tile(x):
+    """x fp32 [R, 128] (zeros past a ragged K edge) -> (e4m3 [R, 128], scale fp32 [R]):
+    scale = amax / 448 (1 for an all-zero group), q = clamp(x / scale, +-448) rounded to e4m3,
+    the same operations as `sglang_ext.layers.fp8.quantize_activation_group128`."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32)), 1.0)
+    q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+    q = tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX)
+    return _round_to_e4m3_grid(q).to(tl.float8e4nv), scale
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quantize_group128_kernel(
+    X, Q, SCALE,
+    M, K,
+    stride_xm, stride_xk, stride_qm, stride_qk, stride_sm, stride_sk,
+    BLOCK_ROWS: tl.constexpr,
+):
+    """grid (cdiv(M, BLOCK_ROWS), cdiv(K, 128)): one [BLOCK_ROWS, 128] group tile per program."""
+    offs_m = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    group = tl.program_id(1)
+    offs_k = group * 128 + tl.arange(0, 128)
+    rows = offs_m.to(tl.int64)
+    mask = (offs_m < M)[:, None] & (offs_k < K)[None, :]
+    x = tl.load(X + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk, mask=mask, other=0.0)
+    q, scale = _quantize_tile(x.to(tl.float32))
+    tl.store(Q + rows[:, None] * stride_qm + offs_k[None, :] * stride_qk, q, mask=mask)
+    tl.store(SCALE + rows * stride_sm + group * stride_sk, scale, mask=offs_m < M)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    A, A_SCALE, B, B_SCALE, BIAS, C,
+    M, N, K,
+    stride_am, stride_ak, stride_asm, stride_ask,
+    stride_bn, stride_bk, stride_bsn, stride_bsk,
+    stride_cm, stride_cn, stride_c_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    QUANTIZE_A: tl.constexpr,  # A is x (any float): quantise each 1x128 group in the K loop
+    HAS_BIAS: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr,  # split-K: fp32 partial of this split at C + split * stride_c_split
+    ROUND_BF16: tl.constexpr,  # interpreter only: round to bf16 in fp32 before the store
+):
+    """C[M, N] = A[M, K] B[N, K]^T with 1x128 scales on A and 128x128 scales on B, bias fused.
+
+    grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K); BLOCK_K is the scale group, 128."""
+    BLOCK_K: tl.constexpr = 128
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    # Grouped ordering: GROUP_M row-tiles share each column tile while it is in L2.
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_in_group = GROUP_M * tiles_n
+    first_m = (pid // tiles_in_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_in_group) % group_rows
+    pid_n = (pid % tiles_in_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows/columns past the edge load a real row/column again (no masks in the K loop); the
+    # store drops them.
+    rows = (offs_m % M).to(tl.int64)
+    cols = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = B + cols[None, :] * stride_bn + offs_k[:, None] * stride_bk
+    a_scale_ptrs = A_SCALE + rows * stride_asm
+    if BLOCK_N <= 128:  # a power of two <= 128 never straddles a 128-row scale block of B
+        b_scale_ptrs = B_SCALE + (pid_n * BLOCK_N // 128) * stride_bsn
+    else:
+        b_scale_ptrs = B_SCALE + (cols // 128) * stride_bsn
+
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_blocks, num_splits)
+    kb_lo = split * per_split
+    kb_hi = tl.minimum(kb_lo + per_split, k_blocks)
+
+    if HAS_BIAS:
+        bias = tl.load(BIAS + cols, mask=split == 0, other=0.0).to(tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + bias[None, :]
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    a_ptrs += kb_lo * BLOCK_K * stride_ak
+    b_ptrs += kb_lo * BLOCK_K * stride_bk
+    a_scale_ptrs += kb_lo * stride_ask
+    b_scale_ptrs += kb_lo * stride_bsk
+    k_left = K - kb_lo * BLOCK_K
+    for _ in range(kb_lo, kb_hi):
+        k_ok = offs_k < k_left  # all true but in the ragged last block
+        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        if QUANTIZE_A:
+            a, a_scale = _quantize_tile(a.to(tl.float32))
+        else:
+            a_scale = tl.load(a_scale_ptrs)
+        b_scale = tl.load(b_scale_ptrs)
+        if BLOCK_N <= 128:
+            acc += tl.dot(a, b) * (a_scale[:, None] * b_scale)
+        else:
+            acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+        a_scale_ptrs += stride_ask
+        b_scale_ptrs += stride_bsk
+        k_left -= BLOCK_K
+
+    c_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    c_ptrs = C + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+    if WRITE_PARTIAL:
+        tl.store(c_ptrs + split.to(tl.int64) * stride_c_split, acc, mask=c_mask)
+    else:
+        if ROUND_BF16:
+            acc = _round_to_bf16_grid(acc)
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _splitk_sum_kernel(
+    PART, C, M, N, SPLIT_K,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """C = sum over splits of PART [SPLIT_K, M, N] fp32, in split order, then one rounding."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(PART + s * M * N + offs, mask=mask, other=0.0)
+    if ROUND_BF16:
+        acc = _round_to_bf16_grid(acc)
+    tl.store(C + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+             acc.to(C.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# launch configuration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    block_m: int
+    block_n: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    fuse_quant: bool = False  # fp8_linear: quantise x inside the GEMM's K loop (one launch)
+
+    def short(self) -> str:
+        return (f"m{self.block_m}n{self.block_n}s{self.split_k}w{self.num_warps}st{self.num_stages}"
+                + ("fq" if self.fuse_quant else ""))
+
+
+@lru_cache(maxsize=None)
+def _num_sms(device_index: Optional[int]) -> int:
+    if device_index is None:
+        return H200_SMS
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device | str | None) -> int:
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        return H200_SMS
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _auto_split(tiles: int, k_blocks: int, sms: int, min_blocks_per_split: int = 4) -> int:
+    """Split K only while the output tiles alone leave SMs idle: aim at ~4 programs per SM,
+    keeping >= `min_blocks_per_split` K blocks per program so the pipeline has work to overlap."""
+    if tiles >= sms:
+        return 1
+    want = triton.cdiv(4 * sms, tiles)
+    return int(max(1, min(want, k_blocks // min_blocks_per_split)))
+
+
+def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemmConfig:
+    """Launch parameters by M bucket (no autotune: one fixed kernel per shape, fast interpreter).
+
+    M <= 16 (decode): the weight bytes are everything; narrow 16-row tiles, x quantised inside
+    the K loop (one launch), split-K where N alone gives too few programs.
+    M <= 64: 32-row tiles, separate quantisation, split-K by the same rule.
+    M <= 256: 64 x 128 tiles, 4 warps. Larger: 128 x 128 tiles, 8 warps (two Hopper warpgroups),
+    4 stages of 32 KB in shared memory, grouped ordering for L2 reuse of the weight tiles.
+    Starting points for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives."""
+    sms = num_sms(device)
+    k_blocks = triton.cdiv(k, GROUP)
+    if m <= 16:
+        cfg = Fp8GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4, fuse_quant=True)
+    elif m <= 64:
+        cfg = Fp8GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)
+    elif m <= 256:
+        cfg = Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)
+    else:
+        return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4)
+    tiles = max(1, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
+    return replace(cfg, split_k=_auto_split(tiles, k_blocks, sms))
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_weight(w_fp8: torch.Tensor, w_scale_inv: torch.Tensor, k: int) -> int:
+    if w_fp8.dim() != 2 or w_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8_gemm: weight must be e4m3 [N, K], got {w_fp8.dtype} {tuple(w_fp8.shape)}")
+    n, wk = w_fp8.shape
+    if wk != k:
+        raise ValueError(f"fp8_gemm: activation K={k} but weight is [{n}, {wk}]")
+    want = (triton.cdiv(n, GROUP), triton.cdiv(k, GROUP))
+    if tuple(w_scale_inv.shape) != want or w_scale_inv.dtype != torch.float32:
+        raise ValueError(f"fp8_gemm: weight_scale_inv must be fp32 {want}, got "
+                         f"{w_scale_inv.dtype} {tuple(w_scale_inv.shape)}")
+    return n
+
+
+def quantize_activation_group128(x: torch.Tensor, out: Optional[torch.Tensor] = None,
+                                 out_scale: Optional[torch.Tensor] = None,
+                                 block_rows: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (any float) -> (e4m3 [M, K], scale fp32 [M, ceil(K/128)] stored MN-major).
+
+    Same values as `sglang_ext.layers.fp8.quantize_activation_group128` (bit-equal codes and
+    scales); `out` / `out_scale` take preallocated buffers (any strides; e.g. a K-padded one)."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_activation_group128: x must be [M, K], got {tuple(x.shape)}")
+    m, k = x.shape
+    k_blocks = triton.cdiv(k, GROUP)
+    q = out if out is not None else torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = out_scale if out_scale is not None else torch.empty((k_blocks, m), dtype=torch.float32,
+                                                                device=x.device).t()
+    if q.shape != (m, k) or q.dtype != torch.float8_e4m3fn or scale.shape != (m, k_blocks):
+        raise ValueError("quantize_activation_group128: bad out/out_scale")
+    if m == 0 or k == 0:
+        return q, scale
+    _quantize_group128_kernel[(triton.cdiv(m, block_rows), k_blocks)](
+        x, q, scale, m, k,
+        x.stride(0), x.stride(1), q.stride(0), q.stride(1), scale.stride(0), scale.stride(1),
+        BLOCK_ROWS=block_rows, num_warps=4,
+    )
+    return q, scale
+
+
+def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, quantize_a: bool):
+    m, k = a.shape
+    n = w_fp8.shape[0]
+    round_bf16 = _interpreted() and out.dtype == torch.bfloat16
+    split = max(1, min(cfg.split_k, triton.cdiv(k, GROUP)))
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    a_scale_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
+    if split == 1:
+        dst, c_strides = out, (out.stride(0), out.stride(1), 0)
+    else:
+        dst = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+        c_strides = (n, 1, m * n)
+    _fp8_gemm_kernel[grid](
+        a, a_scale if a_scale is not None else a, w_fp8, w_scale_inv,
+        bias if bias is not None else w_scale_inv, dst,
+        m, n, k,
+        a.stride(0), a.stride(1), *a_scale_strides,
+        w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
+        *c_strides,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m,
+        QUANTIZE_A=quantize_a, HAS_BIAS=bias is not None, WRITE_PARTIAL=split > 1, ROUND_BF16=round_bf16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split > 1:
+        block_m, block_n = 16, 128
+        _splitk_sum_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+            dst, out, m, n, split, out.stride(0), out.stride(1),
+            BLOCK_M=block_m, BLOCK_N=block_n, ROUND_BF16=round_bf16, num_warps=4,
+        )
+    return out
+
+
+def _out_buffer(out, m, n, dtype, device, who):
+    if out is None:
+        return torch.empty((m, n), dtype=dtype, device=device)
+    if out.shape != (m, n) or out.dtype != dtype:
+        raise ValueError(f"{who}: out must be {dtype} [{m}, {n}], got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
+             bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+             out: Optional[torch.Tensor] = None, config: Optional[Fp8GemmConfig] = None) -> torch.Tensor:
+    """y [M, N] = dequant(a) dequant(w)^T + bias from pre-quantised operands.
+
+    a_fp8 e4m3 [M, K], a_scale fp32 [M, ceil(K/128)] (any strides), w_fp8 e4m3 [N, K],
+    w_scale_inv fp32 [ceil(N/128), ceil(K/128)], bias [N] (any float) or None."""
+    if a_fp8.dim() != 2 or a_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fp8_gemm: a must be e4m3 [M, K], got {a_fp8.dtype} {tuple(a_fp8.shape)}")
+    m, k = a_fp8.shape
+    n = _check_weight(w_fp8, w_scale_inv, k)
+    if tuple(a_scale.shape) != (m, triton.cdiv(k, GROUP)) or a_scale.dtype != torch.float32:
+        raise ValueError(f"fp8_gemm: a_scale must be fp32 [{m}, {triton.cdiv(k, GROUP)}], got "
+                         f"{a_scale.dtype} {tuple(a_scale.shape)}")
+    out = _out_buffer(out, m, n, out_dtype, a_fp8.device, "fp8_gemm")
+    if m == 0:
+        return out
+    cfg = config or gemm_config(m, n, k, a_fp8.device)
+    return _launch_gemm(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out, cfg, quantize_a=False)
+
+
+def fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
+               bias: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+               out: Optional[torch.Tensor] = None, config: Optional[Fp8GemmConfig] = None) -> torch.Tensor:
+    """y [..., N] = x W^T + b: x [..., K] (any float dtype) quantised per 1x128 group, W e4m3
+    block-128. Output dtype defaults to x.dtype (as `fp8_linear_torch`). With
+    `config.fuse_quant` x is quantised inside the GEMM (one launch), else by
+    `quantize_activation_group128` first. No host reads: CUDA-graph safe."""
+    lead = x.shape[:-1]
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    n = _check_weight(w_fp8, w_scale_inv, k)
+    out_dtype = out_dtype or x.dtype
+    y = _out_buffer(out.view(m, n) if out is not None else None, m, n, out_dtype, x.device, "fp8_linear")
+    if m > 0:
+        cfg = config or gemm_config(m, n, k, x.device)
+        if cfg.fuse_quant:
+            _launch_gemm(x2, None, w_fp8, w_scale_inv, bias, y, cfg, quantize_a=True)
+        else:
+            a_fp8, a_scale = quantize_activation_group128(x2)
+            _launch_gemm(a_fp8, a_scale, w_fp8, w_scale_inv, bias, y, cfg, quantize_a=False)
+    return y.view(*lead, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# plain-torch references (same contracts)
+# ---------------------------------------------------------------------------------------------
+
+
+def quantize_activation_group128_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return fp8_torch.quantize_activation_group128(x)
+
+
+def fp8_gemm_ref(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
+                 bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Dequantise both operands, multiply in fp32, add the bias, round once."""
+    y = fp8_torch.dequantize_activation_group128(a_fp8, a_scale) @ \
+        fp8_torch.dequantize_weight_block128(w_fp8, w_scale_inv).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def fp8_linear_ref(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
+                   bias: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    y = fp8_torch.fp8_linear_torch(x.float(), w_fp8, w_scale_inv, bias)
+    return y.to(out_dtype or x.dtype)

@@ -1,0 +1,313 @@
+"""FP8 block-128 GEMM with fused bias (`kernels/fp8_gemm.py`) against a float64 oracle.
+
+Oracle: the project's torch quantiser (`sglang_ext.layers.fp8`) gives the e4m3 operands and
+their scales; the exact product of those dequantised operands plus the bias is computed in
+float64. A correct kernel differs from it only by fp32 accumulation (bounded by a few fp32
+ulps of sum |a_i w_i|, "mag" below) and the one rounding to the output dtype (half an ulp of
+the output). The quantisation kernel must reproduce the torch quantiser bit for bit (e4m3
+codes and fp32 scales), and the fused path (x quantised inside the GEMM) must give exactly
+the two-step result.
+
+Kernel checks run under ``TRITON_INTERPRET=1`` in a subprocess (this file run as a script),
+as in test_probe_kernel.py: the variable must be set before triton is imported. On a CUDA
+machine the ``gpu`` test runs the full gpt-oss shapes compiled and inside a CUDA graph:
+    python tests/test_kernel_fp8_gemm.py --gpu
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+M_VALUES = (1, 3, 16, 33, 130)
+# (N, K): ragged last blocks on both sides (192 = 1.5 x 128, 320 = 2.5 x 128) and K = 64 + 128 k.
+SMALL_SHAPES = ((320, 192), (192, 320), (128, 576))
+# Relative accumulation bound (x mag): fp32 sums of ceil(K/128) promoted 128-blocks stay within
+# ~30 fp32 ulps; Hopper's fp8 tensor cores keep ~14 mantissa bits inside one 128-block.
+ACC_REL_INTERPRETED = 2.0 ** -18
+ACC_REL_GPU = 2.0 ** -11
+HALF_ULP = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+TINY = {torch.float32: 1e-38, torch.float16: 2.0 ** -25, torch.bfloat16: 1e-38}
+
+
+def _kernel_module():
+    """`sglang_ext.kernels.fp8_gemm`, installed or from the checkout (device machines)."""
+    try:
+        from sglang_ext.kernels import fp8_gemm as mod
+
+        return mod
+    except ImportError:
+        if ROOT not in sys.path:
+            sys.path.insert(0, ROOT)
+        import sglang_ext  # noqa: F401  (the source folder: layers import from it)
+
+        if "sglang_ext.kernels" not in sys.modules:
+            folder = os.path.join(ROOT, "kernels")
+            spec = importlib.util.spec_from_file_location(
+                "sglang_ext.kernels", os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])
+            pkg = importlib.util.module_from_spec(spec)
+            sys.modules["sglang_ext.kernels"] = pkg
+            spec.loader.exec_module(pkg)
+        from sglang_ext.kernels import fp8_gemm as mod
+
+        return mod
+
+
+def _fp8_torch():
+    _kernel_module()
+    from sglang_ext.layers import fp8
+
+    return fp8
+
+
+def make_case(m: int, n: int, k: int, x_dtype: torch.dtype, seed: int, device="cpu", with_bias=True):
+    """Fresh random x, a weight whose magnitude varies by block (distinct scales matter), a bias."""
+    fp8 = _fp8_torch()
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-1, 1, k)[torch.randperm(k, generator=g)]
+    x[:, : min(k, 5)] *= 30.0  # outliers inside the first group
+    w = torch.randn(n, k, generator=g) * 0.05 * torch.rand(n, 1, generator=g).add(0.2)
+    w_fp8, w_scale_inv = fp8.quantize_weight_block128(w)
+    bias = torch.randn(n, generator=g) if with_bias else None
+    x = x.to(x_dtype)
+    return [t.to(device) if t is not None else None for t in (x, w_fp8, w_scale_inv, bias)]
+
+
+def oracle(x, w_fp8, w_scale_inv, bias):
+    """float64 product of the torch-quantised operands; returns (want, mag)."""
+    fp8 = _fp8_torch()
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, xs = fp8.quantize_activation_group128(x2)
+    a = fp8.dequantize_activation_group128(xq, xs).double()
+    w = fp8.dequantize_weight_block128(w_fp8, w_scale_inv, torch.float64)
+    want = a @ w.t()
+    mag = a.abs() @ w.abs().t()
+    if bias is not None:
+        want = want + bias.double()
+        mag = mag + bias.double().abs()
+    return want, mag
+
+
+def max_excess(got, want, mag, acc_rel) -> float:
+    """max(|got - want| / allowed): <= 1 passes. Allowed = accumulation bound + half an ulp of
+    the output dtype at the (perturbed) value + the dtype's smallest step."""
+    dt = got.dtype
+    got = got.reshape(want.shape).double()
+    acc = acc_rel * mag
+    allowed = acc + HALF_ULP[dt] * (want.abs() + acc) + TINY[dt]
+    return float(((got - want).abs() / allowed).max()) if want.numel() else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# in-process: references vs float64, heuristic and argument checks (no kernel runs)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 320, 192), (33, 192, 320), (5, 130, 2880)])
+def test_references_match_float64(m, n, k):
+    mod = _kernel_module()
+    fp8 = _fp8_torch()
+    x, w, ws, b = make_case(m, n, k, torch.float32, seed=m + n + k)
+    want, mag = oracle(x, w, ws, b)
+    assert max_excess(mod.fp8_linear_ref(x, w, ws, b), want, mag, ACC_REL_INTERPRETED) <= 1
+    xq, xs = fp8.quantize_activation_group128(x)
+    got = mod.fp8_gemm_ref(xq, xs, w, ws, b, out_dtype=torch.float16)
+    assert got.dtype == torch.float16 and max_excess(got, want, mag, ACC_REL_INTERPRETED) <= 1
+
+
+def test_heuristic_configs_are_launchable():
+    """Every bucket gives a tile the kernel accepts, and split-K only where tiles leave SMs idle."""
+    mod = _kernel_module()
+    for n, k in ((5120, 2880), (2880, 4096), (201088, 2880), (320, 192)):
+        for m in (1, 4, 16, 17, 64, 65, 256, 257, 1024, 8192):
+            cfg = mod.gemm_config(m, n, k)
+            for b in (cfg.block_m, cfg.block_n):
+                assert b >= 16 and b & (b - 1) == 0, cfg
+            k_blocks = -(-k // 128)
+            assert 1 <= cfg.split_k <= max(1, k_blocks // 4), cfg
+            tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+            if tiles >= mod.H200_SMS:
+                assert cfg.split_k == 1, (m, n, k, cfg)
+            assert cfg.fuse_quant == (m <= 16), cfg
+
+
+def test_launchers_reject_bad_operands():
+    mod = _kernel_module()
+    x, w, ws, b = make_case(3, 320, 192, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="weight_scale_inv"):
+        mod.fp8_linear(x, w, ws[:, :1], b)
+    with pytest.raises(ValueError, match="activation K"):
+        mod.fp8_linear(x[:, :128], w, ws, b)
+    with pytest.raises(ValueError, match="weight must be e4m3"):
+        mod.fp8_linear(x, w.float(), ws, b)
+    with pytest.raises(ValueError, match="a_scale"):
+        mod.fp8_gemm(x.to(torch.float8_e4m3fn), torch.ones(3, 1), w, ws, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels: interpreted here (subprocess), compiled + CUDA graph on a GPU
+# ---------------------------------------------------------------------------------------------
+
+
+def check_quantizer(mod, x) -> None:
+    fp8 = _fp8_torch()
+    q, s = mod.quantize_activation_group128(x)
+    qr, sr = fp8.quantize_activation_group128(x)
+    if not torch.equal(q.view(torch.uint8), qr.view(torch.uint8)):
+        bad = int((q.view(torch.uint8) != qr.view(torch.uint8)).sum())
+        raise AssertionError(f"quantiser {tuple(x.shape)} {x.dtype}: {bad} e4m3 codes differ from torch")
+    if not torch.equal(s, sr):
+        raise AssertionError(f"quantiser {tuple(x.shape)} {x.dtype}: scales differ from torch")
+
+
+def sweep(device: str = "cpu") -> dict:
+    """Interpreter sweep: M x (N, K) x x-dtype x bias through the heuristic configs, then explicit
+    configs for the paths the heuristic does not pick at these sizes. Raises on a miss."""
+    mod = _kernel_module()
+    Cfg = mod.Fp8GemmConfig
+    acc_rel = ACC_REL_INTERPRETED if device == "cpu" else ACC_REL_GPU
+    worst, cases = 0.0, 0
+    t0 = time.time()
+
+    def run(label, x, w, ws, b, cfg=None, out_dtype=None):
+        nonlocal worst, cases
+        want, mag = oracle(x, w, ws, b)
+        got = mod.fp8_linear(x, w, ws, b, out_dtype=out_dtype, config=cfg)
+        exp_dtype = out_dtype or x.dtype
+        assert got.dtype == exp_dtype and got.shape == (*x.shape[:-1], w.shape[0]), (label, got.shape)
+        e = max_excess(got.cpu(), want.cpu(), mag.cpu(), acc_rel)
+        if not e <= 1:
+            raise AssertionError(f"{label}: error {e:.3g}x the allowed bound")
+        worst, cases = max(worst, e), cases + 1
+        return got
+
+    # 1. quantiser: bit-equal codes and scales (ragged K, outliers, an all-zero group, fp16/bf16 x)
+    for m, k in ((1, 192), (33, 320), (130, 2880)):
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            x = make_case(m, 128, k, dt, seed=m * k)[0].to(device)
+            x[:, 128:256] = 0.0
+            check_quantizer(mod, x)
+
+    # 2. heuristic configs over the sweep
+    for m in M_VALUES:
+        for n, k in SMALL_SHAPES:
+            for dt in (torch.float32, torch.float16):
+                for with_bias in (True, False):
+                    x, w, ws, b = make_case(m, n, k, dt, seed=1000 * m + n + k, device=device, with_bias=with_bias)
+                    run(f"M={m} N={n} K={k} {dt} bias={with_bias}", x, w, ws, b)
+
+    # 3. explicit paths: fused vs two-step must be bit-equal; split-K; BLOCK_N > 128 (per-column
+    #    weight scales); fp16/bf16/fp32 outputs; out= buffers and leading dims
+    for m, n, k in ((3, 320, 192), (33, 192, 576)):
+        x, w, ws, b = make_case(m, n, k, torch.float32, seed=7 * m, device=device)
+        for bm, bn, split in ((16, 32, 1), (16, 64, 2), (32, 256, 1), (16, 128, 3)):
+            fused = run(f"fused m{bm}n{bn}s{split}", x, w, ws, b, Cfg(bm, bn, split_k=split, fuse_quant=True))
+            two_step = run(f"two-step m{bm}n{bn}s{split}", x, w, ws, b, Cfg(bm, bn, split_k=split))
+            if device == "cpu" and not torch.equal(fused, two_step):
+                raise AssertionError(f"fused quantisation differs from the two-step path m{bm}n{bn}s{split}")
+        for out_dtype in (torch.float16, torch.bfloat16):
+            for cfg in (Cfg(16, 64), Cfg(16, 64, split_k=2)):
+                run(f"out {out_dtype} {cfg.short()}", x, w, ws, b, cfg, out_dtype=out_dtype)
+    x, w, ws, b = make_case(6, 192, 320, torch.float16, seed=3, device=device)
+    x3 = x.view(2, 3, 320)
+    out = torch.full((2, 3, 192), float("nan"), dtype=torch.float32, device=device)
+    res = mod.fp8_linear(x3, w, ws, b, out_dtype=torch.float32, out=out)
+    assert res.data_ptr() == out.data_ptr() and res.shape == (2, 3, 192)
+    want, mag = oracle(x3, w, ws, b)
+    assert max_excess(out.cpu(), want.cpu(), mag.cpu(), acc_rel) <= 1
+    xq, xs = mod.quantize_activation_group128(x)
+    ygemm = mod.fp8_gemm(xq, xs, w, ws, b, out_dtype=torch.float32, config=Cfg(16, 64))
+    if device == "cpu" and not torch.equal(ygemm, mod.fp8_linear(x, w, ws, b, torch.float32, config=Cfg(16, 64))):
+        raise AssertionError("fp8_gemm on pre-quantised operands differs from fp8_linear")
+    empty = mod.fp8_linear(x[:0], w, ws, b)
+    assert empty.shape == (0, 192)
+
+    # 4. gpt-oss's ragged 2880 on K and on N (scaled down on the other side), and 2880 x 2880
+    for m, n, k, cfg in ((3, 320, 2880, None), (3, 2880, 320, None), (1, 2880, 2880, Cfg(16, 256))):
+        x, w, ws, b = make_case(m, n, k, torch.float16, seed=n + k, device=device)
+        run(f"ragged M={m} N={n} K={k}", x, w, ws, b, cfg)
+    return {"device": device, "cases": cases, "max_error_over_bound": worst, "seconds": round(time.time() - t0, 1)}
+
+
+def test_kernels_match_oracle_interpreted():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--sweep"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (8 + 4) + 3
+    assert result["cases"] == n_expected, result
+    assert result["max_error_over_bound"] <= 1, result
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: full gpt-oss shapes, compiled, and captured in a CUDA graph
+# ---------------------------------------------------------------------------------------------
+
+GPU_SHAPES = {"qkv": (5120, 2880), "o": (2880, 4096)}
+GPU_M = (1, 16, 256, 4096)
+
+
+def gpu_check() -> list[dict]:
+    mod = _kernel_module()
+    rows = []
+    for name, (n, k) in GPU_SHAPES.items():
+        for m in GPU_M:
+            x, w, ws, b = make_case(m, n, k, torch.bfloat16, seed=m + n, device="cuda")
+            b = b.to(torch.bfloat16)
+            check_quantizer(mod, x)
+            want, mag = oracle(x, w, ws, b)
+            cfg = mod.gemm_config(m, n, k, x.device)
+            y = mod.fp8_linear(x, w, ws, b)
+            err = max_excess(y, want, mag, ACC_REL_GPU)
+            # the other quantisation path (fused <-> two-step) on the same tile
+            other = mod.fp8_linear(x, w, ws, b, config=dataclasses.replace(cfg, fuse_quant=not cfg.fuse_quant))
+            err_other = max_excess(other, want, mag, ACC_REL_GPU)
+            # CUDA graph: capture once, then new x values in place and replay
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+            mod.fp8_linear(x, w, ws, b, out=out)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                mod.fp8_linear(x, w, ws, b, out=out)
+            err_graph = 0.0
+            for seed in (1, 2):
+                x.copy_(make_case(m, n, k, torch.bfloat16, seed=seed + 10 * m, device="cuda")[0])
+                g.replay()
+                torch.cuda.synchronize()
+                want_g, mag_g = oracle(x, w, ws, b)
+                err_graph = max(err_graph, max_excess(out, want_g, mag_g, ACC_REL_GPU))
+            row = {"layer": name, "M": m, "N": n, "K": k, "config": cfg.short(), "err_over_bound": err,
+                   "other_quant_path_err_over_bound": err_other, "graph_err_over_bound": err_graph,
+                   "fused_vs_two_step_max_abs_diff": float((y.float() - other.float()).abs().max())}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            assert max(err, err_other, err_graph) <= 1, row
+    return rows
+
+
+@pytest.mark.gpu
+def test_full_shapes_compiled_and_graph_captured():
+    gpu_check()
+
+
+if __name__ == "__main__":
+    # python tests/test_kernel_fp8_gemm.py --sweep        (run under TRITON_INTERPRET=1)
+    # python tests/test_kernel_fp8_gemm.py --gpu          (on a CUDA machine)
+    if "--gpu" in sys.argv:
+        gpu_check()
+        print(json.dumps(sweep(device="cuda")), flush=True)
+    else:
+        print(json.dumps(sweep()), flush=True)
