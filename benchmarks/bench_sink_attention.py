@@ -230,13 +230,19 @@ def bench_decode(contexts, batches, bw, sweep: bool):
                         req_pool_indices=sets[0], seq_lens=seq_lens, q_start=None, q_len=None, sinks=sinks,
                         window_left=window_left)
             row["peers"] = run_peers("decode", case, t, out[0])
-            if sweep and ctx == max_ctx and batch == 8 and window_left < 0 and layout == "random":
+            configs = []
+            if sweep and window_left < 0 and layout == "random" and ctx == max_ctx and batch == 8:
+                configs = [dict(block_n=bn, num_warps=w, num_stages=st)
+                           for bn, w, st in ((64, 4, 4), (128, 4, 3), (32, 4, 4))]
+            if sweep and window_left < 0 and layout == "random" and ctx == max_ctx and batch == 1:
+                # Small batches live on splits alone: how many pay for their merge.
+                configs = [dict(num_splits=n) for n in (16, 64)]
+            if configs:
                 row["config_sweep"] = {}
-                for block_n, warps, stages in ((64, 4, 2), (64, 4, 4), (128, 4, 3), (32, 4, 4), (64, 8, 3)):
-                    key = f"block_n={block_n} warps={warps} stages={stages}"
+                for kw in configs:
+                    key = " ".join(f"{k}={v}" for k, v in kw.items())
                     try:
-                        tc = graph_time([call(s, block_n=block_n, num_warps=warps, num_stages=stages)
-                                         for s in range(n_sets)])
+                        tc = graph_time([call(s, **kw) for s in range(n_sets)])
                         row["config_sweep"][key] = {"time_us": tc * 1e6, "fraction_of_copy_bw": kv_bytes / tc / bw}
                     except Exception as exc:
                         row["config_sweep"][key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -290,8 +296,7 @@ def bench_extend(tokens, sweep: bool):
             row["peers"] = run_peers("extend", case, t, out)
             if sweep and window_left < 0 and with_sinks:
                 row["config_sweep"] = {}
-                for block_m, block_n, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
-                                                        (128, 64, 4, 2), (256, 64, 8, 2)):
+                for block_m, block_n, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)):
                     key = f"block_m={block_m} block_n={block_n} warps={warps} stages={stages}"
                     try:
                         tc = event_time(ours(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages))
