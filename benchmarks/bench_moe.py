@@ -1,0 +1,491 @@
+"""Fused FP8 MoE (kernels/moe.py) on one H200 at gpt-oss shapes: hidden = intermediate = 2880, top-4,
+128 experts (120b) and 32 experts (20b), FP8 e4m3 block-128 experts with biases, bf16 router. Random
+weights and tokens (fresh per run), so routing is random too.
+
+Decode, batch 1..128 tokens: per-call time is the median over replays of a CUDA graph that runs the
+layer on R different token batches back to back, so the experts one replay reads exceed the 50 MB L2
+(a real decode step visits 35 other layers between two visits of this one). Bytes = the experts each
+call actually touches (distinct routed experts: W1, W2, their scales and biases) + router weight +
+tokens in/out. Achieved bandwidth = bytes / time, against the device copy bandwidth measured in the
+same run (target: >= 70%).
+
+Prefill, 8192 tokens: time of the whole layer (router GEMM, routing, sort, both expert GEMMs, combine)
+and TFLOP/s on the expert GEMMs' 2 * T * k * (2I*H + H*I) FLOPs, against the FP8 matmul rate measured
+in the same run, and against a bf16 `torch._grouped_mm` pipeline doing the same work on the same
+routing (gather, mlp1, bias, swiglu, mlp2, bias, weighted scatter-add; target >= 1.5x), and that
+peer's two GEMMs alone.
+
+Kernel times per launch (profiler, eager) for batch 1 / 128 and prefill, and a sweep of launch
+configurations while the time budget lasts (--budget-s, the next tuning step: winners go into
+`H200_HIDDEN_2880_CONFIGS`). Peers: ``peers(kind, ctx)`` returns name -> callable; errors are caught
+and recorded. SGLang's Triton ``fused_experts`` can be added there.
+
+    python benchmarks/bench_moe.py --out benchmarks/results       # ~2 min on an H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def _import_project():
+    # The GPU image has no SGLang and no installed sglang-ext: import the folders directly.
+    import importlib.util
+    import types
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    if "sglang_ext" not in sys.modules:
+        pkg = types.ModuleType("sglang_ext")
+        pkg.__path__ = [os.path.join(root, "sglang_ext")]
+        sys.modules["sglang_ext"] = pkg
+    if "sglang_ext.kernels" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "sglang_ext.kernels", os.path.join(root, "kernels", "__init__.py"),
+            submodule_search_locations=[os.path.join(root, "kernels")])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["sglang_ext.kernels"] = mod
+        spec.loader.exec_module(mod)
+
+
+_import_project()
+from benchmarks.bench_common import md_table, run_meta, write_results  # noqa: E402
+from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
+from sglang_ext.layers.fp8 import dequantize_weight_block128  # noqa: E402
+from sglang_ext.layers.moe import experts_torch, route, swiglu_oai  # noqa: E402
+
+MODELS = {"120b": 128, "20b": 32}
+TOP_K, LIMIT = 4, 7.0
+L2_DEFEAT_BYTES = 300e6  # distinct expert bytes per graph replay we aim for (H200 L2: 50 MB)
+# "cpu" only for a smoke run of this script under TRITON_INTERPRET=1 (--device cpu, small dims:
+# wall-clock timing, no graphs); every number in results/ comes from "cuda".
+DEVICE = "cuda"
+
+
+# ---------------------------------------------------------------------------------------------
+# timing and ceilings
+# ---------------------------------------------------------------------------------------------
+
+
+def event_time(fn, iters=10, warmup=3) -> float:
+    if DEVICE != "cuda":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(times)
+
+
+def graph_time(calls, iters=20) -> float:
+    """Per-call seconds of `calls` (closures) captured back to back in one CUDA graph."""
+    if DEVICE != "cuda":
+        return event_time(calls[0])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    return event_time(graph.replay, iters=iters) / len(calls)
+
+
+def ceilings() -> dict:
+    """Copy bandwidth (read + write bytes / s) and dense matmul rates, measured now."""
+    if DEVICE != "cuda":
+        return {"copy_bandwidth_Bps": 1e9, "bf16_matmul_flops": 1e9, "fp8_matmul_flops": 1e9}
+    a = torch.empty(1 << 30, dtype=torch.bfloat16, device=DEVICE).normal_()
+    b = torch.empty_like(a)
+    out = {"copy_bandwidth_Bps": 2 * a.numel() * 2 / event_time(lambda: b.copy_(a))}
+    del a, b
+    n = 8192
+    x = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    y = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+    out["bf16_matmul_flops"] = 2 * n ** 3 / event_time(lambda: x @ y)
+    try:
+        xf, yf = x.to(torch.float8_e4m3fn), y.t().contiguous().to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=DEVICE)
+        out["fp8_matmul_flops"] = 2 * n ** 3 / event_time(
+            lambda: torch._scaled_mm(xf, yf, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    except Exception as exc:  # context, not the result
+        out["fp8_matmul_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer
+# ---------------------------------------------------------------------------------------------
+
+
+def make_layer(num_experts, hidden, inter, seed) -> dict:
+    """Random FP8 block-128 experts (e4m3 values ~N(0, 16), block scales so W ~ N(0, 1/H)), biases,
+    a bf16 router. Generated per expert on the device (the 120b experts are 3.2 GB)."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    nb = lambda n: -(-n // 128)  # noqa: E731
+
+    def experts(out_dim, in_dim):
+        q = torch.empty(num_experts, out_dim, in_dim, dtype=torch.float8_e4m3fn, device=DEVICE)
+        for e in range(num_experts):
+            q[e] = (torch.randn(out_dim, in_dim, generator=g, device=DEVICE) * 16).clamp(-448, 448).to(q.dtype)
+        scale = (0.5 + torch.rand(num_experts, nb(out_dim), nb(in_dim), generator=g, device=DEVICE)) / (16 * in_dim ** 0.5)
+        return q, scale
+
+    w1, s1 = experts(2 * inter, hidden)
+    w2, s2 = experts(hidden, inter)
+    bias = lambda *shape: (torch.randn(*shape, generator=g, device=DEVICE) * 0.1).to(torch.bfloat16)  # noqa: E731
+    router_w = (torch.randn(num_experts, hidden, generator=g, device=DEVICE) / hidden ** 0.5).to(torch.bfloat16)
+    return {"router_weight": router_w, "router_bias": bias(num_experts), "w1": w1, "w1_scale_inv": s1,
+            "b1": bias(num_experts, 2 * inter), "w2": w2, "w2_scale_inv": s2, "b2": bias(num_experts, hidden)}
+
+
+def layer_args(layer):
+    return (layer["router_weight"], layer["router_bias"], layer["w1"], layer["w1_scale_inv"], layer["b1"],
+            layer["w2"], layer["w2_scale_inv"], layer["b2"])
+
+
+def expert_bytes(layer) -> float:
+    """Bytes of one expert: W1, W2 (e4m3), their fp32 block scales, both bf16 biases."""
+    e = layer["w1"].shape[0]
+    keys = ("w1", "w1_scale_inv", "b1", "w2", "w2_scale_inv", "b2")
+    return sum(layer[k].numel() * layer[k].element_size() for k in keys) / e
+
+
+def bf16_experts(layer) -> dict:
+    """Dequantised bf16 copies for the bf16 peers (made once per model, on demand)."""
+    if "w1_bf16" not in layer:
+        for name in ("w1", "w2"):
+            q, s = layer[name], layer[name + "_scale_inv"]
+            w = torch.empty(q.shape, dtype=torch.bfloat16, device=DEVICE)
+            for e in range(q.shape[0]):
+                w[e] = dequantize_weight_block128(q[e], s[e], torch.bfloat16)
+            layer[name + "_bf16"] = w
+    return layer
+
+
+# ---------------------------------------------------------------------------------------------
+# peers
+# ---------------------------------------------------------------------------------------------
+
+
+def _experts_torch_bf16(ctx):
+    layer = bf16_experts(ctx["layer"])
+    x = ctx["x"]
+
+    def run():
+        weights, ids = route(x, layer["router_weight"], layer["router_bias"], TOP_K)
+        return experts_torch(x, weights, ids, layer["w1_bf16"], layer["b1"], layer["w2_bf16"], layer["b2"], LIMIT)
+
+    return run
+
+
+def _grouped_mm_pipeline(ctx, gemms_only=False):
+    """bf16 torch._grouped_mm doing the layer's expert work on the kernel's routing: pairs sorted by
+    expert (metadata made outside the timing, as our sort is inside ours), gather, mlp1 + bias,
+    swiglu, mlp2 + bias, weighted scatter-add in fp32."""
+    layer = bf16_experts(ctx["layer"])
+    x, weights, ids = ctx["x"], ctx["topk_weights"], ctx["topk_ids"]
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    expert_of_row = flat[order]
+    token_of_row = order // TOP_K
+    offs = torch.cumsum(torch.bincount(flat, minlength=layer["w1"].shape[0]), 0).to(torch.int32)
+    w1t = layer["w1_bf16"].transpose(1, 2)  # [E, H, 2I], K-major as _grouped_mm wants
+    w2t = layer["w2_bf16"].transpose(1, 2)
+    row_weight = weights.reshape(-1)[order].float()[:, None]
+    xs = x[token_of_row]
+    act = swiglu_oai(torch._grouped_mm(xs, w1t, offs=offs), LIMIT)
+
+    if gemms_only:
+        return lambda: (torch._grouped_mm(xs, w1t, offs=offs), torch._grouped_mm(act, w2t, offs=offs))[1]
+
+    def run():
+        h = torch._grouped_mm(x[token_of_row], w1t, offs=offs) + layer["b1"][expert_of_row]
+        y = torch._grouped_mm(swiglu_oai(h, LIMIT), w2t, offs=offs) + layer["b2"][expert_of_row]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return out.index_add_(0, token_of_row, y.float() * row_weight).to(x.dtype)
+
+    return run
+
+
+def peers(kind: str, ctx: dict) -> dict:
+    """Peers on the same inputs: name -> factory(ctx) returning a zero-argument callable that gives
+    [T, H]. ``kind`` is "decode" or "prefill"; ``ctx`` holds x, layer (the dict of make_layer),
+    topk_weights / topk_ids (the kernel's routing, int32). Add SGLang's Triton ``fused_experts``
+    (FP8 block-128 path, gpt-oss activation) here when the image has it."""
+    if kind == "decode":
+        return {"torch_experts_bf16": _experts_torch_bf16}  # graph-capturable up to 32 pairs only
+    return {"grouped_mm_bf16_pipeline": _grouped_mm_pipeline,
+            "grouped_mm_bf16_gemms_only": lambda c: _grouped_mm_pipeline(c, gemms_only=True)}
+
+
+def run_peers(kind, ctx, ours_s, ours_out) -> dict:
+    results = {}
+    for name, factory in peers(kind, ctx).items():
+        try:
+            fn = factory(ctx)
+            out = fn()
+            t = graph_time([fn]) if kind == "decode" else event_time(fn)
+            results[name] = {"time_us": t * 1e6, "ours_speedup": t / ours_s}
+            if "gemms_only" not in name:
+                results[name]["rel_fro_vs_ours"] = ((out.float() - ours_out.float()).norm()
+                                                    / ours_out.float().norm()).item()
+        except Exception as exc:  # a peer's failure is a result, not a crash
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def accuracy(out, x, layer) -> dict:
+    ref = moe_kernels.moe_ref(x, *layer_args(layer), top_k=TOP_K, limit=LIMIT)
+    diff = (out.float() - ref.float()).abs()
+    ulp = torch.finfo(torch.bfloat16).eps * ref.float().abs()
+    return {"max_rel_err_vs_ref": (diff.max() / ref.float().abs().max()).item(),
+            "within_ulp_vs_ref": (diff <= ulp + 1e-6).float().mean().item()}
+
+
+def kernel_times(fn, calls=5) -> dict:
+    """Device time per launch of each kernel in `fn` (profiler, eager calls), in us."""
+    if DEVICE != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if total:
+            times[evt.key[:60]] = round(total / calls, 2)
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+def bench_decode(model, layer, batch, bw, check, config=None) -> dict:
+    hidden = layer["w1"].shape[2]
+    args = layer_args(layer)
+    per_call = expert_bytes(layer) * min(layer["w1"].shape[0], batch * TOP_K)
+    reps = max(2, min(16, round(L2_DEFEAT_BYTES / per_call))) if DEVICE == "cuda" else 1
+    xs = [torch.randn(batch, hidden, device=DEVICE).to(torch.bfloat16) for _ in range(reps)]
+    outs = [torch.empty_like(x) for x in xs]
+    touched, nbytes = [], []
+    for x, out in zip(xs, outs):
+        _, _, ids = moe_kernels.fused_moe_fp8(x, *args, top_k=TOP_K, limit=LIMIT, out=out, config=config,
+                                              return_routing=True)
+        n = torch.unique(ids).numel()
+        touched.append(n)
+        nbytes.append(n * expert_bytes(layer) + layer["router_weight"].numel() * 2 + 2 * x.numel() * 2)
+    calls = [lambda x=x, out=out: moe_kernels.fused_moe_fp8(x, *args, top_k=TOP_K, limit=LIMIT, out=out,
+                                                            config=config) for x, out in zip(xs, outs)]
+    t = graph_time(calls)
+    mean_bytes = sum(nbytes) / len(nbytes)
+    row = {"model": model, "batch": batch, "time_us": t * 1e6, "experts_touched": sum(touched) / len(touched),
+           "MB_per_call": mean_bytes / 1e6, "graph_reps": reps, "floor_us": mean_bytes / bw * 1e6,
+           "achieved_TBps": mean_bytes / t / 1e12, "pct_of_copy_bw": 100 * mean_bytes / t / bw}
+    if check:
+        moe_kernels.fused_moe_fp8(xs[0], *args, top_k=TOP_K, limit=LIMIT, out=outs[0], config=config)
+        row.update(accuracy(outs[0], xs[0], layer))
+        if batch * TOP_K <= 32:
+            row["peers"] = run_peers("decode", {"x": xs[0], "layer": layer}, t, outs[0])
+    return row
+
+
+def bench_prefill(model, layer, tokens, ceil, config=None, with_peers=True) -> dict:
+    hidden, inter = layer["w1"].shape[2], layer["w2"].shape[2]
+    args = layer_args(layer)
+    x = torch.randn(tokens, hidden, device=DEVICE).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    t = event_time(lambda: moe_kernels.fused_moe_fp8(x, *args, top_k=TOP_K, limit=LIMIT, out=out, config=config))
+    _, weights, ids = moe_kernels.fused_moe_fp8(x, *args, top_k=TOP_K, limit=LIMIT, out=out, config=config,
+                                                return_routing=True)
+    flops = 2 * tokens * TOP_K * (2 * inter * hidden + hidden * inter)
+    row = {"model": model, "tokens": tokens, "time_ms": t * 1e3, "TFLOPs": flops / t / 1e12,
+           "pct_of_fp8_matmul": 100 * flops / t / ceil["fp8_matmul_flops"] if "fp8_matmul_flops" in ceil else None}
+    if with_peers:
+        row.update(accuracy(out, x, layer))
+        row["peers"] = run_peers("prefill", {"x": x, "layer": layer, "topk_weights": weights, "topk_ids": ids}, t, out)
+        pipe = row["peers"].get("grouped_mm_bf16_pipeline", {})
+        row["speedup_vs_grouped_mm_pipeline"] = pipe.get("ours_speedup")
+        row["speedup_vs_grouped_mm_gemms"] = row["peers"].get("grouped_mm_bf16_gemms_only", {}).get("ours_speedup")
+    return row
+
+
+def sweep_candidates():
+    C = moe_kernels.MoeConfig
+    decode = [C(16, 32, 4, 3, 32, 4, 3), C(16, 32, 4, 6, 32, 4, 6), C(16, 64, 4, 4, 64, 4, 4),
+              C(16, 32, 4, 4, 64, 4, 4), C(16, 16, 4, 4, 32, 4, 4), C(16, 128, 4, 4, 64, 4, 4),
+              C(16, 32, 2, 4, 32, 2, 4), C(16, 64, 4, 4, 32, 4, 4)]
+    prefill = [C(64, 128, 8, 4, 128, 8, 3, group_m=8), C(64, 128, 8, 3, 256, 8, 3, group_m=8),
+               C(128, 128, 8, 3, 128, 8, 4, group_m=8), C(64, 128, 4, 3, 128, 4, 4, group_m=8),
+               C(64, 128, 8, 3, 128, 4, 4, group_m=16), C(128, 64, 8, 4, 128, 8, 4, group_m=8)]
+    return decode, prefill
+
+
+def run_sweep(layers, bw, ceil, deadline) -> list:
+    """Launch configurations vs the table's, while time lasts (each new config compiles first)."""
+    decode, prefill = sweep_candidates()
+    rows = []
+    plan = [("decode", "120b", 1, c) for c in decode] + [("prefill", "120b", 8192, c) for c in prefill] + \
+           [("decode", "120b", 64, c) for c in decode] + [("decode", "20b", 128, c) for c in decode]
+    for kind, model, tokens, config in plan:
+        if time.time() > deadline:
+            rows.append({"stopped": "time budget reached"})
+            break
+        try:
+            if kind == "decode":
+                r = bench_decode(model, layers[model], tokens, bw, check=False, config=config)
+                rows.append({"kind": kind, "model": model, "tokens": tokens, "config": str(config),
+                             "time_us": r["time_us"], "pct_of_copy_bw": r["pct_of_copy_bw"]})
+            else:
+                r = bench_prefill(model, layers[model], tokens, ceil, config=config, with_peers=False)
+                rows.append({"kind": kind, "model": model, "tokens": tokens, "config": str(config),
+                             "time_us": r["time_ms"] * 1e3, "TFLOPs": r["TFLOPs"]})
+        except Exception as exc:
+            rows.append({"kind": kind, "model": model, "tokens": tokens, "config": str(config),
+                         "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--models", default="120b,20b")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
+    ap.add_argument("--prefill-tokens", type=int, default=8192)
+    ap.add_argument("--budget-s", type=float, default=140.0, help="the config sweep stops here")
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("--hidden", type=int, default=2880, help=argparse.SUPPRESS)  # cpu smoke runs only
+    ap.add_argument("--experts-override", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    t_start = time.time()
+    torch.manual_seed(int(time.time()))  # fresh random inputs every run
+    ceil = ceilings()
+    bw = ceil["copy_bandwidth_Bps"]
+    print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in ceil.items()}, flush=True)
+    models = args.models.split(",")
+    seed = int(time.time() * 1000) % (1 << 31)
+    layers = {m: make_layer(args.experts_override or MODELS[m], args.hidden, args.hidden, seed=seed + i)
+              for i, m in enumerate(models)}
+    decode_rows, prefill_rows, kernels, errors = [], [], {}, []
+    for model in models:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            try:
+                decode_rows.append(bench_decode(model, layers[model], batch, bw, check=True))
+                print(decode_rows[-1], flush=True)
+            except Exception:
+                errors.append(traceback.format_exc())
+                print(errors[-1], flush=True)
+        try:
+            prefill_rows.append(bench_prefill(model, layers[model], args.prefill_tokens, ceil))
+            print(prefill_rows[-1], flush=True)
+        except Exception:
+            errors.append(traceback.format_exc())
+            print(errors[-1], flush=True)
+        for name in ("w1_bf16", "w2_bf16"):  # the peers' copies: free them before the next model
+            layers[model].pop(name, None)
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    try:
+        layer = layers[models[0]]
+        for label, tokens in (("decode_1", 1), ("decode_128", 128), ("prefill", args.prefill_tokens)):
+            x = torch.randn(tokens, args.hidden, device=DEVICE).to(torch.bfloat16)
+            times = kernel_times(lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layer), top_k=TOP_K, limit=LIMIT))
+            if times:
+                kernels[f"{models[0]}_{label}"] = times
+    except Exception:
+        errors.append(traceback.format_exc())
+    sweep_rows = [] if args.no_sweep else run_sweep(layers, bw, ceil, t_start + args.budget_s)
+
+    command = f"python benchmarks/bench_moe.py --out {args.out}"
+    meta = run_meta(command, {"ceilings": ceil, "elapsed_s": round(time.time() - t_start, 1),
+                              "table": {str(b): str(c) for b, c in moe_kernels.H200_HIDDEN_2880_CONFIGS},
+                              "errors": errors, "device": DEVICE})
+    rows = {"decode": decode_rows, "prefill": prefill_rows, "kernel_us": kernels, "sweep": sweep_rows}
+    write_results(args.out, "bench_moe", meta, rows, markdown(meta, rows, ceil))
+    print(markdown(meta, rows, ceil))
+
+
+def markdown(meta, rows, ceil) -> str:
+    fp8 = ceil.get("fp8_matmul_flops")
+    lines = [
+        "# Fused FP8 MoE on one H200 (gpt-oss: hidden 2880, intermediate 2880, top-4, random weights)", "",
+        f"{meta.get('gpu', meta['device'])}, torch {meta['torch']}, triton {meta.get('triton')}, {meta['date']}, "
+        f"{meta['elapsed_s']} s. Measured now: copy bandwidth {ceil['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, "
+        f"bf16 matmul {ceil['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s"
+        + (f", FP8 matmul {fp8 / 1e12:.0f} TFLOP/s" if fp8 else "") + ".", "",
+        "## Decode (CUDA-graph replays over distinct token batches; bytes = experts touched)", "",
+        md_table(rows["decode"], [
+            ("model", "model", None), ("batch", "batch", None), ("us", "time_us", "{:.1f}"),
+            ("experts touched", "experts_touched", "{:.1f}"), ("MB", "MB_per_call", "{:.0f}"),
+            ("floor us", "floor_us", "{:.1f}"), ("TB/s", "achieved_TBps", "{:.2f}"),
+            ("% of copy", "pct_of_copy_bw", "{:.0f}"), ("max rel err vs ref", "max_rel_err_vs_ref", "{:.1e}")]),
+        "",
+        "## Prefill (whole layer vs bf16 torch._grouped_mm on the same routing)", "",
+        md_table(rows["prefill"], [
+            ("model", "model", None), ("tokens", "tokens", None), ("ms", "time_ms", "{:.2f}"),
+            ("TFLOP/s", "TFLOPs", "{:.0f}"), ("% of FP8 matmul", "pct_of_fp8_matmul", "{:.0f}"),
+            ("x vs grouped_mm pipeline", "speedup_vs_grouped_mm_pipeline", "{:.2f}"),
+            ("x vs its 2 GEMMs only", "speedup_vs_grouped_mm_gemms", "{:.2f}"),
+            ("max rel err vs ref", "max_rel_err_vs_ref", "{:.1e}")]),
+        "",
+    ]
+    peer_lines = []
+    for r in rows["decode"] + rows["prefill"]:
+        for name, p in (r.get("peers") or {}).items():
+            what = p.get("error") or f"{p['time_us']:.1f} us ({p['ours_speedup']:.2f}x ours)"
+            peer_lines.append(f"- {r['model']} {r.get('batch', r.get('tokens'))}: {name}: {what}")
+    if peer_lines:
+        lines += ["## Peers", ""] + peer_lines + [""]
+    if rows["kernel_us"]:
+        lines += ["## Device time per launch (us, profiler)", ""]
+        for label, times in rows["kernel_us"].items():
+            lines.append(f"- {label}: " + ", ".join(f"{k} {v}" for k, v in list(times.items())[:8]))
+        lines.append("")
+    if rows["sweep"]:
+        lines += ["## Launch-configuration sweep", "", md_table(rows["sweep"], [
+            ("kind", "kind", None), ("model", "model", None), ("tokens", "tokens", None), ("config", "config", None),
+            ("us", "time_us", "{:.1f}"), ("% copy", "pct_of_copy_bw", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
+            ("error", "error", None)]), ""]
+    if meta["errors"]:
+        lines += ["## Errors", ""] + ["```\n" + e[-1500:] + "\n```" for e in meta["errors"]] + [""]
+    lines.append(f"Command: `{meta['command']}`")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,831 @@
+"""Fused FP8 mixture of experts for gpt-oss (Triton), beside its plain-torch reference `moe_ref`.
+
+The maths is `sglang_ext.layers.moe` (route, swiglu_oai, experts_torch) on FP8 operands as
+`sglang_ext.layers.fp8` defines them: expert weights e4m3 [E, out, in] with fp32 `scale_inv`
+per 128x128 block (ragged last block, 2880 = 22.5 x 128), activations e4m3 with one fp32 scale
+per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k experts each:
+
+  1. router logits = F.linear(x, Wr, br): the op `route` runs, so the same logits;
+  2. `_route_quant_kernel` (grid T): top-k of the logits, softmax over those k in the router's
+     dtype, and x quantised to e4m3 in 1x128 groups (mlp1's A operand): one read of each token;
+  3. `_align_kernel` (+ `_count_kernel` when there are many pairs): the T*k (token, slot) pairs
+     sorted by local expert into BLOCK_M-padded segments, stable (token order kept), sized for
+     the worst case from T alone, so nothing is read back to the host (CUDA-graph safe);
+  4. `_mlp1_kernel`: per segment block, x W1^T with FP8 dots promoted to fp32 every 128 of K
+     (DeepGEMM's scheme: block scales applied per K step). W1's gate and linear rows are
+     interleaved (2c, 2c+1), so the program loads them as two tiles and each (gate, linear)
+     pair meets in one program; epilogue: bias, clamp, swiglu, and the result requantised in
+     1x128 groups when the tile spans whole groups (prefill), else stored fp32 and quantised
+     by mlp2 as it loads it (decode: narrow tiles keep enough programs streaming weights);
+  5. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
+  6. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
+
+Parallelism hooks, as `experts_torch`: the weights hold this rank's experts, global ids
+`expert_offset .. expert_offset + E_local - 1` (expert parallelism; other experts contribute
+nothing), and `b2=None` leaves mlp2's bias to the caller (tensor parallelism adds it once after
+the all-reduce, `sglang_ext.layers.moe.add_down_bias`).
+
+Numerics. Routing equals `route` bit for bit on bf16 logits without ties (the model's routing
+dtype): the kernel reproduces torch's own softmax on the tensors' device (CUDA: expf,
+butterfly sum, IEEE division; CPU: sequential sum, reciprocal multiply); fp32 logits on a CPU
+keep last-ulp differences of exp. x's quantisation equals `quantize_activation_group128`
+bit for bit. The expert GEMMs differ from `moe_ref` only by fp32 summation order, which can
+flip a rare e4m3 rounding of h (tests/test_kernel_moe.py states the tolerances).
+
+Launch configs come from a table by token count (`select_config`), tuned for hidden 2880 on
+an H200; nothing is autotuned at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from sglang_ext.layers.fp8 import (
+    BLOCK as QUANT_GROUP,
+    dequantize_activation_group128,
+    dequantize_weight_block128,
+    quantize_activation_group128,
+)
+from sglang_ext.layers.moe import SWIGLU_ALPHA, route, swiglu_oai
+
+FP8 = torch.float8_e4m3fn
+
+
+# ---------------------------------------------------------------------------------------------
+# launch configs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """One launch configuration. `mlp1_block_n` counts intermediate columns (each one gate row
+    and one linear row of W1); a multiple of 128 makes mlp1 requantise h in its epilogue."""
+
+    block_m: int
+    mlp1_block_n: int
+    mlp1_warps: int
+    mlp1_stages: int
+    mlp2_block_n: int
+    mlp2_warps: int
+    mlp2_stages: int
+    group_m: int = 1  # m-blocks that share each weight tile back to back (L2 reuse in prefill)
+    align_chunk: int = 128  # pairs per program of the sort (one program up to 4 chunks)
+
+    @property
+    def fused_requant(self) -> bool:
+        return self.mlp1_block_n % QUANT_GROUP == 0
+
+
+# By token count (upper bound inclusive), for hidden 2880 / intermediate 2880 on an H200.
+# Decode (T <= 128) reads each touched expert's 25 MB of weights once: narrow N tiles give
+# 4 experts x 90 (mlp1) or x 90 (mlp2) programs at T=1, enough to keep HBM busy. Prefill is
+# compute bound: 64 x 256-row W1 tiles (h requantised in the epilogue, 8 warps keep both
+# accumulators and the dot results in registers) and 128 x 128 mlp2 tiles, grouped for L2.
+H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    (32, MoeConfig(block_m=16, mlp1_block_n=32, mlp1_warps=4, mlp1_stages=4,
+                   mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4)),
+    (128, MoeConfig(block_m=16, mlp1_block_n=64, mlp1_warps=4, mlp1_stages=4,
+                    mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4)),
+    (1024, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3,
+                     mlp2_block_n=128, mlp2_warps=4, mlp2_stages=4, group_m=4)),
+    (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3,
+                        mlp2_block_n=128, mlp2_warps=8, mlp2_stages=4, group_m=8)),
+)
+
+
+def select_config(num_tokens: int) -> MoeConfig:
+    for max_tokens, config in H200_HIDDEN_2880_CONFIGS:
+        if num_tokens <= max_tokens:
+            return config
+    raise AssertionError("the last table row covers every token count")
+
+
+def _check_config(config: MoeConfig) -> None:
+    for name in ("block_m", "mlp1_block_n", "mlp2_block_n", "align_chunk"):
+        value = getattr(config, name)
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
+    if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:
+        raise ValueError("MoeConfig: block_m and block_n must be >= 16 (tensor-core tile)")
+
+
+# ---------------------------------------------------------------------------------------------
+# shared device helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quantize_e4m3(v, AXIS: tl.constexpr):
+    """fp32 v in groups along AXIS -> (e4m3 values, fp32 scale per group), as fp8.py's
+    quantize_*: scale = amax / 448 (IEEE division; 1 for an all-zero group), q = v / scale
+    clamped to +-448, rounded to nearest e4m3, ties to even.
+
+    The rounding is done here in fp32 and the cast after it is exact, because Triton's
+    interpreter cast drops the carry when rounding crosses a power of two (31.7 -> 16): one
+    code path, equal to torch's `.to(float8_e4m3fn)` on CPU and GPU. Normals keep 3 of fp32's
+    23 mantissa bits; below 2^-6 e4m3 steps by 2^-9, fp32's ulp in [2^14, 2^15).
+    (One helper, not three: each nested jit call costs the interpreter ~6 ms.)"""
+    amax = tl.max(tl.abs(v), axis=AXIS)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+    q = tl.math.div_rn(v, tl.expand_dims(scale, AXIS))
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    bits = q.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    subnormal = (q + 24576.0) - 24576.0
+    q = tl.where(tl.abs(q) < 0.015625, subnormal, normal)
+    return q.to(tl.float8e4nv), scale
+
+
+@triton.jit
+def _round_to_bf16(v):
+    """fp32 v rounded to the nearest bf16 value (ties to even), still fp32: the cast after it is
+    exact. The interpreter's fp32 -> bf16 cast truncates; this keeps one code path (on a GPU
+    the cast rounds the same way by itself). NaN passes through."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000).to(tl.float32, bitcast=True)
+    return tl.where(v == v, rounded, v)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. routing + quantisation of x
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _route_quant_kernel(
+    LOGITS,  # [T, E] router dtype
+    X,  # [T, H]
+    XQ,  # [T, H] e4m3
+    XS,  # [T, cdiv(H, 128)] fp32
+    TOPK_W,  # [T, TOP_K] router dtype
+    TOPK_IDS,  # [T, TOP_K] int32
+    num_tokens,
+    stride_logits,
+    stride_x,
+    num_experts,
+    hidden,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    ROUTE: tl.constexpr,
+    QUANT: tl.constexpr,
+    TORCH_CPU_SOFTMAX: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = tokens < num_tokens
+    tokens = tokens.to(tl.int64)
+    if ROUTE:
+        offs_e = tl.arange(0, E_PAD)
+        offs_k = tl.arange(0, K_PAD)
+        v = tl.load(LOGITS + tokens[:, None] * stride_logits + offs_e[None, :],
+                    mask=token_ok[:, None] & (offs_e < num_experts)[None, :], other=float("-inf")).to(tl.float32)
+        v = tl.where(token_ok[:, None], v, 0.0)  # rows past T: finite, so no inf - inf below
+        top_v = tl.full([BLOCK_T, K_PAD], float("-inf"), tl.float32)
+        top_i = tl.zeros([BLOCK_T, K_PAD], tl.int32)
+        for j in tl.static_range(TOP_K):  # descending, like torch.topk(sorted=True)
+            m, i = tl.max(v, axis=1, return_indices=True)
+            top_v = tl.where(offs_k[None, :] == j, m[:, None], top_v)
+            top_i = tl.where(offs_k[None, :] == j, i[:, None], top_i)
+            v = tl.where(offs_e[None, :] == i[:, None], float("-inf"), v)
+        shifted = top_v - tl.max(top_v, axis=1)[:, None]  # lanes >= TOP_K stay -inf: exp gives 0
+        if TORCH_CPU_SOFTMAX:
+            # torch's CPU softmax (reduced-precision input): fp32 exp (correctly rounded, via
+            # fp64: numpy's fp32 exp is off by ulps), sequential sum, multiply by 1/sum.
+            e = tl.exp(shifted.to(tl.float64)).to(tl.float32)
+            total = tl.sum(tl.where(offs_k[None, :] == 0, e, 0.0), axis=1)
+            for j in tl.static_range(1, TOP_K):
+                total += tl.sum(tl.where(offs_k[None, :] == j, e, 0.0), axis=1)
+            w = e * (1.0 / total)[:, None]
+        else:
+            # torch's CUDA warp softmax: expf, a butterfly sum over next_pow2(k) lanes
+            # ((e0+e2)+(e1+e3) for k=4), IEEE division.
+            e = libdevice.exp(shifted)
+            part = e  # lane j + width/2 folds into lane j until two lanes are left
+            if K_PAD == 8:
+                part = tl.sum(tl.reshape(part, [BLOCK_T, 2, 4]), axis=1)
+            if K_PAD >= 4:
+                part = tl.sum(tl.reshape(part, [BLOCK_T, 2, 2]), axis=1)
+            total = tl.sum(part, axis=1)
+            w = tl.math.div_rn(e, total[:, None])
+        if TOPK_W.dtype.element_ty == tl.bfloat16:
+            w = _round_to_bf16(w)
+        out_offs = tokens[:, None] * TOP_K + offs_k[None, :]
+        keep = token_ok[:, None] & (offs_k < TOP_K)[None, :]
+        tl.store(TOPK_W + out_offs, w.to(TOPK_W.dtype.element_ty), mask=keep)
+        tl.store(TOPK_IDS + out_offs, top_i, mask=keep)
+    if QUANT:
+        offs_g = tl.arange(0, 128)
+        num_groups = tl.cdiv(hidden, 128)
+        for g in range(num_groups):
+            cols = g * 128 + offs_g
+            ok = token_ok[:, None] & (cols < hidden)[None, :]
+            xv = tl.load(X + tokens[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+            q, scale = _quantize_e4m3(xv, 1)
+            tl.store(XQ + tokens[:, None] * hidden + cols[None, :], q, mask=ok)
+            tl.store(XS + tokens * num_groups + g, scale, mask=token_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. pairs sorted by local expert into BLOCK_M-padded segments
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _local_one_hot(TOPK_IDS, pairs, num_pairs, expert_offset, num_local, offs_e):
+    """[CHUNK, E_PAD] int32: 1 where pair p goes to local expert e (foreign or past the end: none)."""
+    ok = pairs < num_pairs
+    local = tl.load(TOPK_IDS + pairs, mask=ok, other=0).to(tl.int32) - expert_offset
+    local = tl.where(ok & (local >= 0) & (local < num_local), local, -1)
+    return (local[:, None] == offs_e[None, :]).to(tl.int32)
+
+
+@triton.jit
+def _count_kernel(TOPK_IDS, CHUNK_COUNTS, num_pairs, expert_offset, num_local,
+                  CHUNK: tl.constexpr, E_PAD: tl.constexpr):
+    c = tl.program_id(0)
+    offs_e = tl.arange(0, E_PAD)
+    pairs = c * CHUNK + tl.arange(0, CHUNK)
+    one_hot = _local_one_hot(TOPK_IDS, pairs, num_pairs, expert_offset, num_local, offs_e)
+    tl.store(CHUNK_COUNTS + c * E_PAD + offs_e, tl.sum(one_hot, axis=0))
+
+
+@triton.jit
+def _align_kernel(
+    TOPK_IDS,  # [T * TOP_K] global expert ids
+    CHUNK_COUNTS,  # [NUM_CHUNKS, E_PAD] int32 from _count_kernel (unused when SINGLE)
+    SORTED_PAIRS,  # [MAX_BLOCKS * BLOCK_M] int32 out: pair index, num_pairs in padding slots
+    BLOCK_EXPERT,  # [MAX_BLOCKS] int32 out: local expert of each block, -1 past the last
+    num_pairs,
+    expert_offset,
+    num_local,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    E_PAD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
+    BLOCKS_PER_STEP: tl.constexpr,
+    SINGLE: tl.constexpr,  # one program does everything (decode): no _count_kernel launch
+):
+    pid = tl.program_id(0)
+    offs_e = tl.arange(0, E_PAD)
+    offs_c = tl.arange(0, CHUNK)
+    if SINGLE:
+        totals = tl.zeros([E_PAD], tl.int32)
+        for c in range(NUM_CHUNKS):
+            one_hot = _local_one_hot(TOPK_IDS, c * CHUNK + offs_c, num_pairs, expert_offset, num_local, offs_e)
+            totals += tl.sum(one_hot, axis=0)
+        before = tl.zeros([E_PAD], tl.int32)
+        first_chunk = 0
+        last_chunk = NUM_CHUNKS
+    else:
+        # every program sums all chunks' counts (from L2), in slabs that stay in registers
+        SLAB: tl.constexpr = 16
+        offs_s = tl.arange(0, SLAB)
+        totals = tl.zeros([E_PAD], tl.int32)
+        before = tl.zeros([E_PAD], tl.int32)
+        for c0 in range(0, NUM_CHUNKS, SLAB):
+            chunks = c0 + offs_s
+            counts = tl.load(CHUNK_COUNTS + chunks[:, None] * E_PAD + offs_e[None, :],
+                             mask=(chunks < NUM_CHUNKS)[:, None], other=0)
+            totals += tl.sum(counts, axis=0)
+            before += tl.sum(tl.where((chunks < pid)[:, None], counts, 0), axis=0)
+        first_chunk = pid
+        last_chunk = pid + 1
+    padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    seg_start = tl.cumsum(padded, axis=0) - padded
+
+    # Each pair goes to its expert's segment start + pairs of that expert in earlier chunks +
+    # its rank among that expert's pairs in this chunk: stable, no atomics.
+    running = before
+    for c in range(first_chunk, last_chunk):
+        pairs = c * CHUNK + offs_c
+        one_hot = _local_one_hot(TOPK_IDS, pairs, num_pairs, expert_offset, num_local, offs_e)
+        rank = tl.sum(tl.cumsum(one_hot, axis=0) * one_hot, axis=1) - 1
+        base = tl.sum(one_hot * (seg_start + running)[None, :], axis=1)
+        tl.store(SORTED_PAIRS + base + rank, pairs, mask=rank >= 0)
+        running += tl.sum(one_hot, axis=0)
+
+    # Block -> expert, and the padding slots of used blocks (disjoint from the slots above).
+    seg_end_block = (seg_start + padded) // BLOCK_M
+    used_blocks = tl.sum(padded, axis=0) // BLOCK_M
+    offs_b = tl.arange(0, BLOCKS_PER_STEP)
+    offs_m = tl.arange(0, BLOCK_M)
+    for b0 in range(pid * BLOCKS_PER_PROGRAM, (pid + 1) * BLOCKS_PER_PROGRAM, BLOCKS_PER_STEP):
+        blocks = b0 + offs_b
+        in_range = (blocks < MAX_BLOCKS) & (blocks < (pid + 1) * BLOCKS_PER_PROGRAM)
+        expert = tl.sum((seg_end_block[None, :] <= blocks[:, None]).to(tl.int32), axis=1)
+        used = blocks < used_blocks
+        tl.store(BLOCK_EXPERT + blocks, tl.where(used, expert, -1), mask=in_range)
+        owner = (expert[:, None] == offs_e[None, :]).to(tl.int32)
+        start = tl.sum(owner * seg_start[None, :], axis=1)
+        count = tl.sum(owner * totals[None, :], axis=1)
+        slots = blocks[:, None] * BLOCK_M + offs_m[None, :]
+        padding = (slots - start[:, None]) >= count[:, None]
+        tl.store(SORTED_PAIRS + slots, tl.zeros_like(slots) + num_pairs,
+                 mask=padding & (in_range & used)[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# 4./5. grouped FP8 GEMMs
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mlp1_kernel(
+    XQ, XS,  # x in e4m3 [T, H] and its group scales [T, cdiv(H, 128)]
+    W1, W1S, B1,  # [E, 2I, H] e4m3, [E, cdiv(2I, 128), cdiv(H, 128)] fp32, [E, 2I]
+    SORTED_PAIRS, BLOCK_EXPERT,
+    HQ, HS,  # FUSED_REQUANT: h in e4m3 [rows, I] and scales [rows, cdiv(I, 128)]
+    HF,  # otherwise: h fp32 [rows, I]
+    num_pairs, hidden, inter, num_blocks_m, limit, alpha,
+    stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # intermediate columns: BLOCK_N gate rows + BLOCK_N linear rows of W1
+    GROUP_M: tl.constexpr,
+    HAS_B1: tl.constexpr,
+    FUSED_REQUANT: tl.constexpr,
+    DOT_FP32: tl.constexpr,  # interpreter only: the dot as an fp32 multiply-and-sum (see _experts)
+):
+    BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
+    # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
+    # (written out, not a helper: nested jit calls are slow in the interpreter)
+    width = GROUP_M * tl.cdiv(inter, BLOCK_N)
+    first_m = tl.program_id(0) // width * GROUP_M
+    group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % width) % group_size
+    pid_n = (tl.program_id(0) % width) // group_size
+    expert = tl.load(BLOCK_EXPERT + pid_m)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # positions in the sorted, padded order
+    pairs = tl.load(SORTED_PAIRS + rows)
+    row_ok = pairs < num_pairs
+    tokens = (pairs // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < inter
+    gate_rows = (2 * cols).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    num_k_groups = tl.cdiv(hidden, BLOCK_K)
+
+    a_ptrs = XQ + tokens[:, None] * hidden + offs_k[None, :]
+    wg_ptrs = W1 + expert * stride_w1_e + gate_rows[None, :] * stride_w1_n + offs_k[:, None]
+    xs_ptrs = XS + tokens * num_k_groups
+    # gate row 2c and linear row 2c+1 always share a 128-row scale block
+    ws_ptrs = W1S + expert * stride_w1s_e + (gate_rows // 128) * stride_w1s_n
+
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_l = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, num_k_groups):
+        k_ok = offs_k < hidden - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        wg = tl.load(wg_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        wl = tl.load(wg_ptrs + stride_w1_n, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        a_s = tl.load(xs_ptrs + kb, mask=row_ok, other=0.0)
+        w_s = tl.load(ws_ptrs + kb, mask=col_ok, other=0.0)
+        scale = a_s[:, None] * w_s[None, :]
+        if DOT_FP32:
+            a = a.to(tl.float32)[:, :, None]
+            acc_g += tl.sum(a * wg.to(tl.float32)[None, :, :], axis=1) * scale
+            acc_l += tl.sum(a * wl.to(tl.float32)[None, :, :], axis=1) * scale
+        else:
+            acc_g += tl.dot(a, wg) * scale
+            acc_l += tl.dot(a, wl) * scale
+        a_ptrs += BLOCK_K
+        wg_ptrs += BLOCK_K
+
+    if HAS_B1:
+        b1_ptrs = B1 + expert * stride_b1_e + gate_rows
+        acc_g += tl.load(b1_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        acc_l += tl.load(b1_ptrs + 1, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    gate = tl.minimum(acc_g, limit)
+    lin = tl.minimum(tl.maximum(acc_l, -limit), limit)
+    h = gate * tl.sigmoid(gate * alpha) * (lin + 1.0)
+    ok = row_ok[:, None] & col_ok[None, :]
+    h = tl.where(ok, h, 0.0)
+    out_offs = rows.to(tl.int64)[:, None] * inter + cols[None, :]
+    if FUSED_REQUANT:
+        GROUPS: tl.constexpr = BLOCK_N // 128
+        q3, scale3 = _quantize_e4m3(tl.reshape(h, [BLOCK_M, GROUPS, 128]), 2)  # scale3 [BLOCK_M, GROUPS]
+        q = tl.reshape(q3, [BLOCK_M, BLOCK_N])
+        tl.store(HQ + out_offs, q, mask=ok)
+        num_i_groups = tl.cdiv(inter, 128)
+        groups = pid_n * GROUPS + tl.arange(0, GROUPS)
+        tl.store(HS + rows.to(tl.int64)[:, None] * num_i_groups + groups[None, :], scale3,
+                 mask=row_ok[:, None] & (groups < num_i_groups)[None, :])
+    else:
+        tl.store(HF + out_offs, h, mask=ok)
+
+
+@triton.jit
+def _mlp2_kernel(
+    HQ, HS, HF,  # h as _mlp1_kernel left it (fp8 + scales, or fp32)
+    W2, W2S, B2,  # [E, H, I] e4m3, [E, cdiv(H, 128), cdiv(I, 128)] fp32, [E, H]
+    SORTED_PAIRS, BLOCK_EXPERT,
+    PAIR_OUT,  # [T * TOP_K, H] fp32, row = pair index
+    num_pairs, hidden, inter, num_blocks_m,
+    stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_B2: tl.constexpr,
+    A_IS_FP8: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    BLOCK_K: tl.constexpr = 128
+    # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
+    # (written out, not a helper: nested jit calls are slow in the interpreter)
+    width = GROUP_M * tl.cdiv(hidden, BLOCK_N)
+    first_m = tl.program_id(0) // width * GROUP_M
+    group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (tl.program_id(0) % width) % group_size
+    pid_n = (tl.program_id(0) % width) // group_size
+    expert = tl.load(BLOCK_EXPERT + pid_m)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(SORTED_PAIRS + rows)
+    row_ok = pairs < num_pairs
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    offs_k = tl.arange(0, BLOCK_K)
+    num_k_groups = tl.cdiv(inter, BLOCK_K)
+
+    h_offs = rows.to(tl.int64)[:, None] * inter + offs_k[None, :]
+    hs_ptrs = HS + rows.to(tl.int64) * num_k_groups
+    w_ptrs = W2 + expert * stride_w2_e + cols.to(tl.int64)[None, :] * stride_w2_n + offs_k[:, None]
+    ws_ptrs = W2S + expert * stride_w2s_e + (cols // 128) * stride_w2s_n
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, num_k_groups):
+        k_ok = offs_k < inter - kb * BLOCK_K
+        a_mask = row_ok[:, None] & k_ok[None, :]
+        if A_IS_FP8:
+            a = tl.load(HQ + h_offs, mask=a_mask, other=0.0)
+            a_s = tl.load(hs_ptrs + kb, mask=row_ok, other=0.0)
+        else:
+            a, a_s = _quantize_e4m3(tl.load(HF + h_offs, mask=a_mask, other=0.0), 1)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        w_s = tl.load(ws_ptrs + kb, mask=col_ok, other=0.0)
+        if DOT_FP32:
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1) * (
+                a_s[:, None] * w_s[None, :])
+        else:
+            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+        h_offs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    if HAS_B2:
+        acc += tl.load(B2 + expert * stride_b2_e + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = PAIR_OUT + pairs.to(tl.int64)[:, None] * hidden + cols[None, :]
+    tl.store(out_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. weighted combine
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
+                    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = tokens < num_tokens
+    tokens = tokens.to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = token_ok[:, None] & (cols < hidden)[None, :]
+    acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        pairs = tokens * TOP_K + j
+        local = tl.load(TOPK_IDS + pairs, mask=token_ok, other=0).to(tl.int32) - expert_offset
+        mine = (local >= 0) & (local < num_local)
+        weight = tl.load(TOPK_W + pairs, mask=token_ok, other=0.0).to(tl.float32)
+        # foreign pairs' rows were never written: mask the load, never multiply garbage by 0
+        y = tl.load(PAIR_OUT + pairs[:, None] * hidden + cols[None, :], mask=ok & mine[:, None], other=0.0)
+        acc += weight[:, None] * y
+    if OUT.dtype.element_ty == tl.bfloat16:
+        acc = _round_to_bf16(acc)
+    tl.store(OUT + tokens[:, None] * stride_out + cols[None, :], acc.to(OUT.dtype.element_ty), mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers
+# ---------------------------------------------------------------------------------------------
+
+
+ROUTE_BLOCK_T = 16  # tokens per program of the routing/quantisation kernel
+COMBINE_BLOCK_T = 4
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _check_weights(hidden, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2):
+    if w1.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"fused_moe_fp8: w1/w2 must be [E, out, in], got {tuple(w1.shape)}/{tuple(w2.shape)}")
+    num_local, two_inter, h1 = w1.shape
+    inter = two_inter // 2
+    if two_inter % 2 or h1 != hidden:
+        raise ValueError(f"fused_moe_fp8: w1 must be [E, 2I, {hidden}], got {tuple(w1.shape)}")
+    if tuple(w2.shape) != (num_local, hidden, inter):
+        raise ValueError(f"fused_moe_fp8: w2 must be [{num_local}, {hidden}, {inter}], got {tuple(w2.shape)}")
+    if w1.dtype != FP8 or w2.dtype != FP8:
+        raise ValueError(f"fused_moe_fp8: expert weights must be float8_e4m3fn, got {w1.dtype}/{w2.dtype}")
+    want1 = (num_local, _cdiv(two_inter, QUANT_GROUP), _cdiv(hidden, QUANT_GROUP))
+    want2 = (num_local, _cdiv(hidden, QUANT_GROUP), _cdiv(inter, QUANT_GROUP))
+    for name, s, want in (("w1_scale_inv", w1_scale_inv, want1), ("w2_scale_inv", w2_scale_inv, want2)):
+        if tuple(s.shape) != want or s.dtype != torch.float32:
+            raise ValueError(f"fused_moe_fp8: {name} must be fp32 {list(want)}, got {s.dtype} {tuple(s.shape)}")
+    if b1 is not None and tuple(b1.shape) != (num_local, two_inter):
+        raise ValueError(f"fused_moe_fp8: b1 must be [{num_local}, {two_inter}], got {tuple(b1.shape)}")
+    if b2 is not None and tuple(b2.shape) != (num_local, hidden):
+        raise ValueError(f"fused_moe_fp8: b2 must be [{num_local}, {hidden}], got {tuple(b2.shape)}")
+    for name, t in (("w1", w1), ("w2", w2), ("w1_scale_inv", w1_scale_inv), ("w2_scale_inv", w2_scale_inv),
+                    ("b1", b1), ("b2", b2)):
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError(f"fused_moe_fp8: {name} needs a unit last stride")
+    return num_local, inter
+
+
+def route_and_quantize(logits: torch.Tensor | None, x: torch.Tensor | None, top_k: int = 4):
+    """One kernel over tokens: (topk_weights [T, k] in logits' dtype, topk_ids [T, k] int32) as
+    `route` computes them from these logits, and/or (x_fp8 [T, H], x_scale [T, cdiv(H, 128)])
+    as `quantize_activation_group128`. Pass None for the half not wanted."""
+    ref = logits if logits is not None else x
+    t = ref.shape[0]
+    dev = ref.device
+    weights = ids = xq = xs = None
+    num_experts, e_pad, hidden = 1, 1, 1
+    if logits is not None:
+        if logits.dim() != 2 or logits.stride(-1) != 1:
+            raise ValueError("route_and_quantize: logits must be [T, E] with a unit last stride")
+        num_experts = logits.shape[1]
+        if not 1 <= top_k <= min(8, num_experts):
+            raise ValueError(f"route_and_quantize: top_k must be in 1..min(8, E), got {top_k}")
+        e_pad = _next_pow2(num_experts)
+        weights = torch.empty((t, top_k), dtype=logits.dtype, device=dev)
+        ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    if x is not None:
+        if x.dim() != 2 or x.stride(-1) != 1 or x.shape[0] != t:
+            raise ValueError("route_and_quantize: x must be [T, H] with a unit last stride")
+        hidden = x.shape[1]
+        xq = torch.empty((t, hidden), dtype=FP8, device=dev)
+        xs = torch.empty((t, _cdiv(hidden, QUANT_GROUP)), dtype=torch.float32, device=dev)
+    if t > 0:
+        dummy = ref
+        _route_quant_kernel[(_cdiv(t, ROUTE_BLOCK_T),)](
+            logits if logits is not None else dummy, x if x is not None else dummy,
+            xq if xq is not None else dummy, xs if xs is not None else dummy,
+            weights if weights is not None else dummy, ids if ids is not None else dummy,
+            t, logits.stride(0) if logits is not None else 0, x.stride(0) if x is not None else 0,
+            num_experts, hidden,
+            TOP_K=top_k, K_PAD=_next_pow2(top_k), E_PAD=e_pad, BLOCK_T=ROUTE_BLOCK_T,
+            ROUTE=logits is not None, QUANT=x is not None, TORCH_CPU_SOFTMAX=dev.type == "cpu",
+            num_warps=4,
+        )
+    return weights, ids, xq, xs
+
+
+def align_pairs(topk_ids: torch.Tensor, num_local: int, expert_offset: int, block_m: int, chunk: int = 128):
+    """(sorted_pairs [max_blocks * block_m] int32, block_expert [max_blocks] int32, max_blocks).
+
+    Pairs are `token * k + slot`; each local expert's pairs sit in token order in a segment
+    padded to a multiple of `block_m` (padding slots hold `T * k`); blocks past the last
+    segment have expert -1. max_blocks = min(T*k, cdiv(T*k, block_m) + E_local) bounds the
+    used blocks (each holds >= 1 pair; each expert pads < 1 block), from shapes only."""
+    num_pairs = topk_ids.numel()
+    max_blocks = max(1, min(num_pairs, _cdiv(num_pairs, block_m) + num_local))
+    dev = topk_ids.device
+    sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    e_pad = _next_pow2(num_local)
+    num_chunks = max(1, _cdiv(num_pairs, chunk))
+    single = num_chunks <= 4
+    chunk_counts = block_expert
+    if not single:
+        chunk_counts = torch.empty((num_chunks, e_pad), dtype=torch.int32, device=dev)
+        _count_kernel[(num_chunks,)](ids, chunk_counts, num_pairs, expert_offset, num_local,
+                                     CHUNK=chunk, E_PAD=e_pad, num_warps=8)
+    programs = 1 if single else num_chunks
+    blocks_per_program = _cdiv(max_blocks, programs)
+    _align_kernel[(programs,)](
+        ids, chunk_counts, sorted_pairs, block_expert, num_pairs, expert_offset, num_local,
+        BLOCK_M=block_m, CHUNK=chunk, NUM_CHUNKS=num_chunks,
+        E_PAD=e_pad, MAX_BLOCKS=max_blocks, BLOCKS_PER_PROGRAM=blocks_per_program,
+        BLOCKS_PER_STEP=min(64, _next_pow2(blocks_per_program)), SINGLE=single, num_warps=8,
+    )
+    return sorted_pairs, block_expert, max_blocks
+
+
+def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out):
+    """Every host-side check, before anything is launched: (num_local, inter, config, out)."""
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"fused_moe_fp8: x must be [T, H] with a unit last stride, got {tuple(x.shape)}")
+    num_local, inter = _check_weights(x.shape[1], w1, w1_scale_inv, b1, w2, w2_scale_inv, b2)
+    config = config or select_config(x.shape[0])
+    _check_config(config)
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.stride(-1) != 1:
+        raise ValueError(f"fused_moe_fp8: out must be {tuple(x.shape)} with a unit last stride")
+    return num_local, inter, config, out
+
+
+def _experts(x, xq, xs, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
+             limit, expert_offset, num_local, inter, config, out):
+    num_tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    if num_tokens == 0:
+        return out
+    bm = config.block_m
+    num_pairs = num_tokens * top_k
+    dev = x.device
+    if topk_weights.stride(-1) != 1 or not topk_weights.is_contiguous():
+        topk_weights = topk_weights.contiguous()
+    if not topk_ids.is_contiguous():
+        topk_ids = topk_ids.contiguous()
+
+    sorted_pairs, block_expert, max_blocks = align_pairs(topk_ids, num_local, expert_offset, bm,
+                                                        config.align_chunk)
+    rows = max_blocks * bm
+    fused = config.fused_requant
+    # Kernels see CPU tensors only under TRITON_INTERPRET, where tl.dot is a numpy matmul loop
+    # without BLAS (55 ms per 64x128x128 tile); an fp32 multiply-and-sum of the same e4m3
+    # values (exact products, fp32 sums) takes ~3 ms and differs only in summation order.
+    interpreted = dev.type == "cpu"
+    if fused:
+        hq = torch.empty((rows, inter), dtype=FP8, device=dev)
+        hs = torch.empty((rows, _cdiv(inter, QUANT_GROUP)), dtype=torch.float32, device=dev)
+        hf = hs
+    else:
+        hf = torch.empty((rows, inter), dtype=torch.float32, device=dev)
+        hq = hs = hf
+    n1 = _cdiv(inter, config.mlp1_block_n)
+    _mlp1_kernel[(max_blocks * n1,)](
+        xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv,
+        sorted_pairs, block_expert, hq, hs, hf,
+        num_pairs, hidden, inter, max_blocks, float(limit), SWIGLU_ALPHA,
+        w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
+        b1.stride(0) if b1 is not None else 0,
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
+        HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted,
+        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
+    )
+    pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=dev)
+    n2 = _cdiv(hidden, config.mlp2_block_n)
+    _mlp2_kernel[(max_blocks * n2,)](
+        hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
+        sorted_pairs, block_expert, pair_out,
+        num_pairs, hidden, inter, max_blocks,
+        w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
+        b2.stride(0) if b2 is not None else 0,
+        BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
+        HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted,
+        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages,
+    )
+    block_h = min(1024, _next_pow2(hidden))
+    _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
+        pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,
+        TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, num_warps=4,
+    )
+    return out
+
+
+def fused_moe_fp8(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    router_bias: torch.Tensor | None,
+    w1: torch.Tensor,
+    w1_scale_inv: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    w2_scale_inv: torch.Tensor,
+    b2: torch.Tensor | None,
+    top_k: int = 4,
+    limit: float = 7.0,
+    expert_offset: int = 0,
+    config: MoeConfig | None = None,
+    out: torch.Tensor | None = None,
+    return_routing: bool = False,
+):
+    """The gpt-oss MoE layer on FP8 experts: out [T, H] in x's dtype.
+
+    x [T, H]; router_weight [E, H], router_bias [E] (the router's dtype is the routing dtype,
+    bf16 for the real model); w1 [E_local, 2I, H] e4m3 with w1_scale_inv fp32 [E_local,
+    cdiv(2I, 128), cdiv(H, 128)], b1 [E_local, 2I] (interleaved gate/linear rows, as loaded);
+    w2 [E_local, H, I] e4m3 with w2_scale_inv [E_local, cdiv(H, 128), cdiv(I, 128)], b2
+    [E_local, H] or None (tensor parallelism: the caller adds it once, `add_down_bias`).
+    The weights are this rank's experts, global ids expert_offset .. expert_offset+E_local-1.
+    `config` overrides the table (`select_config`); `out` receives the result (CUDA-graph
+    buffers); with `return_routing` also returns (topk_weights, topk_ids int32).
+    No host syncs: capturable in a CUDA graph."""
+    num_local, inter, config, out = _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out)
+    if router_weight.dim() != 2 or router_weight.shape[1] != x.shape[1]:
+        raise ValueError(f"fused_moe_fp8: router_weight must be [E, {x.shape[1]}], got {tuple(router_weight.shape)}")
+    if expert_offset < 0 or expert_offset + num_local > router_weight.shape[0]:
+        raise ValueError(f"fused_moe_fp8: experts {expert_offset}..{expert_offset + num_local - 1} "
+                         f"outside the router's {router_weight.shape[0]}")
+    logits = F.linear(x, router_weight, router_bias)
+    topk_weights, topk_ids, xq, xs = route_and_quantize(logits, x, top_k)
+    result = _experts(x, xq, xs, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
+                      limit, expert_offset, num_local, inter, config, out)
+    return (result, topk_weights, topk_ids) if return_routing else result
+
+
+def fused_experts_fp8(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w1: torch.Tensor,
+    w1_scale_inv: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    w2_scale_inv: torch.Tensor,
+    b2: torch.Tensor | None,
+    limit: float = 7.0,
+    expert_offset: int = 0,
+    config: MoeConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`fused_moe_fp8` with the routing given: topk_weights [T, k] (any float dtype, used in
+    fp32) and topk_ids [T, k] (global expert ids, int32 or int64), e.g. from `route`."""
+    num_local, inter, config, out = _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out)
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError("fused_experts_fp8: topk_weights and topk_ids must both be [T, k]")
+    _, _, xq, xs = route_and_quantize(None, x)
+    return _experts(x, xq, xs, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
+                    limit, expert_offset, num_local, inter, config, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# plain-torch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_quant(a: torch.Tensor) -> torch.Tensor:
+    """a [N, K] through e4m3 1x128 groups and back, fp32 (what the kernel's dots see)."""
+    return dequantize_activation_group128(*quantize_activation_group128(a))
+
+
+def moe_ref(
+    x: torch.Tensor,
+    router_weight: torch.Tensor | None,
+    router_bias: torch.Tensor | None,
+    w1: torch.Tensor,
+    w1_scale_inv: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    w2_scale_inv: torch.Tensor,
+    b2: torch.Tensor | None,
+    top_k: int = 4,
+    limit: float = 7.0,
+    expert_offset: int = 0,
+    routing: tuple[torch.Tensor, torch.Tensor] | None = None,
+    quantize_activations: bool = True,
+) -> torch.Tensor:
+    """`fused_moe_fp8` in plain torch: routing by `route` (or `routing` = (weights, ids) given),
+    weights dequantised per block, x and h quantised per 1x128 group (`quantize_activations`),
+    fp32 GEMMs, bias, `swiglu_oai` in fp32, fp32 combine, one rounding to x's dtype. One expert
+    at a time (dequantised weights of all experts at full size would not fit)."""
+    if routing is None:
+        routing = route(x, router_weight, router_bias, top_k)
+    topk_weights, topk_ids = routing
+    num_tokens, top_k = topk_ids.shape
+    num_local = w1.shape[0]
+    xf = _fake_quant(x.float()) if quantize_activations else x.float()
+    local_ids = topk_ids.reshape(-1).long() - expert_offset
+    pair_out = torch.zeros(num_tokens * top_k, x.shape[1], dtype=torch.float32, device=x.device)
+    on_this_rank = (local_ids >= 0) & (local_ids < num_local)
+    for expert in torch.unique(local_ids[on_this_rank]).tolist():
+        pairs = torch.nonzero(local_ids == expert).flatten()
+        h = xf[pairs // top_k] @ dequantize_weight_block128(w1[expert], w1_scale_inv[expert]).t()
+        if b1 is not None:
+            h = h + b1[expert].float()
+        h = swiglu_oai(h, limit)
+        if quantize_activations:
+            h = _fake_quant(h)
+        y = h @ dequantize_weight_block128(w2[expert], w2_scale_inv[expert]).t()
+        if b2 is not None:
+            y = y + b2[expert].float()
+        pair_out[pairs] = y
+    weights = topk_weights.reshape(-1).float() * on_this_rank
+    return (pair_out * weights[:, None]).view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
