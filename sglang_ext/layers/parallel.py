@@ -385,10 +385,14 @@ class MoeShard:
         return self._experts(t).narrow(2, self.inter_lo, self.local_intermediate)
 
     def gate_up_scales(self, s: torch.Tensor) -> torch.Tensor:
+        if not self.local_intermediate:  # a rank past the last block (I smaller than moe_tp blocks)
+            return self._experts(s).narrow(1, 0, 0)
         lo, hi = 2 * self.inter_lo // BLOCK, _ceil_div(2 * self.inter_hi, BLOCK)
         return self._experts(s).narrow(1, lo, hi - lo)
 
     def down_scales(self, s: torch.Tensor) -> torch.Tensor:
+        if not self.local_intermediate:
+            return self._experts(s).narrow(2, 0, 0)
         lo, hi = self.inter_lo // BLOCK, _ceil_div(self.inter_hi, BLOCK)
         return self._experts(s).narrow(2, lo, hi - lo)
 

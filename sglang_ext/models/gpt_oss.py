@@ -11,9 +11,12 @@ layouts differ from the bf16 checkpoint and say so: experts are stored [E, out, 
 each expert one `F.linear`; the bf16 checkpoint's [E, in, out] tensors are transposed
 on load. Sinks are kept in fp32 (exact for bf16 checkpoints).
 
-Tensor parallelism (TP = t): attention heads and KV heads split across ranks; each
-expert's intermediate dimension I split in t slices (interleaved gate/up rows 2a..2b);
-o_proj's and mlp2's biases are added once, after the all-reduce.
+Parallelism (SGLang's --tp/--ep; sglang_ext.layers.parallel holds the maths and its
+tests): attention heads split over the TP ranks (KV heads replicated when fewer than
+ranks); experts split into --ep-size contiguous ranges, each expert's intermediate
+dimension I over tp/ep ranks (interleaved gate/up rows stay in pairs; FP8 shards cut on
+the 128-block grid, so every local block keeps its checkpoint scale); o_proj's and mlp2's
+biases are added once, after the all-reduce. Data-parallel attention is refused at load.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
+from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128
 from sglang_ext.layers.linear import Linear
-from sglang_ext.layers.moe import add_down_bias, experts_torch, route
+from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, route
+from sglang_ext.layers.parallel import BlockShard, ParallelLayout, attention_head_shard, moe_shard
 from sglang_ext.layers.mxfp4 import dequantize_mxfp4
 from sglang_ext.layers.norm import rms_norm
 from sglang_ext.layers.rope import YarnRope, apply_rope
@@ -66,15 +71,51 @@ def is_fp8_checkpoint(config) -> bool:
 
 
 class _TP:
-    def __init__(self):
-        self.size = get_tensor_model_parallel_world_size()
-        self.rank = get_tensor_model_parallel_rank()
+    """This rank's place in SGLang's TP/EP groups, as a `ParallelLayout`."""
 
-    def split(self, n: int, what: str) -> Tuple[int, int]:
-        if n % self.size:
-            raise ValueError(f"{what}={n} is not divisible by tensor parallel size {self.size}")
-        per = n // self.size
-        return self.rank * per, (self.rank + 1) * per
+    def __init__(self, layout: Optional[ParallelLayout] = None):
+        if layout is None:
+            layout = _sglang_layout()
+        self.layout = layout
+        self.size = layout.tp_size
+        self.rank = layout.tp_rank
+
+
+def _sglang_layout() -> ParallelLayout:
+    from sglang.srt.distributed import parallel_state as ps
+
+    tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+    try:
+        ep_size = ps.get_moe_expert_parallel_world_size()
+        attn_tp = ps.get_attn_tensor_model_parallel_world_size()
+    except (AssertionError, AttributeError, TypeError):  # groups not initialised: one process
+        ep_size, attn_tp = 1, tp_size
+    if attn_tp != tp_size:
+        raise NotImplementedError(
+            f"sglang-ext's gpt-oss has no data-parallel attention (--enable-dp-attention: attention TP "
+            f"{attn_tp} of TP {tp_size}); serve with --tp/--ep, or --dp replicas without --enable-dp-attention")
+    return ParallelLayout(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, attn_dp_size=1)
+
+
+def _head_block_shards(config, tp: _TP, fp8: bool):
+    """(q/o shard, k/v shard) over the q rows (o columns) and k/v rows of this rank."""
+    hd = config.head_dim
+    heads = attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.size, tp.rank)
+    all_heads = [attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.size, r)
+                 for r in range(tp.size)]
+    q_ranges = [h.q_rows(hd) for h in all_heads]
+    kv_ranges = [h.kv_rows(hd) for h in all_heads]
+    q = BlockShard.of(config.num_attention_heads * hd, q_ranges, tp.rank)
+    kv = BlockShard.of(config.num_key_value_heads * hd, kv_ranges, tp.rank)
+    if not fp8:  # padding only keeps FP8 blocks on their scale grid
+        q = BlockShard(q.full, q.lo, q.hi, 0, q.cuts_aligned)
+        kv = BlockShard(kv.full, kv.lo, kv.hi, 0, kv.cuts_aligned)
+    elif not q.cuts_aligned:
+        raise NotImplementedError(
+            f"FP8 o_proj shards at TP {tp.size} cut a 128-block of {q.full} columns: each rank would need the "
+            "others' activation scales (sglang_ext.layers.parallel.fp8_row_parallel_linear); use a TP size whose "
+            "head shards are 128-aligned")
+    return heads, q, kv
 
 
 class GptOssAttention(nn.Module):
@@ -82,16 +123,15 @@ class GptOssAttention(nn.Module):
         super().__init__()
         self.tp = tp
         self.head_dim = config.head_dim
-        lo, hi = tp.split(config.num_attention_heads, "num_attention_heads")
-        self.num_heads = hi - lo
-        lo, hi = tp.split(config.num_key_value_heads, "num_key_value_heads")
-        self.num_kv_heads = hi - lo
         hidden = config.hidden_size
         fp8 = is_fp8_checkpoint(config)
-        self.q_proj = Linear(hidden, self.num_heads * self.head_dim, fp8=fp8)
-        self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, fp8=fp8)
-        self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, fp8=fp8)
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, fp8=fp8)
+        self.heads, self.q_shard, self.kv_shard = _head_block_shards(config, tp, fp8)
+        self.num_heads = self.heads.q_hi - self.heads.q_lo
+        self.num_kv_heads = self.heads.kv_hi - self.heads.kv_lo
+        self.q_proj = Linear(hidden, self.q_shard.local_len, fp8=fp8)
+        self.k_proj = Linear(hidden, self.kv_shard.local_len, fp8=fp8)
+        self.v_proj = Linear(hidden, self.kv_shard.local_len, fp8=fp8)
+        self.o_proj = Linear(self.q_shard.local_len, hidden, fp8=fp8)
         self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
         sliding = config.layer_types[layer_id] == "sliding_attention"
         self.attn = RadixAttention(
@@ -106,11 +146,12 @@ class GptOssAttention(nn.Module):
 
     def forward(self, x, cos_sin, forward_batch):
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x)
+        q = self.q_shard.drop_padding(self.q_proj(x)).view(tokens, self.num_heads, self.head_dim)
+        k = self.kv_shard.drop_padding(self.k_proj(x)).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.kv_shard.drop_padding(self.v_proj(x)).contiguous()
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
         o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v, forward_batch, sinks=self.sinks)
+        o = self.q_shard.pad_activation(o)
         if self.tp.size == 1:
             return self.o_proj(o)
         return tensor_model_parallel_all_reduce(self.o_proj(o, with_bias=False)) + self.o_proj.bias
@@ -130,18 +171,19 @@ class GptOssExperts(nn.Module):
         # SGLang's CPU loader pads intermediate_size to the FP8 block for its own layers
         # (keeping the true value as original_intermediate_size); ours use ragged blocks.
         intermediate = getattr(config, "original_intermediate_size", None) or config.intermediate_size
-        lo, hi = tp.split(intermediate, "intermediate_size")
-        self.intermediate_slice = (lo, hi)
-        i = hi - lo
         self.fp8 = is_fp8_checkpoint(config)
+        self.shard = moe_shard(e, intermediate, tp.layout, self.fp8)
+        self.expert_offset = self.shard.expert_lo
+        i = self.shard.local_intermediate
+        e_local = self.shard.expert_hi - self.shard.expert_lo
         wdt = torch.float8_e4m3fn if self.fp8 else None
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h, dtype=wdt), requires_grad=False)
-        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(e, h, i, dtype=wdt), requires_grad=False)
+        self.gate_up_proj = nn.Parameter(torch.empty(e_local, 2 * i, h, dtype=wdt), requires_grad=False)
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e_local, 2 * i), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(e_local, h, i, dtype=wdt), requires_grad=False)
+        # Whole (all experts): added once, after the TP all-reduce, weighted by routing.
         self.down_proj_bias = nn.Parameter(torch.empty(e, h), requires_grad=False)
+        e = e_local
         if self.fp8:
-            if tp.size > 1:
-                raise NotImplementedError("FP8 experts under tensor parallelism: shard on 128-blocks (FP8 issue)")
             nb = lambda n: (n + BLOCK - 1) // BLOCK  # noqa: E731
             self.gate_up_proj_scale_inv = nn.Parameter(torch.empty(e, nb(2 * i), nb(h), dtype=torch.float32),
                                                        requires_grad=False)
@@ -171,14 +213,24 @@ class GptOssMLP(nn.Module):
         self.experts = GptOssExperts(config, tp)
 
     def forward(self, x):
-        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
         ex = self.experts
+        single = self.tp.size == 1
+        if ex.fp8 and use_triton(x.device):
+            # The Triton MoE reads the e4m3 experts directly (routing inside moe_forward).
+            out = moe_forward(x, self.router.weight, self.router.bias, ex.gate_up_proj, ex.gate_up_proj_scale_inv,
+                              ex.gate_up_proj_bias, ex.down_proj, ex.down_proj_scale_inv, ex.down_proj_bias,
+                              self.top_k, self.limit, ex.expert_offset, with_down_bias=single)
+            if single:
+                return out
+            weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
+            return add_down_bias(tensor_model_parallel_all_reduce(out), weights, ids, ex.down_proj_bias)
+        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
         gate_up, down = ex.dense(x.dtype)
-        if self.tp.size == 1:
+        if single:
             return experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
                                  down, ex.down_proj_bias, self.limit)
         partial = experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
-                                down, None, self.limit)
+                                down, None, self.limit, ex.expert_offset)
         return add_down_bias(tensor_model_parallel_all_reduce(partial), weights, ids, ex.down_proj_bias)
 
 
@@ -305,31 +357,46 @@ class GptOssForCausalLM(nn.Module):
         if loader is not None:  # vocab-parallel embedding / LM head shard themselves
             loader(param, tensor)
             return
-        tp = self.tp
-        leaf = name.rsplit(".", 1)[-1]
-        if ".experts." in name:
-            lo, hi = self.model.layers[0].mlp.experts.intermediate_slice
-            if leaf in ("gate_up_proj", "down_proj") and layout == "checkpoint" and tensor.dtype != torch.float8_e4m3fn:
-                tensor = tensor.transpose(-1, -2)  # bf16 checkpoints store [E, in, out]; FP8 ones [E, out, in]
-            if leaf == "gate_up_proj":
-                tensor = tensor[:, 2 * lo : 2 * hi, :]
-            elif leaf == "gate_up_proj_bias":
-                tensor = tensor[:, 2 * lo : 2 * hi]
-            elif leaf == "down_proj":
-                tensor = tensor[:, :, lo:hi]
-        elif ".self_attn." in name and tp.size > 1:
-            proj = name.rsplit(".", 2)[-2]
-            if proj in ("q_proj", "k_proj", "v_proj"):
-                tensor = tensor.chunk(tp.size, dim=0)[tp.rank]
-            elif proj == "o_proj" and leaf == "weight":
-                tensor = tensor.chunk(tp.size, dim=1)[tp.rank]
-            elif leaf == "sinks":
-                tensor = tensor.chunk(tp.size, dim=0)[tp.rank]
+        layer0 = self.model.layers[0]
+        tensor = shard_checkpoint_tensor(name, tensor, layout, self.tp, layer0.self_attn, layer0.mlp.experts)
         if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
         if param.dtype == torch.float8_e4m3fn and tensor.dtype != torch.float8_e4m3fn:
             raise TypeError(f"{name}: FP8 checkpoint tensor has dtype {tensor.dtype}, expected float8_e4m3fn")
         param.data.copy_(tensor.to(param.dtype))
+
+
+def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, layout: str, tp: _TP, attn: GptOssAttention,
+                            experts: GptOssExperts) -> torch.Tensor:
+    """This rank's part of one checkpoint tensor, in the parameter's layout.
+
+    `attn` / `experts` carry the rank's shards (every layer shards alike). bf16 checkpoints
+    store experts [E, in, out]: transposed here to [E, out, in] like MXFP4 and FP8."""
+    leaf = name.rsplit(".", 1)[-1]
+    if ".experts." in name:
+        shard = experts.shard
+        if leaf in ("gate_up_proj", "down_proj") and layout == "checkpoint" and tensor.dtype != torch.float8_e4m3fn:
+            tensor = tensor.transpose(-1, -2)
+        if leaf in ("gate_up_proj", "gate_up_proj_bias"):
+            tensor = shard.gate_up(tensor)
+        elif leaf == "down_proj":
+            tensor = shard.down(tensor)
+        elif leaf == "gate_up_proj_scale_inv":
+            tensor = shard.gate_up_scales(tensor)
+        elif leaf == "down_proj_scale_inv":
+            tensor = shard.down_scales(tensor)
+    elif ".self_attn." in name and tp.size > 1:
+        proj = name.rsplit(".", 2)[-2]
+        rows = attn.q_shard if proj == "q_proj" else attn.kv_shard
+        if proj in ("q_proj", "k_proj", "v_proj"):
+            tensor = rows.take_scales(tensor, 0) if leaf == "weight_scale_inv" else rows.take(tensor, 0)
+        elif proj == "o_proj" and leaf == "weight":
+            tensor = attn.q_shard.take(tensor, 1)
+        elif proj == "o_proj" and leaf == "weight_scale_inv":
+            tensor = attn.q_shard.take_scales(tensor, 1)
+        elif leaf == "sinks":
+            tensor = tensor[attn.heads.q_lo : attn.heads.q_hi]
+    return tensor
 
 
 EntryClass = GptOssForCausalLM
