@@ -152,25 +152,70 @@ def _sdpa_flash_causal(case):
     return run
 
 
+def _sglang_kernels() -> dict:
+    """SGLang 0.5.23's own Triton kernels through benchmarks/sglang_peers.py (carried source, stubbed
+    imports); name -> callable, or name -> the reason it is missing."""
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import sglang_peers
+
+        return sglang_peers.load_sglang_kernels()
+    except Exception as exc:  # no adapter module on this machine: a result, not a crash
+        return {"make_paged_decode": f"{type(exc).__name__}: {exc}", "make_paged_extend": f"{type(exc).__name__}: {exc}"}
+
+
+def _raiser(reason: str):
+    def unavailable():
+        raise RuntimeError(reason)
+    return unavailable
+
+
 def peers(kind: str, case: dict) -> dict:
     """Peer implementations on the same inputs: name -> zero-argument callable returning [T, Hq, D].
     ``kind`` is "decode" or "extend"; ``case`` holds the paged inputs (q, k_buffer, v_buffer,
-    req_to_token, req_pool_indices, seq_lens, q_start, q_len, sinks, window_left). Add SGLang's triton
-    decode_attention_fwd / extend_attention_fwd (with sinks) here when the image has them."""
+    req_to_token, req_pool_indices, seq_lens, q_start, q_len, sinks, window_left). Setup (index
+    building) happens here, untimed; a peer that cannot be built returns a callable that raises."""
+    result = {}
     if kind == "extend" and case["window_left"] < 0 and case["sinks"] is None:
-        return {"sdpa_flash_no_sinks": _sdpa_flash_causal(case)}
-    return {}
+        result["sdpa_flash_no_sinks"] = _sdpa_flash_causal(case)
+    make = _sglang_kernels().get(f"make_paged_{kind}")
+    try:
+        if not callable(make):
+            raise RuntimeError(str(make))
+        if kind == "decode":
+            result["sglang_triton"] = make(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                           case["req_pool_indices"], case["seq_lens"], case["sinks"],
+                                           case["window_left"], SCALE)
+        else:
+            result["sglang_triton"] = make(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                           case["req_pool_indices"], case["seq_lens"], case["q_start"],
+                                           case["q_len"], case["sinks"], case["window_left"], SCALE)
+    except Exception as exc:
+        result["sglang_triton"] = _raiser(f"{type(exc).__name__}: {exc}"[:400])
+    return result
 
 
-def run_peers(kind, case, ours_s, ours_out):
-    results = {}
-    for name, make in peers(kind, case).items():
+def run_peers(kind, cases, ours_s, ours_out):
+    """Time each peer on the same cases as ours (decode: one call per request set in one graph, as
+    ours; extend: one case) and compare its output on the first case with ours."""
+    by_name = {}
+    for case in cases:
         try:
-            fn = make
-            out = fn()
-            t = event_time(fn) if kind == "extend" else graph_time([fn])
+            built = peers(kind, case)
+        except Exception as exc:
+            built = {"peers()": _raiser(f"{type(exc).__name__}: {exc}"[:400])}
+        for name, fn in built.items():
+            by_name.setdefault(name, []).append(fn)
+    results = {}
+    for name, fns in by_name.items():
+        try:
+            out = fns[0]()
+            t = event_time(fns[0]) if kind == "extend" else graph_time(fns)
             results[name] = {"time_us": t * 1e6, "ours_speedup": t / ours_s,
                              "max_abs_diff_vs_ours": (out.float() - ours_out.float()).abs().max().item()}
+            api = getattr(fns[0], "api", None)
+            if api:
+                results[name]["api"] = api
         except Exception as exc:  # a peer's failure is a result, not a crash
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     return results
@@ -226,10 +271,10 @@ def bench_decode(contexts, batches, bw, sweep: bool):
                 "fraction_of_copy_bw": kv_bytes / t / bw, "distinct_MB_per_replay": n_sets * kv_bytes / 1e6,
                 "max_abs_err_vs_ref": err,
             }
-            case = dict(q=q[0], k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token,
-                        req_pool_indices=sets[0], seq_lens=seq_lens, q_start=None, q_len=None, sinks=sinks,
-                        window_left=window_left)
-            row["peers"] = run_peers("decode", case, t, out[0])
+            cases = [dict(q=q[s], k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token,
+                          req_pool_indices=sets[s], seq_lens=seq_lens, q_start=None, q_len=None, sinks=sinks,
+                          window_left=window_left) for s in range(n_sets)]
+            row["peers"] = run_peers("decode", cases, t, out[0])
             configs = []
             if sweep and window_left < 0 and layout == "random" and ctx == max_ctx and batch == 8:
                 configs = [dict(block_n=bn, num_warps=w, num_stages=st)
@@ -293,7 +338,7 @@ def bench_extend(tokens, sweep: bool):
                 del ref
             case = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, **common, sinks=s,
                         window_left=window_left)
-            row["peers"] = run_peers("extend", case, t, out)
+            row["peers"] = run_peers("extend", [case], t, out)
             if sweep and window_left < 0 and with_sinks:
                 row["config_sweep"] = {}
                 for block_m, block_n, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)):
@@ -313,6 +358,15 @@ def bench_extend(tokens, sweep: bool):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _peer_cells(row, name) -> str:
+    p = row.get("peers", {}).get(name)
+    if not p:
+        return "- | -"
+    if "error" in p:
+        return "error | " + p["error"][:60].replace("|", "/")
+    return f"{p['time_us']:.1f} | {p['ours_speedup']:.2f}x"
+
+
 def markdown(meta, decode_rows, extend_rows) -> str:
     bw = meta["copy_bandwidth_TBps"]
     lines = [
@@ -322,14 +376,15 @@ def markdown(meta, decode_rows, extend_rows) -> str:
         "CUDA graph of back-to-back calls on different requests (random slot permutation); bandwidth counts "
         "the K/V bytes of every visible key. Extend: median of CUDA-event timed calls.", "",
         "## Decode", "",
-        "| context | batch | layer | slots | splits | time (us) | KV MB | TB/s | of copy BW | distinct MB/replay | max err |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| context | batch | layer | slots | splits | time (us) | KV MB | TB/s | of copy BW | distinct MB/replay | "
+        "max err | SGLang triton (us) | ours vs SGLang |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in decode_rows:
         lines.append(f"| {r['context']} | {r['batch']} | {r['layer']} | {r['slots']} | {r['num_splits']} | "
                      f"{r['time_us']:.1f} | "
                      f"{r['kv_bytes'] / 1e6:.1f} | {r['achieved_TBps']:.2f} | {100 * r['fraction_of_copy_bw']:.0f}% | "
-                     f"{r['distinct_MB_per_replay']:.0f} | {r['max_abs_err_vs_ref']:.1e} |")
+                     f"{r['distinct_MB_per_replay']:.0f} | {r['max_abs_err_vs_ref']:.1e} | {_peer_cells(r, 'sglang_triton')} |")
     lines += ["", "## Extend (one request, no prefix)", "",
               "| tokens | layer | sinks | time (us) | TFLOP/s | peer | peer time (us) | ours vs peer | max err |",
               "|---:|---|---|---:|---:|---|---:|---:|---:|"]
@@ -337,7 +392,7 @@ def markdown(meta, decode_rows, extend_rows) -> str:
         peer_items = list(r["peers"].items()) or [("-", {})]
         for name, p in peer_items:
             if "error" in p:
-                peer_t, speed = "error", p["error"][:60]
+                peer_t, speed = "error", p["error"][:60].replace("|", "/")
             elif p:
                 peer_t, speed = f"{p['time_us']:.0f}", f"{p['ours_speedup']:.2f}x"
             else:
