@@ -29,6 +29,7 @@ both bf16 (or both fp16) the dots run on tensor cores: Q.K^T products are exact 
 in extend the probabilities enter P.V rounded to 16 bits (as in FlashAttention); in decode, which is
 bound by memory and not by dots, they enter as a hi + lo pair of 16-bit values (~16 mantissa bits).
 
+``paged_attention`` picks extend or decode from shapes alone (the model-step harness's entry);
 ``sink_attention_ref`` is the same contract in plain torch (fp32), the CPU fallback and the test oracle.
 """
 
