@@ -257,19 +257,25 @@ def fp8_blockwise_ceiling(n=8192) -> dict:
 
 
 def sweep_candidates(mod, m: int):
+    """Launch configs to time against the heuristic's pick (short names: m/n tile, s split-K
+    (k: summed by a second kernel), w warps, st stages, fq x quantised inside the GEMM)."""
     Cfg = mod.Fp8GemmConfig
     if m <= 16:
-        return [Cfg(16, bn, split_k=s, num_stages=st, fuse_quant=fq)
-                for bn, s, st, fq in ((32, 1, 8, True), (64, 1, 8, True), (64, 1, 4, True), (64, 2, 4, True),
-                                      (64, 4, 4, True), (64, 8, 3, True), (128, 4, 4, True), (32, 4, 4, True),
-                                      (64, 1, 8, False), (64, 4, 4, False))]
+        return [Cfg(16, bn, split_k=s, num_stages=st, fuse_quant=fq, inline_reduce=inl)
+                for bn, s, st, fq, inl in ((32, 1, 8, True, True), (64, 1, 8, True, True), (16, 1, 8, True, True),
+                                           (64, 2, 6, True, True), (64, 4, 4, True, True), (64, 4, 4, True, False),
+                                           (64, 8, 3, True, True), (128, 4, 4, True, True), (32, 4, 6, True, True),
+                                           (64, 1, 8, False, True), (64, 4, 4, False, True))]
     if m <= 256:
         return [Cfg(bm, bn, split_k=s, num_warps=w, num_stages=st)
                 for bm, bn, s, w, st in ((32, 64, 1, 4, 4), (32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (64, 128, 1, 4, 3),
-                                         (64, 128, 2, 4, 4), (64, 256, 1, 8, 3), (128, 128, 1, 8, 3))]
+                                         (64, 128, 2, 4, 4), (64, 256, 1, 8, 3), (128, 128, 1, 8, 3), (32, 64, 2, 4, 4))]
     return [Cfg(bm, bn, num_warps=w, num_stages=st, group_m=g)
             for bm, bn, w, st, g in ((128, 128, 8, 3, 8), (128, 128, 4, 4, 8), (128, 256, 8, 3, 8), (128, 256, 8, 4, 8),
-                                     (256, 128, 8, 3, 8), (64, 256, 4, 4, 8), (128, 128, 8, 5, 16))]
+                                     (256, 128, 8, 3, 8), (64, 256, 4, 4, 8), (128, 128, 8, 5, 16),
+                                     # 64-row tiles: two CTAs per SM can overlap one's scale epilogue with
+                                     # the other's MMAs (Triton waits for each wgmma before scaling it)
+                                     (64, 128, 4, 3, 8), (64, 128, 4, 4, 8))]
 
 
 def prepare_shape(fp8, shape: str, dev, l2: int) -> dict:

@@ -16,8 +16,9 @@ Kernels:
     promotion to fp32 that also bounds the error of Hopper's fp8 tensor-core accumulator).
     The accumulator starts at the bias. With `QUANTIZE_A` it reads x itself and quantises each
     1x128 group inside the K loop (decode: one launch for the whole linear). With split-K the
-    K blocks are shared by `grid[1]` programs that write fp32 partials (the bias in split 0's),
-    and `_splitk_sum_kernel` adds them in a fixed order (deterministic, no atomics);
+    K blocks are shared by `grid[1]` programs that write fp32 partials (the bias in split 0's);
+    the last split of each tile to finish adds them in split order (deterministic; an arrival
+    counter per tile, reset by that split), or `_splitk_sum_kernel` does in a second launch;
   - launch parameters come from `gemm_config(M, N, K)`, a heuristic by M bucket (no runtime
     autotune, so the interpreter stays fast and a CUDA graph sees one fixed kernel).
 
@@ -123,22 +124,27 @@ def _quantize_group128_kernel(
 
 @triton.jit
 def _fp8_gemm_kernel(
-    A, A_SCALE, B, B_SCALE, BIAS, C,
+    A, A_SCALE, B, B_SCALE, BIAS, C, PART, COUNTERS,
     M, N, K,
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_bn, stride_bk, stride_bsn, stride_bsk,
-    stride_cm, stride_cn, stride_c_split,
+    stride_cm, stride_cn, stride_part_split,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
     QUANTIZE_A: tl.constexpr,  # A is x (any float): quantise each 1x128 group in the K loop
     HAS_BIAS: tl.constexpr,
-    WRITE_PARTIAL: tl.constexpr,  # split-K: fp32 partial of this split at C + split * stride_c_split
+    SPLIT_K: tl.constexpr,  # grid[1] > 1: fp32 partials in PART [SPLIT, M, N]
+    INLINE_REDUCE: tl.constexpr,  # split-K: the last split of a tile to finish sums the partials
     ROUND_BF16: tl.constexpr,  # interpreter only: round to bf16 in fp32 before the store
 ):
     """C[M, N] = A[M, K] B[N, K]^T with 1x128 scales on A and 128x128 scales on B, bias fused.
 
-    grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K); BLOCK_K is the scale group, 128."""
+    grid (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N), splits); BLOCK_K is the scale group, 128.
+    Split-K with INLINE_REDUCE: each split stores its partial, then bumps the tile's arrival
+    counter; the split that arrives last adds all partials in split order (deterministic) and
+    stores C, then resets the counter for the next launch (one launch, no separate sum kernel).
+    Without it, `_splitk_sum_kernel` does the sum."""
     BLOCK_K: tl.constexpr = 128
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -204,8 +210,24 @@ def _fp8_gemm_kernel(
 
     c_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     c_ptrs = C + rows[:, None] * stride_cm + cols[None, :] * stride_cn
-    if WRITE_PARTIAL:
-        tl.store(c_ptrs + split.to(tl.int64) * stride_c_split, acc, mask=c_mask)
+    if SPLIT_K:
+        part_ptrs = PART + rows[:, None] * N + cols[None, :]
+        tl.store(part_ptrs + split.to(tl.int64) * stride_part_split, acc, mask=c_mask)
+        if INLINE_REDUCE:
+            # Every thread's partial store is ordered before the barrier, and the barrier before
+            # the counter's release (acq_rel, gpu scope): the last arriver sees all partials.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(COUNTERS + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for _ in range(0, num_splits):
+                    # .cg: read L2, where the other SMs' partials are, never a stale L1 line
+                    total += tl.load(part_ptrs, mask=c_mask, other=0.0, cache_modifier=".cg")
+                    part_ptrs += stride_part_split
+                if ROUND_BF16:
+                    total = _round_to_bf16_grid(total)
+                tl.store(c_ptrs, total.to(C.dtype.element_ty), mask=c_mask)
+                tl.atomic_xchg(COUNTERS + pid, 0)
     else:
         if ROUND_BF16:
             acc = _round_to_bf16_grid(acc)
@@ -226,8 +248,10 @@ def _splitk_sum_kernel(
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(PART + s * M * N + offs, mask=mask, other=0.0)
+    part_ptrs = PART + offs
+    for _ in range(SPLIT_K):
+        acc += tl.load(part_ptrs, mask=mask, other=0.0)
+        part_ptrs += M * N
     if ROUND_BF16:
         acc = _round_to_bf16_grid(acc)
     tl.store(C + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn,
@@ -248,9 +272,11 @@ class Fp8GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     fuse_quant: bool = False  # fp8_linear: quantise x inside the GEMM's K loop (one launch)
+    inline_reduce: bool = True  # split-K: last split sums the partials (else a second kernel)
 
     def short(self) -> str:
-        return (f"m{self.block_m}n{self.block_n}s{self.split_k}w{self.num_warps}st{self.num_stages}"
+        split = f"s{self.split_k}" + ("" if self.split_k == 1 or self.inline_reduce else "k")
+        return (f"m{self.block_m}n{self.block_n}{split}w{self.num_warps}st{self.num_stages}"
                 + ("fq" if self.fuse_quant else ""))
 
 
@@ -268,13 +294,15 @@ def num_sms(device: torch.device | str | None) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _auto_split(tiles: int, k_blocks: int, sms: int, min_blocks_per_split: int = 4) -> int:
+def _auto_split(m: int, k: int, tiles: int, sms: int, min_blocks_per_split: int = 4) -> int:
     """Split K only while the output tiles alone leave SMs idle: aim at ~4 programs per SM,
-    keeping >= `min_blocks_per_split` K blocks per program so the pipeline has work to overlap."""
+    keeping >= `min_blocks_per_split` K blocks per program so the pipeline has work to overlap,
+    and the fp32 partials (written and read back: 8 M N bytes per split) under a quarter of the
+    weight bytes (N K), i.e. split <= K / (32 M)."""
     if tiles >= sms:
         return 1
     want = triton.cdiv(4 * sms, tiles)
-    return int(max(1, min(want, k_blocks // min_blocks_per_split)))
+    return int(max(1, min(want, triton.cdiv(k, GROUP) // min_blocks_per_split, k // (32 * m))))
 
 
 def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemmConfig:
@@ -287,7 +315,6 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     4 stages of 32 KB in shared memory, grouped ordering for L2 reuse of the weight tiles.
     Starting points for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives."""
     sms = num_sms(device)
-    k_blocks = triton.cdiv(k, GROUP)
     if m <= 16:
         cfg = Fp8GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4, fuse_quant=True)
     elif m <= 64:
@@ -297,7 +324,7 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     else:
         return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4)
     tiles = max(1, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
-    return replace(cfg, split_k=_auto_split(tiles, k_blocks, sms))
+    return replace(cfg, split_k=_auto_split(m, k, tiles, sms))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,33 +371,54 @@ def quantize_activation_group128(x: torch.Tensor, out: Optional[torch.Tensor] = 
     return q, scale
 
 
+_SPLIT_COUNTERS: dict = {}
+MAX_SPLIT_TILES = 1 << 14
+
+
+def _split_counters(device: torch.device) -> Optional[torch.Tensor]:
+    """Per-device arrival counters of the inline split-K reduction, all zero between launches
+    (each tile's last split resets its own). Created on first use, never inside a CUDA-graph
+    capture (it would be zeroed only at replay): then None, and the caller uses the sum kernel.
+    Launches on one device share them, so split-K GEMMs must not run concurrently on two streams."""
+    key = (device.type, device.index)
+    counters = _SPLIT_COUNTERS.get(key)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+        _SPLIT_COUNTERS[key] = counters
+    return counters
+
+
 def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, quantize_a: bool):
     m, k = a.shape
     n = w_fp8.shape[0]
     round_bf16 = _interpreted() and out.dtype == torch.bfloat16
     split = max(1, min(cfg.split_k, triton.cdiv(k, GROUP)))
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), split)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     a_scale_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
-    if split == 1:
-        dst, c_strides = out, (out.stride(0), out.stride(1), 0)
-    else:
-        dst = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
-        c_strides = (n, 1, m * n)
-    _fp8_gemm_kernel[grid](
+    part = counters = None
+    if split > 1:
+        part = torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+        if cfg.inline_reduce and tiles <= MAX_SPLIT_TILES:
+            counters = _split_counters(a.device)
+    _fp8_gemm_kernel[(tiles, split)](
         a, a_scale if a_scale is not None else a, w_fp8, w_scale_inv,
-        bias if bias is not None else w_scale_inv, dst,
+        bias if bias is not None else w_scale_inv, out,
+        part if part is not None else out, counters if counters is not None else w_scale_inv,
         m, n, k,
         a.stride(0), a.stride(1), *a_scale_strides,
         w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
-        *c_strides,
+        out.stride(0), out.stride(1), m * n,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m,
-        QUANTIZE_A=quantize_a, HAS_BIAS=bias is not None, WRITE_PARTIAL=split > 1, ROUND_BF16=round_bf16,
+        QUANTIZE_A=quantize_a, HAS_BIAS=bias is not None, SPLIT_K=split > 1,
+        INLINE_REDUCE=counters is not None, ROUND_BF16=round_bf16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split > 1:
+    if split > 1 and counters is None:
         block_m, block_n = 16, 128
         _splitk_sum_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-            dst, out, m, n, split, out.stride(0), out.stride(1),
+            part, out, m, n, split, out.stride(0), out.stride(1),
             BLOCK_M=block_m, BLOCK_N=block_n, ROUND_BF16=round_bf16, num_warps=4,
         )
     return out

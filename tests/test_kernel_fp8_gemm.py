@@ -212,11 +212,13 @@ def sweep(device: str = "cpu") -> dict:
     #    weight scales); fp16/bf16/fp32 outputs; out= buffers and leading dims
     for m, n, k in ((3, 320, 192), (33, 192, 576)):
         x, w, ws, b = make_case(m, n, k, torch.float32, seed=7 * m, device=device)
-        for bm, bn, split in ((16, 32, 1), (16, 64, 2), (32, 256, 1), (16, 128, 3)):
-            fused = run(f"fused m{bm}n{bn}s{split}", x, w, ws, b, Cfg(bm, bn, split_k=split, fuse_quant=True))
-            two_step = run(f"two-step m{bm}n{bn}s{split}", x, w, ws, b, Cfg(bm, bn, split_k=split))
+        for bm, bn, split, inline in ((16, 32, 1, True), (16, 64, 2, True), (32, 256, 1, True), (16, 128, 3, True),
+                                      (16, 64, 2, False)):
+            cfg = Cfg(bm, bn, split_k=split, inline_reduce=inline)
+            fused = run(f"fused {cfg.short()}", x, w, ws, b, dataclasses.replace(cfg, fuse_quant=True))
+            two_step = run(f"two-step {cfg.short()}", x, w, ws, b, cfg)
             if device == "cpu" and not torch.equal(fused, two_step):
-                raise AssertionError(f"fused quantisation differs from the two-step path m{bm}n{bn}s{split}")
+                raise AssertionError(f"fused quantisation differs from the two-step path {cfg.short()}")
         for out_dtype in (torch.float16, torch.bfloat16):
             for cfg in (Cfg(16, 64), Cfg(16, 64, split_k=2)):
                 run(f"out {out_dtype} {cfg.short()}", x, w, ws, b, cfg, out_dtype=out_dtype)
@@ -233,6 +235,9 @@ def sweep(device: str = "cpu") -> dict:
         raise AssertionError("fp8_gemm on pre-quantised operands differs from fp8_linear")
     empty = mod.fp8_linear(x[:0], w, ws, b)
     assert empty.shape == (0, 192)
+    # the inline split-K reduction leaves every arrival counter at zero for the next launch
+    for counters in mod._SPLIT_COUNTERS.values():
+        assert int(counters.count_nonzero()) == 0
 
     # 4. gpt-oss's ragged 2880 on K and on N (scaled down on the other side), and 2880 x 2880
     for m, n, k, cfg in ((3, 320, 2880, None), (3, 2880, 320, None), (1, 2880, 2880, Cfg(16, 256))):
@@ -247,7 +252,7 @@ def test_kernels_match_oracle_interpreted():
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
-    n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (8 + 4) + 3
+    n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (10 + 4) + 3
     assert result["cases"] == n_expected, result
     assert result["max_error_over_bound"] <= 1, result
 
@@ -272,9 +277,13 @@ def gpu_check() -> list[dict]:
             cfg = mod.gemm_config(m, n, k, x.device)
             y = mod.fp8_linear(x, w, ws, b)
             err = max_excess(y, want, mag, ACC_REL_GPU)
-            # the other quantisation path (fused <-> two-step) on the same tile
-            other = mod.fp8_linear(x, w, ws, b, config=dataclasses.replace(cfg, fuse_quant=not cfg.fuse_quant))
-            err_other = max_excess(other, want, mag, ACC_REL_GPU)
+            # the other quantisation path (fused <-> two-step) and split-K reduction on the same tile
+            variants = [dataclasses.replace(cfg, fuse_quant=not cfg.fuse_quant)]
+            if cfg.split_k > 1:
+                variants.append(dataclasses.replace(cfg, inline_reduce=not cfg.inline_reduce))
+            others = [mod.fp8_linear(x, w, ws, b, config=v) for v in variants]
+            err_other = max(max_excess(o, want, mag, ACC_REL_GPU) for o in others)
+            other = others[0]
             # CUDA graph: capture once, then new x values in place and replay
             out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
             mod.fp8_linear(x, w, ws, b, out=out)
@@ -283,14 +292,15 @@ def gpu_check() -> list[dict]:
             with torch.cuda.graph(g):
                 mod.fp8_linear(x, w, ws, b, out=out)
             err_graph = 0.0
-            for seed in (1, 2):
+            for seed in (1, 2, 3):  # replays reuse the split-K arrival counters: each must reset them
                 x.copy_(make_case(m, n, k, torch.bfloat16, seed=seed + 10 * m, device="cuda")[0])
                 g.replay()
                 torch.cuda.synchronize()
                 want_g, mag_g = oracle(x, w, ws, b)
                 err_graph = max(err_graph, max_excess(out, want_g, mag_g, ACC_REL_GPU))
             row = {"layer": name, "M": m, "N": n, "K": k, "config": cfg.short(), "err_over_bound": err,
-                   "other_quant_path_err_over_bound": err_other, "graph_err_over_bound": err_graph,
+                   "other_paths": [v.short() for v in variants], "other_paths_err_over_bound": err_other,
+                   "graph_err_over_bound": err_graph,
                    "fused_vs_two_step_max_abs_diff": float((y.float() - other.float()).abs().max())}
             print(json.dumps(row), flush=True)
             rows.append(row)
