@@ -391,7 +391,7 @@ def _run_interpreted(args, timeout):
 
 def test_kernels_match_reference_interpreted():
     """fp32 (full matrix), fp16 (16-bit dots) and bf16 (upcast at load) in one interpreter process."""
-    results, _ = _run_interpreted(["--sweep", "float32,float16,bfloat16"], timeout=400)
+    results, _ = _run_interpreted(["--sweep", "float32,float16,bfloat16"], timeout=900)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     fp32 = results[0]
     assert fp32["extend_cases"] == 2 * len(WINDOWS) + 2
@@ -400,7 +400,7 @@ def test_kernels_match_reference_interpreted():
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
-    results, _ = _run_interpreted(["--backend"], timeout=400)
+    results, _ = _run_interpreted(["--backend"], timeout=900)
     parity = results[0]["backend_parity"]
     assert len(parity) == 2
 
