@@ -6,19 +6,20 @@ per 128x128 block (ragged last block, 2880 = 22.5 x 128), activations e4m3 with 
 per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k experts each:
 
   1. router logits = F.linear(x, Wr, br): the op `route` runs, so the same logits;
-  2. `_route_quant_kernel` (grid T): top-k of the logits, softmax over those k in the router's
-     dtype, and x quantised to e4m3 in 1x128 groups (mlp1's A operand): one read of each token;
-  3. `_align_kernel` (+ `_count_kernel` when there are many pairs): the T*k (token, slot) pairs
-     sorted by local expert into BLOCK_M-padded segments, stable (token order kept), sized for
-     the worst case from T alone, so nothing is read back to the host (CUDA-graph safe);
-  4. `_mlp1_kernel`: per segment block, x W1^T with FP8 dots promoted to fp32 every 128 of K
+  2. `_front_kernel`: top-k of the logits and softmax over those k in the router's dtype, x
+     quantised to e4m3 in 1x128 groups (mlp1's A operand, one group column per program), and
+     the (token, slot) pairs sorted by local expert into BLOCK_M-padded segments, stable
+     (token order kept), sized for the worst case from T alone, so nothing is read back to
+     the host (CUDA-graph safe). Decode (T <= 128) does all of it in one launch; with more
+     tokens the sort runs after it (`_count_kernel` per chunk of pairs, `_align_kernel`);
+  3. `_mlp1_kernel`: per segment block, x W1^T with FP8 dots promoted to fp32 every 128 of K
      (DeepGEMM's scheme: block scales applied per K step). W1's gate and linear rows are
      interleaved (2c, 2c+1), so the program loads them as two tiles and each (gate, linear)
-     pair meets in one program; epilogue: bias, clamp, swiglu, and the result requantised in
-     1x128 groups when the tile spans whole groups (prefill), else stored fp32 and quantised
-     by mlp2 as it loads it (decode: narrow tiles keep enough programs streaming weights);
-  5. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
-  6. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
+     pair meets in one program; epilogue: bias, clamp, swiglu, and h requantised in 1x128
+     groups (the table's tiles span whole groups; narrower tiles store fp32 h for mlp2 to
+     quantise as it loads it, a slower path kept for the sweep and the tests);
+  4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
+  5. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
 
 Parallelism hooks, as `experts_torch`: the weights hold this rank's experts, global ids
 `expert_offset .. expert_offset + E_local - 1` (expert parallelism; other experts contribute
@@ -84,14 +85,17 @@ class MoeConfig:
 
 
 # By token count (upper bound inclusive), for hidden 2880 / intermediate 2880 on an H200.
-# Decode (T <= 128) reads each touched expert's 25 MB of weights once: narrow N tiles give
-# 4 experts x 90 (mlp1) or x 90 (mlp2) programs at T=1, enough to keep HBM busy. Prefill is
-# compute bound: 64 x 256-row W1 tiles (h requantised in the epilogue, 8 warps keep both
-# accumulators and the dot results in registers) and 128 x 128 mlp2 tiles, grouped for L2.
+# mlp1 always spans whole 128-column groups of h (256 W1 rows), so h is requantised once, in its
+# epilogue: quantising fp32 h inside mlp2's K loop instead costs ~30 instructions per element
+# per N tile (an IEEE division among them) and would make decode's mlp2 compute bound.
+# Decode (T <= 128) streams each touched expert's 25 MB once: at T=1, 4 experts x 23 mlp1
+# programs of 737 KB with 4 stages of 32 KB in flight each, and 4 x 90 mlp2 programs of 92 KB.
+# Prefill is compute bound: 64 x 256-row W1 tiles on 8 warps (both accumulators and the dot
+# results fit in registers; 128 rows would spill), 128-wide mlp2 tiles, grouped for L2 reuse.
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (32, MoeConfig(block_m=16, mlp1_block_n=32, mlp1_warps=4, mlp1_stages=4,
+    (32, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                    mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4)),
-    (128, MoeConfig(block_m=16, mlp1_block_n=64, mlp1_warps=4, mlp1_stages=4,
+    (128, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                     mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4)),
     (1024, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3,
                      mlp2_block_n=128, mlp2_warps=4, mlp2_stages=4, group_m=4)),
@@ -140,6 +144,8 @@ def _quantize_e4m3(v, AXIS: tl.constexpr):
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     subnormal = (q + 24576.0) - 24576.0
     q = tl.where(tl.abs(q) < 0.015625, subnormal, normal)
+    # a negative value that rounds to zero stays -0.0 (its own e4m3 code, as torch casts it)
+    q = (q.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
     return q.to(tl.float8e4nv), scale
 
 
@@ -154,87 +160,7 @@ def _round_to_bf16(v):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. routing + quantisation of x
-# ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _route_quant_kernel(
-    LOGITS,  # [T, E] router dtype
-    X,  # [T, H]
-    XQ,  # [T, H] e4m3
-    XS,  # [T, cdiv(H, 128)] fp32
-    TOPK_W,  # [T, TOP_K] router dtype
-    TOPK_IDS,  # [T, TOP_K] int32
-    num_tokens,
-    stride_logits,
-    stride_x,
-    num_experts,
-    hidden,
-    TOP_K: tl.constexpr,
-    K_PAD: tl.constexpr,
-    E_PAD: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    ROUTE: tl.constexpr,
-    QUANT: tl.constexpr,
-    TORCH_CPU_SOFTMAX: tl.constexpr,
-):
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = tokens < num_tokens
-    tokens = tokens.to(tl.int64)
-    if ROUTE:
-        offs_e = tl.arange(0, E_PAD)
-        offs_k = tl.arange(0, K_PAD)
-        v = tl.load(LOGITS + tokens[:, None] * stride_logits + offs_e[None, :],
-                    mask=token_ok[:, None] & (offs_e < num_experts)[None, :], other=float("-inf")).to(tl.float32)
-        v = tl.where(token_ok[:, None], v, 0.0)  # rows past T: finite, so no inf - inf below
-        top_v = tl.full([BLOCK_T, K_PAD], float("-inf"), tl.float32)
-        top_i = tl.zeros([BLOCK_T, K_PAD], tl.int32)
-        for j in tl.static_range(TOP_K):  # descending, like torch.topk(sorted=True)
-            m, i = tl.max(v, axis=1, return_indices=True)
-            top_v = tl.where(offs_k[None, :] == j, m[:, None], top_v)
-            top_i = tl.where(offs_k[None, :] == j, i[:, None], top_i)
-            v = tl.where(offs_e[None, :] == i[:, None], float("-inf"), v)
-        shifted = top_v - tl.max(top_v, axis=1)[:, None]  # lanes >= TOP_K stay -inf: exp gives 0
-        if TORCH_CPU_SOFTMAX:
-            # torch's CPU softmax (reduced-precision input): fp32 exp (correctly rounded, via
-            # fp64: numpy's fp32 exp is off by ulps), sequential sum, multiply by 1/sum.
-            e = tl.exp(shifted.to(tl.float64)).to(tl.float32)
-            total = tl.sum(tl.where(offs_k[None, :] == 0, e, 0.0), axis=1)
-            for j in tl.static_range(1, TOP_K):
-                total += tl.sum(tl.where(offs_k[None, :] == j, e, 0.0), axis=1)
-            w = e * (1.0 / total)[:, None]
-        else:
-            # torch's CUDA warp softmax: expf, a butterfly sum over next_pow2(k) lanes
-            # ((e0+e2)+(e1+e3) for k=4), IEEE division.
-            e = libdevice.exp(shifted)
-            part = e  # lane j + width/2 folds into lane j until two lanes are left
-            if K_PAD == 8:
-                part = tl.sum(tl.reshape(part, [BLOCK_T, 2, 4]), axis=1)
-            if K_PAD >= 4:
-                part = tl.sum(tl.reshape(part, [BLOCK_T, 2, 2]), axis=1)
-            total = tl.sum(part, axis=1)
-            w = tl.math.div_rn(e, total[:, None])
-        if TOPK_W.dtype.element_ty == tl.bfloat16:
-            w = _round_to_bf16(w)
-        out_offs = tokens[:, None] * TOP_K + offs_k[None, :]
-        keep = token_ok[:, None] & (offs_k < TOP_K)[None, :]
-        tl.store(TOPK_W + out_offs, w.to(TOPK_W.dtype.element_ty), mask=keep)
-        tl.store(TOPK_IDS + out_offs, top_i, mask=keep)
-    if QUANT:
-        offs_g = tl.arange(0, 128)
-        num_groups = tl.cdiv(hidden, 128)
-        for g in range(num_groups):
-            cols = g * 128 + offs_g
-            ok = token_ok[:, None] & (cols < hidden)[None, :]
-            xv = tl.load(X + tokens[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            q, scale = _quantize_e4m3(xv, 1)
-            tl.store(XQ + tokens[:, None] * hidden + cols[None, :], q, mask=ok)
-            tl.store(XS + tokens * num_groups + g, scale, mask=token_ok)
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. pairs sorted by local expert into BLOCK_M-padded segments
+# the sort: pairs by local expert into BLOCK_M-padded segments (inside 2., or on its own)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -258,7 +184,8 @@ def _count_kernel(TOPK_IDS, CHUNK_COUNTS, num_pairs, expert_offset, num_local,
 
 
 @triton.jit
-def _align_kernel(
+def _align_body(
+    pid,
     TOPK_IDS,  # [T * TOP_K] global expert ids
     CHUNK_COUNTS,  # [NUM_CHUNKS, E_PAD] int32 from _count_kernel (unused when SINGLE)
     SORTED_PAIRS,  # [MAX_BLOCKS * BLOCK_M] int32 out: pair index, num_pairs in padding slots
@@ -275,7 +202,6 @@ def _align_kernel(
     BLOCKS_PER_STEP: tl.constexpr,
     SINGLE: tl.constexpr,  # one program does everything (decode): no _count_kernel launch
 ):
-    pid = tl.program_id(0)
     offs_e = tl.arange(0, E_PAD)
     offs_c = tl.arange(0, CHUNK)
     if SINGLE:
@@ -334,8 +260,127 @@ def _align_kernel(
                  mask=padding & (in_range & used)[:, None])
 
 
+@triton.jit
+def _align_kernel(TOPK_IDS, CHUNK_COUNTS, SORTED_PAIRS, BLOCK_EXPERT, num_pairs, expert_offset, num_local,
+                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr, E_PAD: tl.constexpr,
+                  MAX_BLOCKS: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr,
+                  SINGLE: tl.constexpr):
+    _align_body(tl.program_id(0), TOPK_IDS, CHUNK_COUNTS, SORTED_PAIRS, BLOCK_EXPERT, num_pairs, expert_offset,
+                num_local, BLOCK_M, CHUNK, NUM_CHUNKS, E_PAD, MAX_BLOCKS, BLOCKS_PER_PROGRAM, BLOCKS_PER_STEP, SINGLE)
+
+
 # ---------------------------------------------------------------------------------------------
-# 4./5. grouped FP8 GEMMs
+# 2. routing, quantisation of x and (decode) the sort: one launch
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
+                TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                TORCH_CPU_SOFTMAX: tl.constexpr):
+    """Top-k of BLOCK_T tokens' logits, softmax over those k in the logits' dtype, as `route`."""
+    tokens = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = tokens < num_tokens
+    tokens = tokens.to(tl.int64)
+    offs_e = tl.arange(0, E_PAD)
+    offs_k = tl.arange(0, K_PAD)
+    v = tl.load(LOGITS + tokens[:, None] * stride_logits + offs_e[None, :],
+                mask=token_ok[:, None] & (offs_e < num_experts)[None, :], other=float("-inf")).to(tl.float32)
+    v = tl.where(token_ok[:, None], v, 0.0)  # rows past T: finite, so no inf - inf below
+    top_v = tl.full([BLOCK_T, K_PAD], float("-inf"), tl.float32)
+    top_i = tl.zeros([BLOCK_T, K_PAD], tl.int32)
+    for j in tl.static_range(TOP_K):  # descending, like torch.topk(sorted=True)
+        m, i = tl.max(v, axis=1, return_indices=True)
+        top_v = tl.where(offs_k[None, :] == j, m[:, None], top_v)
+        top_i = tl.where(offs_k[None, :] == j, i[:, None], top_i)
+        v = tl.where(offs_e[None, :] == i[:, None], float("-inf"), v)
+    shifted = top_v - tl.max(top_v, axis=1)[:, None]  # lanes >= TOP_K stay -inf: exp gives 0
+    if TORCH_CPU_SOFTMAX:
+        # torch's CPU softmax (reduced-precision input): fp32 exp (correctly rounded, via
+        # fp64: numpy's fp32 exp is off by ulps), sequential sum, multiply by 1/sum.
+        e = tl.exp(shifted.to(tl.float64)).to(tl.float32)
+        total = tl.sum(tl.where(offs_k[None, :] == 0, e, 0.0), axis=1)
+        for j in tl.static_range(1, TOP_K):
+            total += tl.sum(tl.where(offs_k[None, :] == j, e, 0.0), axis=1)
+        w = e * (1.0 / total)[:, None]
+    else:
+        # torch's CUDA warp softmax: expf, a butterfly sum over next_pow2(k) lanes
+        # ((e0+e2)+(e1+e3) for k=4), IEEE division.
+        e = libdevice.exp(shifted)
+        part = e  # lane j + width/2 folds into lane j until two lanes are left
+        if K_PAD == 8:
+            part = tl.sum(tl.reshape(part, [BLOCK_T, 2, 4]), axis=1)
+        if K_PAD >= 4:
+            part = tl.sum(tl.reshape(part, [BLOCK_T, 2, 2]), axis=1)
+        total = tl.sum(part, axis=1)
+        w = tl.math.div_rn(e, total[:, None])
+    if TOPK_W.dtype.element_ty == tl.bfloat16:
+        w = _round_to_bf16(w)
+    out_offs = tokens[:, None] * TOP_K + offs_k[None, :]
+    keep = token_ok[:, None] & (offs_k < TOP_K)[None, :]
+    tl.store(TOPK_W + out_offs, w.to(TOPK_W.dtype.element_ty), mask=keep)
+    tl.store(TOPK_IDS + out_offs, top_i, mask=keep)
+
+
+@triton.jit
+def _front_kernel(
+    LOGITS,  # [T, E] router dtype (ROUTE)
+    X,  # [T, H] (QUANT)
+    XQ,  # [T, H] e4m3
+    XS,  # [T, cdiv(H, 128)] fp32
+    TOPK_W,  # [T, TOP_K] router dtype (written when ROUTE)
+    TOPK_IDS,  # [T, TOP_K] int32 (written when ROUTE, read when ALIGN)
+    SORTED_PAIRS, BLOCK_EXPERT,  # the sort's outputs (ALIGN)
+    num_tokens, stride_logits, stride_x, num_experts, hidden, expert_offset, num_local,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROUTE_BLOCK_T: tl.constexpr,
+    NUM_HEADS: tl.constexpr,  # programs 0..NUM_HEADS-1 route (and sort); the rest quantise x
+    QUANT_BLOCK_T: tl.constexpr,
+    ROUTE: tl.constexpr,
+    QUANT: tl.constexpr,
+    ALIGN: tl.constexpr,  # NUM_HEADS == 1: the head program also sorts all pairs
+    TORCH_CPU_SOFTMAX: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    E_LOCAL_PAD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCKS_PER_STEP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < NUM_HEADS:
+        if ROUTE:
+            _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
+                        TOP_K, K_PAD, E_PAD, ROUTE_BLOCK_T, TORCH_CPU_SOFTMAX)
+        if ALIGN:
+            # the ids were just stored by other threads of this program: a CTA barrier makes
+            # them visible (global memory, same block)
+            tl.debug_barrier()
+            _align_body(0, TOPK_IDS, TOPK_IDS, SORTED_PAIRS, BLOCK_EXPERT, num_tokens * TOP_K, expert_offset,
+                        num_local, BLOCK_M, CHUNK, NUM_CHUNKS, E_LOCAL_PAD, MAX_BLOCKS, MAX_BLOCKS,
+                        BLOCKS_PER_STEP, True)
+    else:
+        if QUANT:
+            # one 1x128 group column of QUANT_BLOCK_T tokens per program: all loads in flight at
+            # once (a loop over the 23 groups of one token would pay 23 DRAM latencies)
+            num_groups = tl.cdiv(hidden, 128)
+            q = pid - NUM_HEADS
+            g = q % num_groups
+            tokens = (q // num_groups) * QUANT_BLOCK_T + tl.arange(0, QUANT_BLOCK_T)
+            token_ok = tokens < num_tokens
+            tokens = tokens.to(tl.int64)
+            cols = g * 128 + tl.arange(0, 128)
+            ok = token_ok[:, None] & (cols < hidden)[None, :]
+            xv = tl.load(X + tokens[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+            xq, scale = _quantize_e4m3(xv, 1)
+            tl.store(XQ + tokens[:, None] * hidden + cols[None, :], xq, mask=ok)
+            tl.store(XS + tokens * num_groups + g, scale, mask=token_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3./4. grouped FP8 GEMMs
 # ---------------------------------------------------------------------------------------------
 
 
@@ -493,7 +538,7 @@ def _mlp2_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. weighted combine
+# 5. weighted combine
 # ---------------------------------------------------------------------------------------------
 
 
@@ -524,8 +569,13 @@ def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_
 # ---------------------------------------------------------------------------------------------
 
 
-ROUTE_BLOCK_T = 16  # tokens per program of the routing/quantisation kernel
+ROUTE_BLOCK_T = 16  # tokens per routing program when the sort runs on its own (prefill)
+QUANT_BLOCK_T = 16  # tokens per quantisation program (one 1x128 group column each)
 COMBINE_BLOCK_T = 4
+# Up to this many tokens (and 4 chunks of pairs) one program routes every token and sorts every
+# pair inside the routing launch (decode: one launch instead of three).
+FUSED_SORT_MAX_TOKENS = 128
+SORT_MAX_SINGLE_CHUNKS = 4
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -534,6 +584,11 @@ def _cdiv(a: int, b: int) -> int:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _max_blocks(num_pairs: int, num_local: int, block_m: int) -> int:
+    """Bound on the used blocks from shapes only: each holds >= 1 pair, each expert pads < 1 block."""
+    return max(1, min(num_pairs, _cdiv(num_pairs, block_m) + num_local))
 
 
 def _check_weights(hidden, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2):
@@ -563,43 +618,98 @@ def _check_weights(hidden, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2):
     return num_local, inter
 
 
-def route_and_quantize(logits: torch.Tensor | None, x: torch.Tensor | None, top_k: int = 4):
-    """One kernel over tokens: (topk_weights [T, k] in logits' dtype, topk_ids [T, k] int32) as
-    `route` computes them from these logits, and/or (x_fp8 [T, H], x_scale [T, cdiv(H, 128)])
-    as `quantize_activation_group128`. Pass None for the half not wanted."""
-    ref = logits if logits is not None else x
+def _launch_sort(ids, num_pairs, num_local, expert_offset, block_m, chunk, sorted_pairs, block_expert, max_blocks):
+    """The sort on its own: one program for a few chunks of pairs, else counts per chunk first."""
+    e_pad = _next_pow2(num_local)
+    chunk = min(chunk, max(16, _next_pow2(num_pairs)))
+    num_chunks = max(1, _cdiv(num_pairs, chunk))
+    single = num_chunks <= SORT_MAX_SINGLE_CHUNKS
+    chunk_counts = block_expert  # unused when single
+    if not single:
+        chunk_counts = torch.empty((num_chunks, e_pad), dtype=torch.int32, device=ids.device)
+        _count_kernel[(num_chunks,)](ids, chunk_counts, num_pairs, expert_offset, num_local,
+                                     CHUNK=chunk, E_PAD=e_pad, num_warps=8)
+    programs = 1 if single else num_chunks
+    blocks_per_program = _cdiv(max_blocks, programs)
+    _align_kernel[(programs,)](
+        ids, chunk_counts, sorted_pairs, block_expert, num_pairs, expert_offset, num_local,
+        BLOCK_M=block_m, CHUNK=chunk, NUM_CHUNKS=num_chunks, E_PAD=e_pad, MAX_BLOCKS=max_blocks,
+        BLOCKS_PER_PROGRAM=blocks_per_program, BLOCKS_PER_STEP=min(64, _next_pow2(blocks_per_program)),
+        SINGLE=single, num_warps=8,
+    )
+
+
+def _front(x, logits, topk_ids, top_k, sort=None):
+    """Routing (from `logits`, else `topk_ids` is given), x's e4m3 groups and, with `sort` =
+    (num_local, expert_offset, block_m, chunk), the pair sort. One launch when one program can
+    route and sort everything (decode); else the routing/quantisation launch, then the sort's.
+    Returns (weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks); no host syncs."""
+    ref = logits if logits is not None else (x if x is not None else topk_ids)
     t = ref.shape[0]
     dev = ref.device
-    weights = ids = xq = xs = None
-    num_experts, e_pad, hidden = 1, 1, 1
-    if logits is not None:
+    route = logits is not None
+    weights = ids = xq = xs = sorted_pairs = block_expert = None
+    max_blocks = 0
+    num_experts, e_pad, hidden, stride_logits = 1, 1, 1, 0
+    if route:
         if logits.dim() != 2 or logits.stride(-1) != 1:
             raise ValueError("route_and_quantize: logits must be [T, E] with a unit last stride")
         num_experts = logits.shape[1]
         if not 1 <= top_k <= min(8, num_experts):
             raise ValueError(f"route_and_quantize: top_k must be in 1..min(8, E), got {top_k}")
-        e_pad = _next_pow2(num_experts)
+        e_pad, stride_logits = _next_pow2(num_experts), logits.stride(0)
         weights = torch.empty((t, top_k), dtype=logits.dtype, device=dev)
         ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    else:
+        ids = topk_ids if topk_ids is None or topk_ids.is_contiguous() else topk_ids.contiguous()
     if x is not None:
         if x.dim() != 2 or x.stride(-1) != 1 or x.shape[0] != t:
             raise ValueError("route_and_quantize: x must be [T, H] with a unit last stride")
         hidden = x.shape[1]
         xq = torch.empty((t, hidden), dtype=FP8, device=dev)
         xs = torch.empty((t, _cdiv(hidden, QUANT_GROUP)), dtype=torch.float32, device=dev)
-    if t > 0:
-        dummy = ref
-        _route_quant_kernel[(_cdiv(t, ROUTE_BLOCK_T),)](
-            logits if logits is not None else dummy, x if x is not None else dummy,
-            xq if xq is not None else dummy, xs if xs is not None else dummy,
-            weights if weights is not None else dummy, ids if ids is not None else dummy,
-            t, logits.stride(0) if logits is not None else 0, x.stride(0) if x is not None else 0,
-            num_experts, hidden,
-            TOP_K=top_k, K_PAD=_next_pow2(top_k), E_PAD=e_pad, BLOCK_T=ROUTE_BLOCK_T,
-            ROUTE=logits is not None, QUANT=x is not None, TORCH_CPU_SOFTMAX=dev.type == "cpu",
-            num_warps=4,
-        )
-    return weights, ids, xq, xs
+    num_pairs = t * top_k
+    fused_sort = False
+    align = dict(BLOCK_M=16, CHUNK=16, NUM_CHUNKS=1, E_LOCAL_PAD=1, MAX_BLOCKS=1, BLOCKS_PER_STEP=1)
+    num_local = expert_offset = 0
+    if sort is not None:
+        num_local, expert_offset, block_m, chunk = sort
+        max_blocks = _max_blocks(num_pairs, num_local, block_m)
+        sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
+        block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+        chunk = min(chunk, max(16, _next_pow2(num_pairs)))
+        num_chunks = _cdiv(num_pairs, chunk)
+        fused_sort = t <= FUSED_SORT_MAX_TOKENS and num_chunks <= SORT_MAX_SINGLE_CHUNKS
+        if fused_sort:
+            align = dict(BLOCK_M=block_m, CHUNK=chunk, NUM_CHUNKS=num_chunks, E_LOCAL_PAD=_next_pow2(num_local),
+                         MAX_BLOCKS=max_blocks, BLOCKS_PER_STEP=min(64, _next_pow2(max_blocks)))
+    if t == 0:
+        return weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks
+    route_block_t = max(16, _next_pow2(t)) if fused_sort else ROUTE_BLOCK_T
+    heads = 1 if fused_sort else (_cdiv(t, route_block_t) if route else 0)
+    quant_programs = _cdiv(t, QUANT_BLOCK_T) * _cdiv(hidden, QUANT_GROUP) if x is not None else 0
+    dummy = ref
+    _front_kernel[(heads + quant_programs,)](
+        logits if route else dummy, x if x is not None else dummy, xq if xq is not None else dummy,
+        xs if xs is not None else dummy, weights if weights is not None else dummy,
+        ids if ids is not None else dummy,
+        sorted_pairs if fused_sort else dummy, block_expert if fused_sort else dummy,
+        t, stride_logits, x.stride(0) if x is not None else 0, num_experts, hidden, expert_offset, num_local,
+        TOP_K=top_k, K_PAD=_next_pow2(top_k), E_PAD=e_pad, ROUTE_BLOCK_T=route_block_t, NUM_HEADS=heads,
+        QUANT_BLOCK_T=QUANT_BLOCK_T, ROUTE=route, QUANT=x is not None, ALIGN=fused_sort,
+        TORCH_CPU_SOFTMAX=dev.type == "cpu", **align, num_warps=8 if fused_sort else 4,
+    )
+    if sort is not None and not fused_sort:
+        _launch_sort(ids, num_pairs, num_local, expert_offset, block_m, chunk, sorted_pairs, block_expert, max_blocks)
+    return weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks
+
+
+def route_and_quantize(logits: torch.Tensor | None, x: torch.Tensor | None, top_k: int = 4):
+    """One launch: (topk_weights [T, k] in logits' dtype, topk_ids [T, k] int32) as `route`
+    computes them from these logits, and/or (x_fp8 [T, H], x_scale [T, cdiv(H, 128)]) as
+    `quantize_activation_group128`. Pass None for the half not wanted."""
+    weights, ids, xq, xs, *_ = _front(x, logits, None, top_k)
+    return (weights, ids if logits is not None else None, xq, xs)
 
 
 def align_pairs(topk_ids: torch.Tensor, num_local: int, expert_offset: int, block_m: int, chunk: int = 128):
@@ -607,32 +717,15 @@ def align_pairs(topk_ids: torch.Tensor, num_local: int, expert_offset: int, bloc
 
     Pairs are `token * k + slot`; each local expert's pairs sit in token order in a segment
     padded to a multiple of `block_m` (padding slots hold `T * k`); blocks past the last
-    segment have expert -1. max_blocks = min(T*k, cdiv(T*k, block_m) + E_local) bounds the
-    used blocks (each holds >= 1 pair; each expert pads < 1 block), from shapes only."""
+    segment have expert -1; max_blocks = min(T*k, cdiv(T*k, block_m) + E_local)."""
     num_pairs = topk_ids.numel()
-    max_blocks = max(1, min(num_pairs, _cdiv(num_pairs, block_m) + num_local))
+    max_blocks = _max_blocks(num_pairs, num_local, block_m)
     dev = topk_ids.device
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-    ids = topk_ids.reshape(-1)
-    if not ids.is_contiguous():
-        ids = ids.contiguous()
-    e_pad = _next_pow2(num_local)
-    num_chunks = max(1, _cdiv(num_pairs, chunk))
-    single = num_chunks <= 4
-    chunk_counts = block_expert
-    if not single:
-        chunk_counts = torch.empty((num_chunks, e_pad), dtype=torch.int32, device=dev)
-        _count_kernel[(num_chunks,)](ids, chunk_counts, num_pairs, expert_offset, num_local,
-                                     CHUNK=chunk, E_PAD=e_pad, num_warps=8)
-    programs = 1 if single else num_chunks
-    blocks_per_program = _cdiv(max_blocks, programs)
-    _align_kernel[(programs,)](
-        ids, chunk_counts, sorted_pairs, block_expert, num_pairs, expert_offset, num_local,
-        BLOCK_M=block_m, CHUNK=chunk, NUM_CHUNKS=num_chunks,
-        E_PAD=e_pad, MAX_BLOCKS=max_blocks, BLOCKS_PER_PROGRAM=blocks_per_program,
-        BLOCKS_PER_STEP=min(64, _next_pow2(blocks_per_program)), SINGLE=single, num_warps=8,
-    )
+    if num_pairs:
+        _launch_sort(topk_ids.reshape(-1).contiguous(), num_pairs, num_local, expert_offset, block_m, chunk,
+                     sorted_pairs, block_expert, max_blocks)
     return sorted_pairs, block_expert, max_blocks
 
 
@@ -650,8 +743,10 @@ def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out):
     return num_local, inter, config, out
 
 
-def _experts(x, xq, xs, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
+def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
              limit, expert_offset, num_local, inter, config, out):
+    """mlp1, mlp2 and the combine over the front's routing, x quantisation and sort."""
+    _, topk_ids, xq, xs, sorted_pairs, block_expert, max_blocks = front
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
@@ -659,13 +754,8 @@ def _experts(x, xq, xs, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_sca
     bm = config.block_m
     num_pairs = num_tokens * top_k
     dev = x.device
-    if topk_weights.stride(-1) != 1 or not topk_weights.is_contiguous():
+    if not topk_weights.is_contiguous():
         topk_weights = topk_weights.contiguous()
-    if not topk_ids.is_contiguous():
-        topk_ids = topk_ids.contiguous()
-
-    sorted_pairs, block_expert, max_blocks = align_pairs(topk_ids, num_local, expert_offset, bm,
-                                                        config.align_chunk)
     rows = max_blocks * bm
     fused = config.fused_requant
     # Kernels see CPU tensors only under TRITON_INTERPRET, where tl.dot is a numpy matmul loop
@@ -745,8 +835,9 @@ def fused_moe_fp8(
         raise ValueError(f"fused_moe_fp8: experts {expert_offset}..{expert_offset + num_local - 1} "
                          f"outside the router's {router_weight.shape[0]}")
     logits = F.linear(x, router_weight, router_bias)
-    topk_weights, topk_ids, xq, xs = route_and_quantize(logits, x, top_k)
-    result = _experts(x, xq, xs, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
+    front = _front(x, logits, None, top_k, (num_local, expert_offset, config.block_m, config.align_chunk))
+    topk_weights, topk_ids = front[0], front[1]
+    result = _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
                       limit, expert_offset, num_local, inter, config, out)
     return (result, topk_weights, topk_ids) if return_routing else result
 
@@ -771,8 +862,8 @@ def fused_experts_fp8(
     num_local, inter, config, out = _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out)
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
         raise ValueError("fused_experts_fp8: topk_weights and topk_ids must both be [T, k]")
-    _, _, xq, xs = route_and_quantize(None, x)
-    return _experts(x, xq, xs, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
+    front = _front(x, None, topk_ids, topk_ids.shape[1], (num_local, expert_offset, config.block_m, config.align_chunk))
+    return _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
                     limit, expert_offset, num_local, inter, config, out)
 
 
