@@ -240,18 +240,34 @@ def _download_quicktok(dest_dir):
     return os.path.join(dest_dir, wheels[0])
 
 
-def ensure_o200k_vocab(cache_dir=None):
-    """Return a directory holding ``o200k_base.tiktoken`` (sha256-verified) and its sha1-named copy.
+# One line for a server log: where the o200k vocabulary may come from when none was found offline.
+VOCAB_MISSING_HINT = (
+    "o200k_base.tiktoken (sha256 446a9538...1a2d) not found offline: set TIKTOKEN_ENCODINGS_BASE to a "
+    "directory holding it, or keep a gpt-oss tokenizer.json in the Hugging Face cache (hf download "
+    f"openai/gpt-oss-20b tokenizer.json), or `pip install {QUICKTOK_REQ}`, or run "
+    "`python -m sglang_ext.launch.tokenizer DIR` once with PyPI reachable"
+)
 
-    Search order: ``$TIKTOKEN_ENCODINGS_BASE`` (a local dir), ``cache_dir``, the tiktoken / tiktoken-rs
-    caches, a gpt-oss ``tokenizer.json`` in the Hugging Face hub cache, and finally the PyPI wheel
-    ``quicktok-v1==0.4.0`` (``pip download`` into ``cache_dir``, converted, verified). Whatever is found
-    is copied into ``cache_dir`` under both names (when ``cache_dir`` is writable; a valid
-    ``$TIKTOKEN_ENCODINGS_BASE`` dir is returned as is if not). Raises RuntimeError if nothing works.
-    """
-    cache_dir = os.path.abspath(cache_dir or default_cache_dir())
-    tried = []
 
+def _installed_quicktok_vocab():
+    """``quicktok/data/o200k.vocab`` of an installed ``quicktok-v1`` distribution, or None."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("quicktok-v1")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if dist.version != QUICKTOK_REQ.split("==")[1]:
+        return None
+    path = dist.locate_file(QUICKTOK_MEMBER)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _find_offline(cache_dir, tried):
     env_base = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
     if env_base and "://" not in env_base:
         data = _read_if_valid(os.path.join(env_base, O200K_FILE))
@@ -275,6 +291,45 @@ def ensure_o200k_vocab(cache_dir=None):
         if _sha256_bytes(data) == O200K_SHA256:
             return _materialise(cache_dir, data)
         tried.append(f"HF cache {p} (sha256 mismatch)")
+
+    raw = _installed_quicktok_vocab()
+    if raw is not None:
+        try:
+            data = tiktoken_from_quicktok_vocab(raw)
+        except (ValueError, struct.error):
+            data = None
+        if data is not None and _sha256_bytes(data) == O200K_SHA256:
+            return _materialise(cache_dir, data)
+        tried.append(f"installed {QUICKTOK_REQ} (sha256 mismatch)")
+    return None
+
+
+def find_o200k_vocab_offline(cache_dir=None):
+    """Like :func:`ensure_o200k_vocab` without any download: the directory, or None.
+
+    Also accepts an installed ``quicktok-v1==0.4.0`` wheel (``pip install quicktok-v1==0.4.0``):
+    its vocabulary is converted and checked against the o200k_base sha256 like the downloaded one.
+    For servers, which must start without a network (see ``sglang_ext.harmony.encoding``).
+    """
+    cache_dir = os.path.abspath(cache_dir or default_cache_dir())
+    return _find_offline(cache_dir, [])
+
+
+def ensure_o200k_vocab(cache_dir=None):
+    """Return a directory holding ``o200k_base.tiktoken`` (sha256-verified) and its sha1-named copy.
+
+    Search order: ``$TIKTOKEN_ENCODINGS_BASE`` (a local dir), ``cache_dir``, the tiktoken / tiktoken-rs
+    caches, a gpt-oss ``tokenizer.json`` in the Hugging Face hub cache, an installed ``quicktok-v1``,
+    and finally the PyPI wheel ``quicktok-v1==0.4.0`` (``pip download`` into ``cache_dir``, converted,
+    verified). Whatever is found is copied into ``cache_dir`` under both names (when ``cache_dir`` is
+    writable; a valid ``$TIKTOKEN_ENCODINGS_BASE`` dir is returned as is if not). Raises RuntimeError
+    if nothing works.
+    """
+    cache_dir = os.path.abspath(cache_dir or default_cache_dir())
+    tried = []
+    found = _find_offline(cache_dir, tried)
+    if found is not None:
+        return found
 
     err = None
     try:
