@@ -16,6 +16,8 @@ PATCH_MODULES = (
     "probe_kv_pool",
     "openai_probe_scores",
     "probe_stop",
+    "harmony_parsers",
+    "harmony_prompt",
 )
 
 _registered = False

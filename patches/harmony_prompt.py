@@ -1,0 +1,43 @@
+"""Patch: gpt-oss chat prompts with tool history rendered by openai-harmony (SGLang 0.5.23).
+
+The official gpt-oss chat template keeps only the first tool call of an assistant turn,
+names every tool result after the latest call, and re-serialises arguments and results with
+``|tojson``; a multi-turn agent loop then shows the model a history it never wrote
+(``sglang_ext.harmony.chat_render`` has the details). Requests whose messages carry tool calls
+or tool results are rendered by openai-harmony instead; all others keep the template, so
+plain chats are unchanged.
+
+Target
+  - ``OpenAIServingChat._encode_messages`` (AROUND): SGLang's hook for custom renderers ("Returns
+    prompt_ids if handled, None to use default encoding"). Ours answers for gpt-oss served with
+    our Harmony parsers (``harmony_parsers``), when the history has tool calls or results and
+    no continuation of the last assistant message is asked for.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+
+def _render_with_harmony(original, self, messages, request, thinking_mode, tools=None, **kwargs):
+    from sglang_ext.harmony.chat_render import has_tool_history, render_chat_for_completion
+    from sglang_ext.patches.harmony_parsers import uses_harmony_parsers
+
+    if (not getattr(self, "is_gpt_oss", False) or self._encoding_adapter is not None
+            or self.chat_encoding_spec is not None or request.continue_final_message
+            or request._format_add_generation_prompt is False or not uses_harmony_parsers(self)):
+        return original(self, messages, request, thinking_mode, tools=tools, **kwargs)
+    # The request's own messages: SGLang's copies have tool-call arguments parsed into dicts.
+    raw = [m.model_dump() if hasattr(m, "model_dump") else dict(m) for m in request.messages]
+    if not has_tool_history(raw):
+        return original(self, messages, request, thinking_mode, tools=tools, **kwargs)
+    template_kwargs = request.chat_template_kwargs or {}
+    return render_chat_for_completion(
+        raw, tools, reasoning_effort=request.reasoning_effort,
+        builtin_tools=tuple(template_kwargs.get("builtin_tools") or ()),
+        model_identity=template_kwargs.get("model_identity"))
+
+
+def register() -> None:
+    HookRegistry.register("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._encode_messages",
+                          _render_with_harmony, HookType.AROUND)
