@@ -199,26 +199,42 @@ def cublas_blockwise_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out_dtype=torc
     raise RuntimeError(" | ".join(errors))
 
 
-def sglang_triton_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out_dtype=torch.bfloat16):
-    """SGLang's Triton block-FP8 GEMM (+ bias add) when SGLang is installed."""
-    from sglang.srt.layers.quantization.fp8_kernel import w8a8_block_fp8_matmul_triton
+def _sglang_kernels() -> dict:
+    """SGLang 0.5.23's own Triton kernels through benchmarks/sglang_peers.py (carried source,
+    stubbed imports): name -> callable, or name -> the reason it is missing."""
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import sglang_peers
 
-    sa = a_scale.contiguous()
+        return sglang_peers.load_sglang_kernels()
+    except Exception as exc:  # noqa: BLE001  (no adapter module here: a result, not a crash)
+        reason = f"{type(exc).__name__}: {exc}"
+        return {"make_fp8_gemm": reason, "make_fp8_linear": reason}
 
-    def run():
-        y = w8a8_block_fp8_matmul_triton(a_fp8, w_fp8, sa, w_scale_inv, [128, 128], output_dtype=out_dtype)
-        return y.add_(bias) if bias is not None else y
 
+def _sglang_fn(adapter: str, *args):
+    make = _sglang_kernels().get(adapter)
+    if not callable(make):
+        raise RuntimeError(str(make))
+    run = make(*args)
     run()
-    return run, "sglang w8a8_block_fp8_matmul_triton"
+    return run, getattr(run, "api", adapter)
+
+
+# Which of our timings each peer is compared with: fp8 GEMM peers take the same pre-quantised
+# operands as `fp8_gemm`; the others start from bf16 x, as `fp8_linear` does.
+PEER_BASELINE = {"cublas_fp8_blockwise": "ours_gemm_us", "sglang_triton_fp8": "ours_gemm_us",
+                 "sglang_triton_fp8_linear": "ours_linear_us", "bf16_linear": "ours_linear_us"}
 
 
 def peers(a_fp8, a_scale, w_fp8, w_scale_inv, bias, w_bf16, x_bf16) -> dict:
-    """name -> (zero-arg callable, api) or (None, reason). Add a peer here: one entry."""
+    """name -> (zero-arg callable, api) or (None, reason). Add a peer here: one entry (and its
+    baseline in PEER_BASELINE)."""
     found = {}
     makers = {
         "cublas_fp8_blockwise": lambda: cublas_blockwise_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias),
-        "sglang_triton_fp8": lambda: sglang_triton_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias),
+        "sglang_triton_fp8": lambda: _sglang_fn("make_fp8_gemm", a_fp8, a_scale, w_fp8, w_scale_inv, bias),
+        "sglang_triton_fp8_linear": lambda: _sglang_fn("make_fp8_linear", x_bf16, w_fp8, w_scale_inv, bias),
         "bf16_linear": lambda: ((lambda: F.linear(x_bf16, w_bf16, bias)), "F.linear bf16"),
     }
     for name, make in makers.items():
@@ -333,9 +349,7 @@ def measure_row(mod, fp8, shape, layer, m, bw, iters) -> dict:
         t, how = graph_time(fns, iters)
         row[f"{name}_us"] = t * 1e6
         row[f"{name}_api"] = api + ("" if how == "graph" else f", timed with {how}")
-        # > 1: ours is faster. The fp8 peers take pre-quantised operands, as fp8_gemm does.
-        ours = row["ours_linear_us"] if name == "bf16_linear" else row["ours_gemm_us"]
-        row[f"speedup_vs_{name}"] = row[f"{name}_us"] / ours
+        row[f"speedup_vs_{name}"] = row[f"{name}_us"] / row[PEER_BASELINE[name]]  # > 1: ours is faster
     return row
 
 
@@ -424,16 +438,22 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
         "Times in us: medians of CUDA-graph replays over enough distinct weight copies to defeat L2. "
         "`ours` = `fp8_linear` (quantise bf16 x + GEMM + bias); `gemm` = `fp8_gemm` on pre-quantised x; "
         "`cuBLAS` = block-scaled `scaled_mm` + bias add on the same pre-quantised operands, K padded to 2944 "
-        "(outside timing). Speedup > 1: ours faster (`gemm` vs cuBLAS; `ours` vs bf16 F.linear). "
-        "TB/s and % copy bandwidth count weight bytes only.", "",
-        "| shape | M | config | ours | gemm | quant | cuBLAS fp8 | bf16 linear | gemm vs cuBLAS | ours vs bf16 | "
-        "TFLOP/s | weight TB/s | % copy BW | rel err |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        "(outside timing); `SGLang gemm` / `SGLang linear` = SGLang 0.5.23's Triton "
+        "`w8a8_block_fp8_matmul_triton` + bias add, on pre-quantised operands / after its own Triton quant "
+        "(benchmarks/sglang_peers.py). Speedups > 1: ours faster (`gemm` vs the GEMM peers, `ours` vs the "
+        "linear peers). TB/s and % copy bandwidth: weight bytes over `ours`.", "",
+        "| shape | M | config | ours | gemm | quant | cuBLAS fp8 | SGLang gemm | SGLang linear | bf16 linear | "
+        "gemm vs cuBLAS | gemm vs SGLang | ours vs SGLang linear | ours vs bf16 | TFLOP/s | weight TB/s | "
+        "% copy BW | rel err |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        us = lambda key: fmt(r.get(f"{key}_us"), ".1f")  # noqa: E731
+        x = lambda key: fmt(r.get(f"speedup_vs_{key}"), ".2f")  # noqa: E731
         lines.append(
             f"| {r['shape']} | {r['M']} | {r['config']} | {r['ours_linear_us']:.1f} | {r['ours_gemm_us']:.1f} | "
-            f"{r['quant_us']:.1f} | {fmt(r.get('cublas_fp8_blockwise_us'), '.1f')} | {fmt(r.get('bf16_linear_us'), '.1f')} | "
-            f"{fmt(r.get('speedup_vs_cublas_fp8_blockwise'), '.2f')} | {fmt(r.get('speedup_vs_bf16_linear'), '.2f')} | "
+            f"{r['quant_us']:.1f} | {us('cublas_fp8_blockwise')} | {us('sglang_triton_fp8')} | "
+            f"{us('sglang_triton_fp8_linear')} | {us('bf16_linear')} | {x('cublas_fp8_blockwise')} | "
+            f"{x('sglang_triton_fp8')} | {x('sglang_triton_fp8_linear')} | {x('bf16_linear')} | "
             f"{r['ours_TFLOPs']:.0f} | {r['ours_weight_TBps']:.2f} | {r['ours_pct_copy_bw']:.0f} | "
             f"{r['max_rel_err_vs_torch']:.1e} |")
     errors = sorted({(k, r[k]) for r in rows for k in r if k.endswith("_error")})
