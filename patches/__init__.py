@@ -18,6 +18,7 @@ PATCH_MODULES = (
     "probe_stop",
     "harmony_parsers",
     "harmony_prompt",
+    "request_isolation",
 )
 
 _registered = False

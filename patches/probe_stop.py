@@ -140,8 +140,9 @@ def _check_batch(processor, batch, result, *args, **kwargs):
         custom = getattr(req.sampling_params, "custom_params", None) or {}
         try:
             thresholds = {**server, **parse_probe_stop(custom.get("probe_stop"))}
-        except ProbeStopSpecError as e:
-            req.to_finish = _bad_spec_finish(str(e))
+        except Exception as e:  # a bad spec, or a bug here, ends only this request
+            req.to_finish = _bad_spec_finish(
+                str(e) if isinstance(e, ProbeStopSpecError) else f"probe_stop: {type(e).__name__}: {e}")
             continue
         for label, threshold in thresholds.items():
             score = rows[i].get(label)

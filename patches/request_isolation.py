@@ -1,0 +1,347 @@
+"""Patch: one bad request costs one error, never the server (SGLang 0.5.23).
+
+Upstream 0.5.23 lets a single request take the whole server down: the scheduler runs
+each batch in one try-less loop, so any exception there ends the scheduler process and
+the launcher answers with SIGQUIT (every in-flight request lost). Seen on this CPU:
+token ids outside the model's vocabulary (`IndexError` in the embedding), an empty
+prompt (a zero-token extend batch), `top_logprobs_num` above the vocabulary size (top-k
+out of range in the sampler), and a custom logit processor that raises. Our own
+per-request code (guard thresholds, score extraction, chat/completion stream hooks
+such as Harmony parsing) runs on the same paths, so it must fail the same way: alone.
+
+Targets
+  - `TokenizerManager._validate_one_request` (BEFORE), the one check every generate
+    request passes (single and batch, native and OpenAI) before it is sent to the
+    scheduler: HTTP 400 for an empty prompt, input token ids that are not integers in
+    [0, vocab_size) (the message names the first bad id, its position and the vocab
+    size), a custom logit processor that cannot be loaded, `custom_params` that is not
+    an object, `top_logprobs_num` above the vocabulary size, and an invalid per-request
+    `probe_stop` (the guard's own parser, plus its labels against the probe's, and no
+    probe loaded at all; before, unknown labels were ignored and a bad spec was found
+    only in the scheduler).
+  - `sglang.srt.layers.sampler.apply_custom_logit_processor` (REPLACE): upstream's loop,
+    with each processor group applied under `try`; when a group raises (or returns a
+    tensor of the wrong shape), its rows are retried one by one so only the rows that
+    fail are failed. A failed row keeps its unprocessed logits for this step and its
+    request is finished through `req.to_finish` with FINISH_ABORT carrying the message
+    and status 400 (the user's code failed); the batch and the server go on. The token
+    of the failing step is appended before the finish (SGLang appends every sampled
+    token): native streams show it, OpenAI streams end with the error object first.
+  - `CustomLogitProcessor.from_str` (AROUND): a processor that cannot be rebuilt in the
+    scheduler (where the batch is assembled, outside any per-request guard) becomes a
+    stand-in that raises on call, so it fails its rows like any raising processor.
+  - `sglang_ext.probe_runtime.ProbeRuntime.score` (AROUND) and
+    `SchedulerBatchResultProcessor.process_batch_result_{prefill,decode}` (BEFORE): the
+    probe is batched, so when it raises no request of that forward has a score; each
+    gets a NaN row and is finished with the error and status 500 (fail closed: a
+    guarded request never continues unscored). The rest of the server keeps serving.
+  - `OpenAIServingChat._generate_chat_stream` and
+    `OpenAIServingCompletion._generate_completion_stream` (AROUND, outermost): upstream's
+    chat stream catches only ValueError, so any other exception in a parser or in our
+    score hooks cut the HTTP response without a word. After the first chunk such an
+    exception now ends the stream with an SSE error object carrying the message and
+    `data: [DONE]`, and the request is aborted in the scheduler (its KV released).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from http import HTTPStatus
+
+import torch
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+logger = logging.getLogger(__name__)
+
+PROCESSOR_ERROR = "CustomLogitProcessorError"
+PROBE_ERROR = "ProbeError"
+
+
+class RequestRejected(ValueError):
+    """Bad input: SGLang answers a ValueError from validation with HTTP 400."""
+
+
+# -- input validation (tokenizer manager, before the scheduler sees the request) -------------
+
+
+def first_bad_token_id(input_ids, vocab_size: int):
+    """(position, id) of the first id that is not an int in [0, vocab_size), or None."""
+    try:
+        # Fast path for the common case: one pass in C over a list of ints.
+        if min(input_ids) >= 0 and max(input_ids) < vocab_size and all(
+                type(t) is int for t in input_ids):
+            return None
+    except TypeError:
+        pass  # mixed types: found below
+    for position, token in enumerate(input_ids):
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            return position, token
+    return None
+
+
+def check_input_ids(input_ids, vocab_size: int) -> None:
+    if len(input_ids) == 0:
+        raise RequestRejected("the prompt is empty: a request needs at least one input token")
+    bad = first_bad_token_id(input_ids, vocab_size)
+    if bad is not None:
+        position, token = bad
+        raise RequestRejected(
+            f"input token id {token!r} at position {position} is outside the model's vocabulary: "
+            f"ids must be integers in [0, {vocab_size}) (vocab size {vocab_size})")
+
+
+def check_top_logprobs_num(obj, vocab_size: int) -> None:
+    # The sampler's top-k over the vocabulary raises (and ends the scheduler) above it.
+    k = getattr(obj, "top_logprobs_num", None)
+    if getattr(obj, "return_logprob", False) and isinstance(k, int) and not 0 <= k <= vocab_size:
+        raise RequestRejected(f"top_logprobs_num must lie in [0, {vocab_size}] (the vocab size), got {k}")
+
+
+def _probe_labels() -> list[str] | None:
+    from sglang_ext.patches.probe_ckpt_flag import ENV_VAR
+
+    folder = os.environ.get(ENV_VAR) or None
+    return None if folder is None else _labels_of(folder)
+
+
+@functools.lru_cache(maxsize=4)
+def _labels_of(folder: str) -> list[str]:
+    from sglang_ext.probe.config import ProbeConfig
+
+    return list(ProbeConfig.from_json_file(os.path.join(folder, "config.json")).labels)
+
+
+def check_probe_stop(spec, labels: list[str] | None) -> None:
+    from sglang_ext.patches.probe_stop import ProbeStopSpecError, parse_probe_stop
+
+    try:
+        thresholds = parse_probe_stop(spec)
+    except ProbeStopSpecError as e:
+        raise RequestRejected(str(e)) from None
+    if not thresholds:
+        return
+    if labels is None:
+        raise RequestRejected("probe_stop needs a server started with --probe-ckpt")
+    unknown = sorted(set(thresholds) - set(labels))
+    if unknown:
+        raise RequestRejected(f"probe_stop: unknown label(s) {unknown}; the probe's labels are {labels}")
+
+
+def check_custom_params(sampling_params: dict, has_processor: bool) -> None:
+    custom = sampling_params.get("custom_params")
+    if custom is None:
+        if has_processor:
+            # Upstream hands a processor's dict params a weak `__req__` back-reference;
+            # with an empty dict every processor row can be traced to its request.
+            sampling_params["custom_params"] = {}
+        return
+    if not isinstance(custom, dict):
+        raise RequestRejected(f"custom_params must be a JSON object, got {type(custom).__name__}")
+    if "probe_stop" in custom:
+        check_probe_stop(custom["probe_stop"], _probe_labels())
+
+
+def check_custom_logit_processor(serialized) -> None:
+    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+
+    for text in serialized if isinstance(serialized, list) else [serialized]:
+        if text is None:
+            continue
+        if not isinstance(text, str):
+            raise RequestRejected(f"custom_logit_processor must be a string, got {type(text).__name__}")
+        processor = CustomLogitProcessor.from_str(text)
+        if isinstance(processor, UnloadableProcessor):
+            raise RequestRejected(processor.message)
+
+
+def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.runtime_context import get_exec
+
+    has_embeds = getattr(obj, "input_embeds", None) is not None
+    has_mm = bool(getattr(obj, "contains_mm_input", lambda: False)())
+    if input_ids is not None and not has_embeds and not has_mm:
+        check_input_ids(input_ids, tokenizer_manager.model_config.vocab_size)
+    if isinstance(obj, GenerateReqInput):
+        check_top_logprobs_num(obj, tokenizer_manager.model_config.vocab_size)
+        processor = obj.custom_logit_processor
+        if processor and get_exec().features.enable_custom_logit_processor:
+            check_custom_logit_processor(processor)
+        if isinstance(obj.sampling_params, dict):
+            check_custom_params(obj.sampling_params, bool(processor))
+
+
+# -- custom logit processors (scheduler) ------------------------------------------------
+
+
+class UnloadableProcessor:
+    """Stands in for a processor that could not be rebuilt; raises when applied."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __call__(self, logits, custom_param_list=None):
+        raise RuntimeError(self.message)
+
+
+def _from_str_or_stand_in(original, cls, json_str, *args, **kwargs):
+    try:
+        return original(cls, json_str, *args, **kwargs)
+    except Exception as e:
+        return UnloadableProcessor(f"custom logit processor could not be loaded: {type(e).__name__}: {e}")
+
+
+def _finish_with_error(req, message: str, err_type: str, status: HTTPStatus) -> None:
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    if req.finished() or getattr(req, "to_finish", None) is not None:
+        return
+    # With an HTTP status the message reaches every client: the native stream's last
+    # finish_reason, an SSE error object on OpenAI streams, an HTTP error otherwise
+    # (without one, OpenAI responses would say only finish_reason "abort").
+    req.to_finish = FINISH_ABORT(message=message, status_code=status, err_type=err_type)
+
+
+def _request_of(custom_params):
+    req = custom_params.get("__req__") if isinstance(custom_params, dict) else None
+    try:
+        return req if req is not None and req.rid is not None else None
+    except ReferenceError:  # the request is gone already
+        return None
+
+
+def _processed(processor, selected: torch.Tensor, params: list) -> torch.Tensor:
+    result = processor(selected, params)
+    if not isinstance(result, torch.Tensor) or result.shape != selected.shape:
+        shape = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
+        raise ValueError(f"returned {shape}, expected a tensor of shape {tuple(selected.shape)}")
+    return result
+
+
+def apply_custom_logit_processor(logits: torch.Tensor, sampling_batch_info, num_tokens_in_batch: int = 1):
+    """Upstream's loop (sampler.py, 0.5.23) with each processor group isolated."""
+    batch_size = len(sampling_batch_info)
+    assert logits.shape[0] == batch_size * num_tokens_in_batch, (
+        f"The batch size of logits ({logits.shape[0]}) does not match the batch size of "
+        f"sampling_batch_info ({batch_size}) x num_tokens_in_batch ({num_tokens_in_batch})")
+    assert len(sampling_batch_info.custom_params) == batch_size
+    token_offsets = (None if num_tokens_in_batch == 1
+                     else torch.arange(num_tokens_in_batch, device=sampling_batch_info.device))
+
+    def expand(indices):
+        if token_offsets is None:
+            return indices
+        return (indices[:, None] * num_tokens_in_batch + token_offsets).flatten()
+
+    def params_of(rows):
+        return [sampling_batch_info.custom_params[i] for i in rows for _ in range(num_tokens_in_batch)]
+
+    for entry in sampling_batch_info.custom_logit_processor.values():
+        rows, indices = entry.rows, entry.indices
+        assert len(rows) == indices.numel()
+        assert not rows or rows[-1] < batch_size
+        flat = expand(indices)
+        try:
+            result = _processed(entry.processor, logits.index_select(0, flat), params_of(rows))
+        except Exception:
+            pass  # find the rows that fail, below
+        else:
+            logits.index_copy_(0, flat, result.to(logits.dtype))
+            continue
+        for j, row in enumerate(rows):
+            row_flat = expand(indices[j : j + 1])
+            try:
+                result = _processed(entry.processor, logits.index_select(0, row_flat), params_of([row]))
+            except Exception as e:
+                message = (entry.processor.message if isinstance(entry.processor, UnloadableProcessor) else
+                           f"custom logit processor {type(entry.processor).__name__} failed: "
+                           f"{type(e).__name__}: {e}")
+                req = _request_of(sampling_batch_info.custom_params[row])
+                logger.error("sglang-ext: %s (request %s); only this request stops",
+                             message, getattr(req, "rid", "?"))
+                if req is not None:
+                    _finish_with_error(req, message, PROCESSOR_ERROR, HTTPStatus.BAD_REQUEST)
+                continue
+            logits.index_copy_(0, row_flat, result.to(logits.dtype))
+
+
+# -- the probe (scheduler) ------------------------------------------------------------------
+
+_probe_failure: dict[str, str] = {}
+
+
+def _score_or_nan(original, runtime, forward_batch, *args, **kwargs):
+    try:
+        return original(runtime, forward_batch, *args, **kwargs)
+    except Exception as e:
+        message = f"SingProbe scoring failed: {type(e).__name__}: {e}"
+        logger.exception("sglang-ext: %s; the requests of this forward stop", message)
+        _probe_failure["message"] = message
+        rows = int(forward_batch.batch_size)
+        return torch.full((rows, len(runtime.labels)), math.nan, dtype=torch.float32)
+
+
+def _finish_unscored(processor, batch, result, *args, **kwargs):
+    from sglang_ext.probe import SCORES_KEY
+
+    logits_output = getattr(result, "logits_output", None)
+    info = getattr(logits_output, "customized_info", None) if logits_output is not None else None
+    rows = info.get(SCORES_KEY) if info else None
+    if not rows:
+        return
+    for i, req in enumerate(batch.reqs):
+        if i < len(rows) and any(isinstance(v, float) and math.isnan(v) for v in rows[i].values()):
+            _finish_with_error(req, _probe_failure.get("message", "SingProbe scoring failed"), PROBE_ERROR,
+                               HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+# -- OpenAI streams (HTTP process) ---------------------------------------------------------
+
+
+def _rids(adapted_request) -> list[str]:
+    rid = getattr(adapted_request, "rid", None)
+    return [r for r in (rid if isinstance(rid, list) else [rid]) if r]
+
+
+async def _stream_failing_alone(original, serving, adapted_request, *args, **kwargs):
+    stream = original(serving, adapted_request, *args, **kwargs)
+    started = False
+    try:
+        async for chunk in stream:
+            started = True
+            yield chunk
+    except Exception as e:
+        if not started:
+            raise  # upstream answers with an error response before any byte is sent
+        message = f"stream failed: {type(e).__name__}: {e}"
+        logger.exception("sglang-ext: %s; only this request stops", message)
+        for rid in _rids(adapted_request):
+            serving.tokenizer_manager.abort_request(rid)
+        error = serving.create_streaming_error_response(message, err_type="InternalServerError",
+                                                        status_code=500)
+        yield f"data: {error}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        await stream.aclose()
+
+
+def register() -> None:
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+                          _validate_request, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.layers.sampler.apply_custom_logit_processor",
+                          apply_custom_logit_processor, HookType.REPLACE)
+    HookRegistry.register("sglang.srt.sampling.custom_logit_processor.CustomLogitProcessor.from_str",
+                          _from_str_or_stand_in, HookType.AROUND)
+    HookRegistry.register("sglang_ext.probe_runtime.ProbeRuntime.score", _score_or_nan, HookType.AROUND)
+    processor = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+    for step in ("process_batch_result_prefill", "process_batch_result_decode"):
+        HookRegistry.register(f"{processor}.{step}", _finish_unscored, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._generate_chat_stream",
+                          _stream_failing_alone, HookType.AROUND)
+    HookRegistry.register(
+        "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._generate_completion_stream",
+        _stream_failing_alone, HookType.AROUND)
