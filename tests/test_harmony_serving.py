@@ -172,3 +172,26 @@ def test_multi_turn_tool_results_are_rendered_as_openai_harmony_renders_them(cli
     ])
     want = enc().render_conversation_for_completion(conversation, Role.ASSISTANT)
     assert served == list(want)
+
+
+def test_unscripted_output_streamed_and_not_is_the_parse_of_its_tokens(client):
+    # The tiny model's own (random) output: special tokens anywhere. Served streamed and not,
+    # it must be what our parser makes of the very tokens the server generated, every token scored.
+    from sglang_ext.harmony.streaming import OpenAIHarmonyStream
+
+    kwargs = dict(model="default", messages=[{"role": "user", "content": "Say something."}], tools=TOOLS,
+                  max_tokens=40, temperature=0)
+    full = client.chat.completions.create(**kwargs, extra_body={"return_token_ids": True})
+    choice = full.choices[0]
+    ids = choice.model_extra["response_token_ids"]
+    want = OpenAIHarmonyStream()
+    want.feed(ids)
+    want.finish()
+    want_calls = [(c.name, c.arguments) for c in want.tool_calls]
+    assert len(choice.model_extra["token_probe_probs"]) == full.usage.completion_tokens == len(ids)
+    assert ((choice.message.model_extra or {}).get("reasoning_content") or "") == want.reasoning
+    assert (choice.message.content or "") == want.content
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []] == want_calls
+    got = collect(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert (got["reasoning"], got["content"], got["calls"]) == (want.reasoning, want.content, want_calls)
+    assert got["scores"] == got["usage"].completion_tokens == len(ids)

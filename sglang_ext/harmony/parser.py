@@ -41,7 +41,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 BARE_CONTENT_TYPES = ("json", "code")
 # Real headers are a dozen tokens; past this the model is writing content into a header whose
 # <|message|> it skipped, and holding it back would stall the stream.
-MAX_HEADER_TOKENS = 64
+MAX_HEADER_TOKENS = 32
 
 _SPECIAL_NAMES = {RETURN: "<|return|>", CONSTRAIN: "<|constrain|>", CHANNEL: "<|channel|>", START: "<|start|>",
                   END: "<|end|>", MESSAGE: "<|message|>", CALL: "<|call|>"}
