@@ -83,6 +83,10 @@ class MoeConfig:
     def fused_requant(self) -> bool:
         return self.mlp1_block_n % QUANT_GROUP == 0
 
+    def short(self) -> str:
+        return (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages} "
+                f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages} g{self.group_m}")
+
 
 # By token count (upper bound inclusive), for hidden 2880 / intermediate 2880 on an H200.
 # mlp1 always spans whole 128-column groups of h (256 W1 rows), so h is requantised once, in its
@@ -173,7 +177,7 @@ def _local_one_hot(TOPK_IDS, pairs, num_pairs, expert_offset, num_local, offs_e)
     return (local[:, None] == offs_e[None, :]).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _count_kernel(TOPK_IDS, CHUNK_COUNTS, num_pairs, expert_offset, num_local,
                   CHUNK: tl.constexpr, E_PAD: tl.constexpr):
     c = tl.program_id(0)
@@ -193,35 +197,35 @@ def _align_body(
     num_pairs,
     expert_offset,
     num_local,
+    num_chunks,
+    max_blocks,
+    blocks_per_program,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
-    NUM_CHUNKS: tl.constexpr,
     E_PAD: tl.constexpr,
-    MAX_BLOCKS: tl.constexpr,
-    BLOCKS_PER_PROGRAM: tl.constexpr,
-    BLOCKS_PER_STEP: tl.constexpr,
     SINGLE: tl.constexpr,  # one program does everything (decode): no _count_kernel launch
 ):
+    # T-dependent sizes are run-time values, so one compiled kernel serves every batch size
     offs_e = tl.arange(0, E_PAD)
     offs_c = tl.arange(0, CHUNK)
     if SINGLE:
         totals = tl.zeros([E_PAD], tl.int32)
-        for c in range(NUM_CHUNKS):
+        for c in range(num_chunks):
             one_hot = _local_one_hot(TOPK_IDS, c * CHUNK + offs_c, num_pairs, expert_offset, num_local, offs_e)
             totals += tl.sum(one_hot, axis=0)
         before = tl.zeros([E_PAD], tl.int32)
         first_chunk = 0
-        last_chunk = NUM_CHUNKS
+        last_chunk = num_chunks
     else:
         # every program sums all chunks' counts (from L2), in slabs that stay in registers
         SLAB: tl.constexpr = 16
         offs_s = tl.arange(0, SLAB)
         totals = tl.zeros([E_PAD], tl.int32)
         before = tl.zeros([E_PAD], tl.int32)
-        for c0 in range(0, NUM_CHUNKS, SLAB):
+        for c0 in range(0, num_chunks, SLAB):
             chunks = c0 + offs_s
             counts = tl.load(CHUNK_COUNTS + chunks[:, None] * E_PAD + offs_e[None, :],
-                             mask=(chunks < NUM_CHUNKS)[:, None], other=0)
+                             mask=(chunks < num_chunks)[:, None], other=0)
             totals += tl.sum(counts, axis=0)
             before += tl.sum(tl.where((chunks < pid)[:, None], counts, 0), axis=0)
         first_chunk = pid
@@ -243,11 +247,12 @@ def _align_body(
     # Block -> expert, and the padding slots of used blocks (disjoint from the slots above).
     seg_end_block = (seg_start + padded) // BLOCK_M
     used_blocks = tl.sum(padded, axis=0) // BLOCK_M
+    BLOCKS_PER_STEP: tl.constexpr = 64
     offs_b = tl.arange(0, BLOCKS_PER_STEP)
     offs_m = tl.arange(0, BLOCK_M)
-    for b0 in range(pid * BLOCKS_PER_PROGRAM, (pid + 1) * BLOCKS_PER_PROGRAM, BLOCKS_PER_STEP):
+    for b0 in range(pid * blocks_per_program, (pid + 1) * blocks_per_program, BLOCKS_PER_STEP):
         blocks = b0 + offs_b
-        in_range = (blocks < MAX_BLOCKS) & (blocks < (pid + 1) * BLOCKS_PER_PROGRAM)
+        in_range = (blocks < max_blocks) & (blocks < (pid + 1) * blocks_per_program)
         expert = tl.sum((seg_end_block[None, :] <= blocks[:, None]).to(tl.int32), axis=1)
         used = blocks < used_blocks
         tl.store(BLOCK_EXPERT + blocks, tl.where(used, expert, -1), mask=in_range)
@@ -260,13 +265,12 @@ def _align_body(
                  mask=padding & (in_range & used)[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_chunks", "max_blocks", "blocks_per_program"])
 def _align_kernel(TOPK_IDS, CHUNK_COUNTS, SORTED_PAIRS, BLOCK_EXPERT, num_pairs, expert_offset, num_local,
-                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, NUM_CHUNKS: tl.constexpr, E_PAD: tl.constexpr,
-                  MAX_BLOCKS: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr,
-                  SINGLE: tl.constexpr):
+                  num_chunks, max_blocks, blocks_per_program,
+                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_PAD: tl.constexpr, SINGLE: tl.constexpr):
     _align_body(tl.program_id(0), TOPK_IDS, CHUNK_COUNTS, SORTED_PAIRS, BLOCK_EXPERT, num_pairs, expert_offset,
-                num_local, BLOCK_M, CHUNK, NUM_CHUNKS, E_PAD, MAX_BLOCKS, BLOCKS_PER_PROGRAM, BLOCKS_PER_STEP, SINGLE)
+                num_local, num_chunks, max_blocks, blocks_per_program, BLOCK_M, CHUNK, E_PAD, SINGLE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +326,7 @@ def _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_ex
     tl.store(TOPK_IDS + out_offs, top_i, mask=keep)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "num_heads", "num_chunks", "max_blocks"])
 def _front_kernel(
     LOGITS,  # [T, E] router dtype (ROUTE)
     X,  # [T, H] (QUANT)
@@ -332,25 +336,23 @@ def _front_kernel(
     TOPK_IDS,  # [T, TOP_K] int32 (written when ROUTE, read when ALIGN)
     SORTED_PAIRS, BLOCK_EXPERT,  # the sort's outputs (ALIGN)
     num_tokens, stride_logits, stride_x, num_experts, hidden, expert_offset, num_local,
+    num_heads,  # programs 0..num_heads-1 route (and sort); the rest quantise x
+    num_chunks, max_blocks,  # the sort's, when ALIGN
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
     ROUTE_BLOCK_T: tl.constexpr,
-    NUM_HEADS: tl.constexpr,  # programs 0..NUM_HEADS-1 route (and sort); the rest quantise x
     QUANT_BLOCK_T: tl.constexpr,
     ROUTE: tl.constexpr,
     QUANT: tl.constexpr,
-    ALIGN: tl.constexpr,  # NUM_HEADS == 1: the head program also sorts all pairs
+    ALIGN: tl.constexpr,  # num_heads == 1: the head program also sorts all pairs
     TORCH_CPU_SOFTMAX: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
-    NUM_CHUNKS: tl.constexpr,
     E_LOCAL_PAD: tl.constexpr,
-    MAX_BLOCKS: tl.constexpr,
-    BLOCKS_PER_STEP: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if pid < NUM_HEADS:
+    if pid < num_heads:
         if ROUTE:
             _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
                         TOP_K, K_PAD, E_PAD, ROUTE_BLOCK_T, TORCH_CPU_SOFTMAX)
@@ -359,14 +361,13 @@ def _front_kernel(
             # them visible (global memory, same block)
             tl.debug_barrier()
             _align_body(0, TOPK_IDS, TOPK_IDS, SORTED_PAIRS, BLOCK_EXPERT, num_tokens * TOP_K, expert_offset,
-                        num_local, BLOCK_M, CHUNK, NUM_CHUNKS, E_LOCAL_PAD, MAX_BLOCKS, MAX_BLOCKS,
-                        BLOCKS_PER_STEP, True)
+                        num_local, num_chunks, max_blocks, max_blocks, BLOCK_M, CHUNK, E_LOCAL_PAD, True)
     else:
         if QUANT:
             # one 1x128 group column of QUANT_BLOCK_T tokens per program: all loads in flight at
             # once (a loop over the 23 groups of one token would pay 23 DRAM latencies)
             num_groups = tl.cdiv(hidden, 128)
-            q = pid - NUM_HEADS
+            q = pid - num_heads
             g = q % num_groups
             tokens = (q // num_groups) * QUANT_BLOCK_T + tl.arange(0, QUANT_BLOCK_T)
             token_ok = tokens < num_tokens
@@ -384,7 +385,7 @@ def _front_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks_m"])
 def _mlp1_kernel(
     XQ, XS,  # x in e4m3 [T, H] and its group scales [T, cdiv(H, 128)]
     W1, W1S, B1,  # [E, 2I, H] e4m3, [E, cdiv(2I, 128), cdiv(H, 128)] fp32, [E, 2I]
@@ -472,7 +473,7 @@ def _mlp1_kernel(
         tl.store(HF + out_offs, h, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks_m"])
 def _mlp2_kernel(
     HQ, HS, HF,  # h as _mlp1_kernel left it (fp8 + scales, or fp32)
     W2, W2S, B2,  # [E, H, I] e4m3, [E, cdiv(H, 128), cdiv(I, 128)] fp32, [E, H]
@@ -542,7 +543,7 @@ def _mlp2_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
                     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -618,10 +619,16 @@ def _check_weights(hidden, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2):
     return num_local, inter
 
 
+def _sort_chunk(num_pairs: int, chunk: int) -> int:
+    """Pairs per sort step: the config's, or 32 for a few pairs (T <= 8 at k=4). Two sizes only,
+    so the kernels compile twice, not once per batch size."""
+    return min(chunk, 32) if num_pairs <= 32 else chunk
+
+
 def _launch_sort(ids, num_pairs, num_local, expert_offset, block_m, chunk, sorted_pairs, block_expert, max_blocks):
     """The sort on its own: one program for a few chunks of pairs, else counts per chunk first."""
     e_pad = _next_pow2(num_local)
-    chunk = min(chunk, max(16, _next_pow2(num_pairs)))
+    chunk = _sort_chunk(num_pairs, chunk)
     num_chunks = max(1, _cdiv(num_pairs, chunk))
     single = num_chunks <= SORT_MAX_SINGLE_CHUNKS
     chunk_counts = block_expert  # unused when single
@@ -630,12 +637,10 @@ def _launch_sort(ids, num_pairs, num_local, expert_offset, block_m, chunk, sorte
         _count_kernel[(num_chunks,)](ids, chunk_counts, num_pairs, expert_offset, num_local,
                                      CHUNK=chunk, E_PAD=e_pad, num_warps=8)
     programs = 1 if single else num_chunks
-    blocks_per_program = _cdiv(max_blocks, programs)
     _align_kernel[(programs,)](
         ids, chunk_counts, sorted_pairs, block_expert, num_pairs, expert_offset, num_local,
-        BLOCK_M=block_m, CHUNK=chunk, NUM_CHUNKS=num_chunks, E_PAD=e_pad, MAX_BLOCKS=max_blocks,
-        BLOCKS_PER_PROGRAM=blocks_per_program, BLOCKS_PER_STEP=min(64, _next_pow2(blocks_per_program)),
-        SINGLE=single, num_warps=8,
+        num_chunks, max_blocks, _cdiv(max_blocks, programs),
+        BLOCK_M=block_m, CHUNK=chunk, E_PAD=e_pad, SINGLE=single, num_warps=8,
     )
 
 
@@ -670,22 +675,21 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         xs = torch.empty((t, _cdiv(hidden, QUANT_GROUP)), dtype=torch.float32, device=dev)
     num_pairs = t * top_k
     fused_sort = False
-    align = dict(BLOCK_M=16, CHUNK=16, NUM_CHUNKS=1, E_LOCAL_PAD=1, MAX_BLOCKS=1, BLOCKS_PER_STEP=1)
-    num_local = expert_offset = 0
+    align = dict(BLOCK_M=16, CHUNK=16, E_LOCAL_PAD=1)
+    num_local = expert_offset = num_chunks = 0
     if sort is not None:
         num_local, expert_offset, block_m, chunk = sort
         max_blocks = _max_blocks(num_pairs, num_local, block_m)
         sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
-        chunk = min(chunk, max(16, _next_pow2(num_pairs)))
-        num_chunks = _cdiv(num_pairs, chunk)
+        num_chunks = _cdiv(num_pairs, _sort_chunk(num_pairs, chunk))
         fused_sort = t <= FUSED_SORT_MAX_TOKENS and num_chunks <= SORT_MAX_SINGLE_CHUNKS
         if fused_sort:
-            align = dict(BLOCK_M=block_m, CHUNK=chunk, NUM_CHUNKS=num_chunks, E_LOCAL_PAD=_next_pow2(num_local),
-                         MAX_BLOCKS=max_blocks, BLOCKS_PER_STEP=min(64, _next_pow2(max_blocks)))
+            align = dict(BLOCK_M=block_m, CHUNK=_sort_chunk(num_pairs, chunk), E_LOCAL_PAD=_next_pow2(num_local))
     if t == 0:
         return weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks
-    route_block_t = max(16, _next_pow2(t)) if fused_sort else ROUTE_BLOCK_T
+    # two routing tile heights when one program routes everything: one compile per bucket
+    route_block_t = (16 if t <= 16 else FUSED_SORT_MAX_TOKENS) if fused_sort else ROUTE_BLOCK_T
     heads = 1 if fused_sort else (_cdiv(t, route_block_t) if route else 0)
     quant_programs = _cdiv(t, QUANT_BLOCK_T) * _cdiv(hidden, QUANT_GROUP) if x is not None else 0
     dummy = ref
@@ -695,7 +699,8 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         ids if ids is not None else dummy,
         sorted_pairs if fused_sort else dummy, block_expert if fused_sort else dummy,
         t, stride_logits, x.stride(0) if x is not None else 0, num_experts, hidden, expert_offset, num_local,
-        TOP_K=top_k, K_PAD=_next_pow2(top_k), E_PAD=e_pad, ROUTE_BLOCK_T=route_block_t, NUM_HEADS=heads,
+        heads, num_chunks, max_blocks,
+        TOP_K=top_k, K_PAD=_next_pow2(top_k), E_PAD=e_pad, ROUTE_BLOCK_T=route_block_t,
         QUANT_BLOCK_T=QUANT_BLOCK_T, ROUTE=route, QUANT=x is not None, ALIGN=fused_sort,
         TORCH_CPU_SOFTMAX=dev.type == "cpu", **align, num_warps=8 if fused_sort else 4,
     )

@@ -13,11 +13,13 @@ dims with every ragged edge of the real model: hidden 320 = 2.5 blocks of 128, i
 160 (h groups 1.25, W1 rows 2.5 blocks), 8 experts, top-4. On a CUDA machine the `gpu` tests
 run the real shapes (hidden 2880, 32 experts) compiled and inside a CUDA graph.
 
-Tolerances vs `moe_ref`: the kernel's fp32 sums run in another order, so h can differ in its
-last fp32 bits and, rarely, round to the neighbouring e4m3 value (a 6-12% step of that one
-element). Stated bound: max |out - ref| <= 2^-6 * max|ref| and >= 99% of elements within
-one bf16 ulp (plus 1e-6) of ref. Vs `experts_torch` (no activation quantisation) the e4m3
-rounding of x and h is the whole difference: relative Frobenius error <= 6%.
+Tolerances vs `moe_ref`: the kernel's sums run in another order, so h can differ in its last
+bits and, rarely, round to the neighbouring e4m3 value (a 6-12% step of that one element).
+Interpreted (exact e4m3 products, fp32 sums): max |out - ref| <= 2^-6 * max|ref| and >= 99% of
+elements within one bf16 ulp (+1e-6) of ref. Compiled, Hopper's FP8 tensor cores accumulate
+each 128-deep K step with ~2^-14 relative error, which flips ~0.1% of h's e4m3 roundings:
+max <= 2^-6 * max|ref| and relative Frobenius error <= 1e-2. Vs `experts_torch` (no activation
+quantisation) the e4m3 rounding of x and h is the whole difference: relative Frobenius <= 6%.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from sglang_ext.layers.moe import add_down_bias, experts_torch, route  # noqa: E
 
 HIDDEN, INTER, NUM_EXPERTS, TOP_K, LIMIT = 320, 160, 8, 4, 7.0
 REF_MAX_REL = 2.0 ** -6
-REF_WITHIN_ULP_FRACTION = 0.99
+REF_WITHIN_ULP_FRACTION = 0.99  # interpreted
+REF_REL_FRO_COMPILED = 1e-2
 TORCH_REL_FRO = 0.06
 
 
@@ -95,16 +98,22 @@ def dequantised(q1, s1, b1, q2, s2, b2):
 
 
 def compare_to_ref(out, ref, what):
-    """The stated bound vs `moe_ref` (module docstring); returns (max rel err, fraction within an ulp)."""
+    """The stated bounds vs `moe_ref` (module docstring); returns the measured errors."""
     diff = (out.float() - ref.float()).abs()
     scale = ref.float().abs().max().item()
     ulp = torch.finfo(ref.dtype).eps * ref.float().abs() if ref.dtype != torch.float32 else 0
-    within = (diff <= ulp + 1e-6).float().mean().item()
-    rel = diff.max().item() / max(scale, 1e-30)
-    if not (rel <= REF_MAX_REL and within >= REF_WITHIN_ULP_FRACTION):
-        raise AssertionError(f"{what}: vs moe_ref max rel err {rel:.3g} (bound {REF_MAX_REL}), "
-                             f"within 1 ulp {within:.4f} (bound {REF_WITHIN_ULP_FRACTION})")
-    return rel, within
+    errors = {"max_rel_err_vs_ref": diff.max().item() / max(scale, 1e-30),
+              "rel_fro_vs_ref": (diff.norm() / ref.float().norm()).item(),
+              "within_ulp": (diff <= ulp + 1e-6).float().mean().item()}
+    ok = errors["max_rel_err_vs_ref"] <= REF_MAX_REL
+    if out.device.type == "cpu":
+        ok = ok and errors["within_ulp"] >= REF_WITHIN_ULP_FRACTION
+    else:
+        ok = ok and errors["rel_fro_vs_ref"] <= REF_REL_FRO_COMPILED
+    if not ok:
+        raise AssertionError(f"{what}: vs moe_ref {errors} (bounds: max rel {REF_MAX_REL}; interpreted "
+                             f"within-ulp {REF_WITHIN_ULP_FRACTION}, compiled rel Frobenius {REF_REL_FRO_COMPILED})")
+    return errors
 
 
 def compare_to_torch(out, want, what):
@@ -260,11 +269,11 @@ def check_moe(mod, device) -> dict:
                                                   expert_offset=offset, config=config, return_routing=True)
         assert got.dtype == x.dtype and got.shape == x.shape
         ref = mod.moe_ref(x, *router, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset)
-        rel, within = compare_to_ref(got, ref, name)
+        errors = compare_to_ref(got, ref, name)
         w1, b1, w2, b2 = dequantised(*experts)
         want = experts_torch(x.float(), weights, ids, w1, b1, w2, b2, LIMIT, offset)
-        rel_torch = compare_to_torch(got, want, name)
-        results.append({"case": name, "max_rel_err_vs_ref": rel, "within_ulp": within, "rel_fro_vs_torch": rel_torch})
+        errors["rel_fro_vs_torch"] = compare_to_torch(got, want, name)
+        results.append({"case": name, **errors})
     return {"moe": results, "ep_tp": check_expert_parallel_sum(mod, router, device)}
 
 
