@@ -86,6 +86,8 @@ def run(rank: int, world: int, args):
             dims = type(dims)(**{**dims.__dict__, "num_layers": args.layers})
         for tp, ep, dp in parse_configs(args.configs):
             emulate = tp != world
+            probe_here = args.probe_configs == "all" or (
+                args.probe_configs != "none" and (tp, ep, dp) in parse_configs(args.probe_configs))
             sharding = Sharding(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
             base = {"model": dims.name, "config": sharding.label, "gpus": tp,
                     "kind": "modelled" if emulate else "measured"}
@@ -108,7 +110,7 @@ def run(rank: int, world: int, args):
                         rows.append({**row, "skipped": f"batch {batch} < dp {dp}"})
                         continue
                     kv = ModelStep.bytes_needed(dims, sharding, batch, context)["kv"]
-                    probe_kv = batch * context * 128 * 2 if args.probe else 0
+                    probe_kv = batch * context * 128 * 2 if args.probe and probe_here else 0
                     free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
                     if cuda:
                         free += sum(t.numel() * t.element_size() for pair in model.kv_full + model.kv_swa
@@ -120,7 +122,8 @@ def run(rank: int, world: int, args):
                     try:
                         model.allocate_cache(batch, context)
                         t_off = time_decode(model, context, probe=False, eager=not cuda)
-                        t_on = time_decode(model, context, probe=True, eager=not cuda) if args.probe else None
+                        t_on = (time_decode(model, context, probe=True, eager=not cuda)
+                                if args.probe and probe_here else None)
                     except Exception as exc:
                         traceback.print_exc()
                         rows.append({**row, "error": repr(exc)[:300]})
@@ -200,6 +203,8 @@ def main():
     ap.add_argument("--contexts", default="8192,32768")
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--no-probe", dest="probe", action="store_false")
+    ap.add_argument("--probe-configs", default="all",
+                    help="tp:ep:dp,... whose rows also time the probe (all | none | a list)")
     ap.add_argument("--profile", action="store_true", help="per-kernel breakdown of one step (rank 0)")
     ap.add_argument("--layers", type=int, default=0, help="override the layer count (smoke tests)")
     ap.add_argument("--nccl", default=os.path.join(os.path.dirname(__file__), "results", "nccl_collectives.json"))

@@ -126,13 +126,14 @@ def moe_forward(
     """
     from sglang_ext.kernel_select import use_triton
 
-    weights, ids = route(x, router_weight, router_bias, top_k)
     fp8 = w1.dtype == torch.float8_e4m3fn
     if fp8 and use_triton(x.device):
-        from sglang_ext.kernels.moe import fused_experts_fp8
+        from sglang_ext.kernels.moe import fused_moe_fp8
 
-        return fused_experts_fp8(x, weights, ids, w1, w1_scale_inv, b1, w2, w2_scale_inv,
-                                 b2 if with_down_bias else None, limit=limit, expert_offset=expert_offset)
+        # Router GEMM, then one kernel for top-k + softmax + activation quantisation.
+        return fused_moe_fp8(x, router_weight, router_bias, w1, w1_scale_inv, b1, w2, w2_scale_inv,
+                             b2 if with_down_bias else None, top_k=top_k, limit=limit, expert_offset=expert_offset)
+    weights, ids = route(x, router_weight, router_bias, top_k)
     if fp8:
         from sglang_ext.layers.fp8 import dequantize_weight_block128
 

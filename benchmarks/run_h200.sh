@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU runs behind benchmarks/results/, one stage per device call (each well inside 10 minutes):
+#
+#   bash benchmarks/run_h200.sh kernels   # GPU tests of the kernels + the three kernel benchmarks
+#   bash benchmarks/run_h200.sh model     # model-step decode + prefill grid on one H200 (+ modelled configs)
+#   bash benchmarks/run_h200.sh x2        # NCCL calibration + measured 2-GPU configurations (nvidia-h200-x2)
+#
+# On the device tool: run with carry [".peers/sglang_src"] (bash benchmarks/fetch_sglang_peers.sh here
+# first) so SGLang's own Triton kernels run as peers. Everything lands in $OUT/results.tgz (the tool
+# returns at most 8 files); unpack it into benchmarks/results/ and commit.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SGLANG_PEERS_SRC="$PWD/.peers/sglang_src"
+OUT="${OUT:-/tmp/sglang_ext_out}"
+R="$OUT/results"
+mkdir -p "$R"
+stage="${1:?stage: kernels | model | x2}"
+t0=$(date +%s)
+step() {  # step NAME TIMEOUT CMD...: run, log, never stop the stage
+    local name=$1 limit=$2; shift 2
+    echo "== $name ($(( $(date +%s) - t0 )) s in)"
+    timeout "$limit" "$@" > "$R/$name.log" 2>&1
+    echo "   rc=$? $(tail -n 2 "$R/$name.log" | tr '\n' ' ' | cut -c1-200)"
+}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
+case "$stage" in
+kernels)
+    step gpu_test_fp8_gemm 90 python tests/test_kernel_fp8_gemm.py --gpu
+    step gpu_test_moe 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py --noconftest
+    step gpu_test_sink_attention 90 python tests/test_kernel_sink_attention.py --gpu
+    step bench_fp8_gemm 130 python benchmarks/bench_fp8_gemm.py --out "$R" --budget-s 60
+    step bench_moe 130 python benchmarks/bench_moe.py --out "$R" --budget-s 60
+    step bench_sink_attention 130 python benchmarks/bench_sink_attention.py --out "$R" --no-sweep
+    ;;
+model)
+    step bench_decode 330 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+        --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+        --profile --out "$R"
+    step bench_prefill 200 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+        --lengths 1024,4096,8192,32768 --out "$R"
+    ;;
+x2)
+    step nccl 60 python benchmarks/perf_model.py --measure-nccl --nproc 2 --out "$R"
+    step bench_decode_x2 300 python benchmarks/bench_decode.py --nproc 2 --models 120b,20b --batches 1,8,32,128 \
+        --contexts 8192,32768 --configs 2:1:1,2:2:1,2:2:2 --probe-configs none --nccl "$R/nccl_collectives.json" \
+        --out "$R" --stem bench_decode_x2
+    step bench_prefill_x2 150 python benchmarks/bench_prefill.py --nproc 2 --models 120b,20b --configs 2:1:1 \
+        --lengths 1024,4096,8192,32768 --nccl "$R/nccl_collectives.json" --out "$R" --stem bench_prefill_x2
+    ;;
+esac
+tar czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$R"
+echo "done in $(( $(date +%s) - t0 )) s"
