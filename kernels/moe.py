@@ -33,8 +33,10 @@ keep last-ulp differences of exp. x's quantisation equals `quantize_activation_g
 bit for bit. The expert GEMMs differ from `moe_ref` only by fp32 summation order, which can
 flip a rare e4m3 rounding of h (tests/test_kernel_moe.py states the tolerances).
 
-Launch configs come from a table by token count (`select_config`), tuned for hidden 2880 on
-an H200; nothing is autotuned at run time.
+Launch configs come from a table by token count (`select_config`) for hidden 2880 on an H200;
+nothing is autotuned at run time. The table was chosen from ptxas resource counts (registers,
+shared memory, no spills) and bandwidth arithmetic; benchmarks/bench_moe.py measures it and
+sweeps the alternatives on the GPU.
 """
 
 from __future__ import annotations

@@ -189,6 +189,17 @@ def test_launcher_rejects_bad_shapes():
         mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, config=mod.MoeConfig(24, 32, 4, 2, 32, 4, 2))
 
 
+def test_empty_batch_launches_nothing():
+    """T = 0 returns an empty result without a launch (no driver here: a launch would raise)."""
+    mod = _kernel_module()
+    experts = make_experts(4, HIDDEN, INTER, seed=0)
+    router = make_router(4, HIDDEN, seed=0)
+    x = make_x(0, HIDDEN, seed=0)
+    assert mod.fused_moe_fp8(x, *router, *experts).shape == (0, HIDDEN)
+    ids = torch.zeros((0, TOP_K), dtype=torch.int64)
+    assert mod.fused_experts_fp8(x, ids.float(), ids, *experts).shape == (0, HIDDEN)
+
+
 # ---------------------------------------------------------------------------------------------
 # the kernels: interpreted here (subprocess), compiled + CUDA graph on a GPU
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +308,7 @@ def check_expert_parallel_sum(mod, router, device) -> float:
     return rel
 
 
-def sweep(device: str = "cpu", graph: bool = False) -> dict:
+def sweep(device: str = "cpu") -> dict:
     mod = _kernel_module()
     t0 = time.time()
     result = {"device": device}
@@ -324,6 +335,53 @@ def test_kernels_interpreted():
 # ---------------------------------------------------------------------------------------------
 
 
+def gpu_full_shapes(num_tokens: int) -> dict:
+    """hidden 2880, intermediate 2880, 32 experts (gpt-oss-20b), top-4, table configs; then the
+    same launcher captured in a CUDA graph and replayed on new tokens written in place (a host
+    sync in the launcher would fail the capture; a host-side value would freeze stale results)."""
+    mod = _kernel_module()
+    hidden = inter = 2880
+    experts = make_experts(32, hidden, inter, seed=3, device="cuda")
+    router = make_router(32, hidden, seed=4, device="cuda")
+    x = make_x(num_tokens, hidden, seed=5, device="cuda")
+    result = {"tokens": num_tokens, "eager": compare_to_ref(mod.fused_moe_fp8(x, *router, *experts),
+                                                            mod.moe_ref(x, *router, *experts), f"T={num_tokens}")}
+    out = torch.empty_like(x)
+    mod.fused_moe_fp8(x, *router, *experts, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mod.fused_moe_fp8(x, *router, *experts, out=out)
+    for seed in (6, 7):
+        x.copy_(make_x(num_tokens, hidden, seed=seed, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        result[f"replay_{seed}"] = compare_to_ref(out, mod.moe_ref(x, *router, *experts),
+                                                  f"graph replay T={num_tokens}")
+    return result
+
+
+def gpu_routing() -> dict:
+    """torch's CUDA softmax order (expf, butterfly sum, IEEE division) at the real expert counts:
+    the kernel's routing equals `route` bit for bit on every ties-free token."""
+    mod = _kernel_module()
+    result = {}
+    for num_experts in (128, 32):
+        rw, rb = make_router(num_experts, 2880, seed=num_experts, device="cuda")
+        x = make_x(4096, 2880, seed=1, device="cuda")
+        logits = torch.nn.functional.linear(x, rw, rb)
+        weights, ids, _, _ = mod.route_and_quantize(logits, None, TOP_K)
+        want_w, want_ids = route(x, rw, rb, TOP_K)
+        top = torch.topk(logits.float(), TOP_K + 1, dim=-1).values
+        distinct = (top[:, :-1] != top[:, 1:]).all(dim=-1)
+        id_rows = (ids[distinct].long() != want_ids[distinct]).any(dim=-1).sum().item()
+        weight_rows = (weights[distinct] != want_w[distinct]).any(dim=-1).sum().item()
+        assert id_rows == 0 and weight_rows == 0, \
+            f"E={num_experts}: {id_rows} rows with other ids, {weight_rows} with other weights, of {distinct.sum().item()}"
+        result[f"E{num_experts}_ties_free_rows"] = distinct.sum().item()
+    return result
+
+
 @pytest.mark.gpu
 def test_small_dims_compiled():
     """The interpreted sweep, compiled (the same assertions on a GPU)."""
@@ -333,48 +391,23 @@ def test_small_dims_compiled():
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [1, 37, 512])
 def test_full_shapes_and_cuda_graph(num_tokens):
-    """hidden 2880, intermediate 2880, 32 experts (gpt-oss-20b), top-4, table configs; then the
-    same launcher captured in a CUDA graph and replayed on new tokens written in place."""
-    mod = _kernel_module()
-    hidden = inter = 2880
-    experts = make_experts(32, hidden, inter, seed=3, device="cuda")
-    router = make_router(32, hidden, seed=4, device="cuda")
-    x = make_x(num_tokens, hidden, seed=5, device="cuda")
-    got = mod.fused_moe_fp8(x, *router, *experts)
-    ref = mod.moe_ref(x, *router, *experts)
-    compare_to_ref(got, ref, f"T={num_tokens}")
-
-    out = torch.empty_like(x)
-    mod.fused_moe_fp8(x, *router, *experts, out=out)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        mod.fused_moe_fp8(x, *router, *experts, out=out)
-    for seed in (6, 7):
-        x.copy_(make_x(num_tokens, hidden, seed=seed, device="cuda"))
-        g.replay()
-        torch.cuda.synchronize()
-        compare_to_ref(out, mod.moe_ref(x, *router, *experts), f"graph replay T={num_tokens}")
+    gpu_full_shapes(num_tokens)
 
 
 @pytest.mark.gpu
 def test_routing_bit_exact_on_cuda():
-    """torch's CUDA softmax order (expf, butterfly sum, IEEE division) at the real expert counts."""
-    mod = _kernel_module()
-    for num_experts in (128, 32):
-        rw, rb = make_router(num_experts, 2880, seed=num_experts, device="cuda")
-        x = make_x(4096, 2880, seed=1, device="cuda")
-        logits = torch.nn.functional.linear(x, rw, rb)
-        weights, ids, _, _ = mod.route_and_quantize(logits, None, 4)
-        want_w, want_ids = route(x, rw, rb, 4)
-        top = torch.topk(logits.float(), 5, dim=-1).values
-        distinct = (top[:, :-1] != top[:, 1:]).all(dim=-1)
-        assert torch.equal(weights[distinct], want_w[distinct])
-        assert torch.equal(ids[distinct].long(), want_ids[distinct])
+    gpu_routing()
 
 
 if __name__ == "__main__":
-    # python tests/test_kernel_moe.py --sweep [--device cuda]
+    # python tests/test_kernel_moe.py --sweep [--device cuda]   (interpreter: TRITON_INTERPRET=1)
+    # python tests/test_kernel_moe.py --gpu                     (small dims compiled, full shapes + graph, routing)
     args = sys.argv[1:]
-    dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
-    print(json.dumps(sweep(dev)), flush=True)
+    if "--gpu" in args:
+        print(json.dumps(sweep("cuda")), flush=True)
+        print(json.dumps(gpu_routing()), flush=True)
+        for t in (1, 37, 512):
+            print(json.dumps(gpu_full_shapes(t)), flush=True)
+    else:
+        dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
+        print(json.dumps(sweep(dev)), flush=True)
