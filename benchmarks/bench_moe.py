@@ -358,30 +358,30 @@ def sweep_candidates():
     return decode, prefill
 
 
-def run_sweep(layers, bw, ceil, deadline) -> list:
+def run_sweep(layers, bw, ceil, deadline, rows, save):
     """Launch configurations vs the table's, while time lasts (each new config compiles first)."""
     decode, prefill = sweep_candidates()
-    rows = []
     plan = [("decode", "120b", 1, c) for c in decode] + [("prefill", "120b", 8192, c) for c in prefill] + \
            [("decode", "120b", 64, c) for c in decode] + [("decode", "20b", 128, c) for c in decode]
     for kind, model, tokens, config in plan:
+        if model not in layers:
+            continue
         if time.time() > deadline:
             rows.append({"error": "--budget-s reached: the remaining candidates skipped"})
             break
+        row = {"kind": kind, "model": model, "tokens": tokens, "config": config.short()}
         try:
             if kind == "decode":
                 r = bench_decode(model, layers[model], tokens, bw, check=False, config=config)
-                rows.append({"kind": kind, "model": model, "tokens": tokens, "config": config.short(),
-                             "time_us": r["time_us"], "pct_of_copy_bw": r["pct_of_copy_bw"]})
+                row.update(time_us=r["time_us"], pct_of_copy_bw=r["pct_of_copy_bw"])
             else:
                 r = bench_prefill(model, layers[model], tokens, ceil, config=config, with_peers=False)
-                rows.append({"kind": kind, "model": model, "tokens": tokens, "config": config.short(),
-                             "time_us": r["time_ms"] * 1e3, "TFLOPs": r["TFLOPs"]})
+                row.update(time_us=r["time_ms"] * 1e3, TFLOPs=r["TFLOPs"])
         except Exception as exc:
-            rows.append({"kind": kind, "model": model, "tokens": tokens, "config": config.short(),
-                         "error": f"{type(exc).__name__}: {exc}"[:300]})
-        print(rows[-1], flush=True)
-    return rows
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+        print(row, flush=True)
+        save()
 
 
 def main():
@@ -407,42 +407,48 @@ def main():
     seed = int(time.time() * 1000) % (1 << 31)
     layers = {m: make_layer(args.experts_override or MODELS[m], args.hidden, args.hidden, seed=seed + i)
               for i, m in enumerate(models)}
-    decode_rows, prefill_rows, kernels, errors = [], [], {}, []
-    for model in models:
-        for batch in [int(b) for b in args.batches.split(",")]:
-            try:
-                decode_rows.append(bench_decode(model, layers[model], batch, bw, check=True))
-                print(decode_rows[-1], flush=True)
-            except Exception:
-                errors.append(traceback.format_exc())
-                print(errors[-1], flush=True)
+    rows = {"decode": [], "prefill": [], "kernel_us": {}, "sweep": []}
+    errors = []
+
+    def save():  # after every section: a run cut short by a timeout still leaves its numbers
+        meta = run_meta(f"python benchmarks/bench_moe.py --out {args.out}", {
+            "ceilings": ceil, "elapsed_s": round(time.time() - t_start, 1), "errors": errors, "device": DEVICE,
+            "table": {str(b): c.short() for b, c in moe_kernels.H200_HIDDEN_2880_CONFIGS}})
+        write_results(args.out, "bench_moe", meta, rows, markdown(meta, rows, ceil))
+        return meta
+
+    def attempt(fn):
         try:
-            prefill_rows.append(bench_prefill(model, layers[model], args.prefill_tokens, ceil))
-            print(prefill_rows[-1], flush=True)
+            fn()
         except Exception:
             errors.append(traceback.format_exc())
             print(errors[-1], flush=True)
+
+    for model in models:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            attempt(lambda: rows["decode"].append(bench_decode(model, layers[model], batch, bw, check=True)))
+            print(rows["decode"][-1:], flush=True)
+        attempt(lambda: rows["prefill"].append(bench_prefill(model, layers[model], args.prefill_tokens, ceil)))
+        print(rows["prefill"][-1:], flush=True)
         for name in ("w1_bf16", "w2_bf16"):  # the peers' copies: free them before the next model
             layers[model].pop(name, None)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    try:
+        save()
+
+    def profile_kernels():
         layer = layers[models[0]]
         for label, tokens in (("decode_1", 1), ("decode_128", 128), ("prefill", args.prefill_tokens)):
             x = torch.randn(tokens, args.hidden, device=DEVICE).to(torch.bfloat16)
             times = kernel_times(lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layer), top_k=TOP_K, limit=LIMIT))
             if times:
-                kernels[f"{models[0]}_{label}"] = times
-    except Exception:
-        errors.append(traceback.format_exc())
-    sweep_rows = [] if args.no_sweep else run_sweep(layers, bw, ceil, t_start + args.budget_s)
+                rows["kernel_us"][f"{models[0]}_{label}"] = times
 
-    command = f"python benchmarks/bench_moe.py --out {args.out}"
-    meta = run_meta(command, {"ceilings": ceil, "elapsed_s": round(time.time() - t_start, 1),
-                              "table": {str(b): c.short() for b, c in moe_kernels.H200_HIDDEN_2880_CONFIGS},
-                              "errors": errors, "device": DEVICE})
-    rows = {"decode": decode_rows, "prefill": prefill_rows, "kernel_us": kernels, "sweep": sweep_rows}
-    write_results(args.out, "bench_moe", meta, rows, markdown(meta, rows, ceil))
+    attempt(profile_kernels)
+    save()
+    if not args.no_sweep:
+        attempt(lambda: run_sweep(layers, bw, ceil, t_start + args.budget_s, rows["sweep"], save))
+    meta = save()
     print(markdown(meta, rows, ceil))
 
 

@@ -589,6 +589,12 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def _experts_pad(num_experts: int) -> int:
+    """Expert-axis tile width: a power of two, at least 32, so expert counts of 1..32 (EP
+    shards, the tests' 8) share the 32-expert model's compiled kernels."""
+    return max(32, _next_pow2(num_experts))
+
+
 def _max_blocks(num_pairs: int, num_local: int, block_m: int) -> int:
     """Bound on the used blocks from shapes only: each holds >= 1 pair, each expert pads < 1 block."""
     return max(1, min(num_pairs, _cdiv(num_pairs, block_m) + num_local))
@@ -629,7 +635,7 @@ def _sort_chunk(num_pairs: int, chunk: int) -> int:
 
 def _launch_sort(ids, num_pairs, num_local, expert_offset, block_m, chunk, sorted_pairs, block_expert, max_blocks):
     """The sort on its own: one program for a few chunks of pairs, else counts per chunk first."""
-    e_pad = _next_pow2(num_local)
+    e_pad = _experts_pad(num_local)
     chunk = _sort_chunk(num_pairs, chunk)
     num_chunks = max(1, _cdiv(num_pairs, chunk))
     single = num_chunks <= SORT_MAX_SINGLE_CHUNKS
@@ -664,7 +670,7 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         num_experts = logits.shape[1]
         if not 1 <= top_k <= min(8, num_experts):
             raise ValueError(f"route_and_quantize: top_k must be in 1..min(8, E), got {top_k}")
-        e_pad, stride_logits = _next_pow2(num_experts), logits.stride(0)
+        e_pad, stride_logits = _experts_pad(num_experts), logits.stride(0)
         weights = torch.empty((t, top_k), dtype=logits.dtype, device=dev)
         ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
     else:
@@ -687,7 +693,7 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         num_chunks = _cdiv(num_pairs, _sort_chunk(num_pairs, chunk))
         fused_sort = t <= FUSED_SORT_MAX_TOKENS and num_chunks <= SORT_MAX_SINGLE_CHUNKS
         if fused_sort:
-            align = dict(BLOCK_M=block_m, CHUNK=_sort_chunk(num_pairs, chunk), E_LOCAL_PAD=_next_pow2(num_local))
+            align = dict(BLOCK_M=block_m, CHUNK=_sort_chunk(num_pairs, chunk), E_LOCAL_PAD=_experts_pad(num_local))
     if t == 0:
         return weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks
     # two routing tile heights when one program routes everything: one compile per bucket
