@@ -18,7 +18,8 @@ peer's two GEMMs alone.
 Kernel times per launch (profiler, eager) for batch 1 / 128 and prefill, and a sweep of launch
 configurations while the time budget lasts (--budget-s, the next tuning step: winners go into
 `H200_HIDDEN_2880_CONFIGS`). Peers: ``peers(kind, ctx)`` returns name -> callable; errors are caught
-and recorded. SGLang's Triton ``fused_experts`` can be added there.
+and recorded. SGLang 0.5.23's own Triton fused MoE runs as a peer where `.peers/sglang_src` was
+carried (benchmarks/fetch_sglang_peers.sh), timed without its routing and alignment.
 
     python benchmarks/bench_moe.py --out benchmarks/results   # < 150 s: no sweep candidate starts after --budget-s 130
 """
@@ -234,15 +235,38 @@ def _grouped_mm_pipeline(ctx, gemms_only=False):
     return run
 
 
+def _sglang_fused_experts(ctx):
+    """SGLang 0.5.23's Triton fused MoE on our routing (benchmarks/sglang_peers.py: the carried
+    wheel source; H and I zero-padded to 2944 once, alignment and config untimed)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sglang_peers
+
+    make = sglang_peers.load_sglang_kernels().get("make_fused_experts")
+    if not callable(make):
+        raise RuntimeError(str(make))
+    layer = ctx["layer"]
+    run = make(ctx["x"], ctx["topk_weights"], ctx["topk_ids"], layer["w1"], layer["w1_scale_inv"], layer["b1"],
+               layer["w2"], layer["w2_scale_inv"], layer["b2"], LIMIT)
+    return run
+
+
+SGLANG_PEER_DECODE_BATCHES = (1, 32)  # each batch size compiles SGLang's kernels (and its torch.compile swiglu) anew
+
+
 def peers(kind: str, ctx: dict) -> dict:
     """Peers on the same inputs: name -> factory(ctx) returning a zero-argument callable that gives
     [T, H]. ``kind`` is "decode" or "prefill"; ``ctx`` holds x, layer (the dict of make_layer),
-    topk_weights / topk_ids (the kernel's routing, int32). Add SGLang's Triton ``fused_experts``
-    (FP8 block-128 path, gpt-oss activation) here when the image has it."""
+    topk_weights / topk_ids (the kernel's routing, int32)."""
+    found = {}
     if kind == "decode":
-        return {"torch_experts_bf16": _experts_torch_bf16}  # graph-capturable up to 32 pairs only
+        if ctx["x"].shape[0] * TOP_K <= 32:  # experts_torch's graph-capturable (gathered) path
+            found["torch_experts_bf16"] = _experts_torch_bf16
+        if ctx["x"].shape[0] in SGLANG_PEER_DECODE_BATCHES:
+            found["sglang_triton_fused_experts"] = _sglang_fused_experts
+        return found
     return {"grouped_mm_bf16_pipeline": _grouped_mm_pipeline,
-            "grouped_mm_bf16_gemms_only": lambda c: _grouped_mm_pipeline(c, gemms_only=True)}
+            "grouped_mm_bf16_gemms_only": lambda c: _grouped_mm_pipeline(c, gemms_only=True),
+            "sglang_triton_fused_experts": _sglang_fused_experts}
 
 
 def run_peers(kind, ctx, ours_s, ours_out) -> dict:
@@ -253,6 +277,8 @@ def run_peers(kind, ctx, ours_s, ours_out) -> dict:
             out = fn()
             t = graph_time([fn]) if kind == "decode" else event_time(fn)
             results[name] = {"time_us": t * 1e6, "ours_speedup": t / ours_s}
+            if getattr(fn, "api", None):
+                results[name]["api"] = fn.api
             if "gemms_only" not in name:
                 results[name]["rel_fro_vs_ours"] = ((out.float() - ours_out.float()).norm()
                                                     / ours_out.float().norm()).item()
@@ -320,8 +346,10 @@ def bench_decode(model, layer, batch, bw, check, config=None) -> dict:
     if check:
         moe_kernels.fused_moe_fp8(xs[0], *args, top_k=TOP_K, limit=LIMIT, out=outs[0], config=config)
         row.update(accuracy(outs[0], xs[0], layer))
-        if batch * TOP_K <= 32:
-            row["peers"] = run_peers("decode", {"x": xs[0], "layer": layer}, t, outs[0])
+        _, weights, ids = moe_kernels.fused_moe_fp8(xs[0], *args, top_k=TOP_K, limit=LIMIT, config=config,
+                                                    return_routing=True)
+        row["peers"] = run_peers("decode", {"x": xs[0], "layer": layer, "topk_weights": weights,
+                                            "topk_ids": ids}, t, outs[0])
     return row
 
 
