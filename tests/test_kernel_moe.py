@@ -68,27 +68,30 @@ def _kernel_module():
 
 
 def make_experts(num_local, hidden, inter, seed, device="cpu", with_b2=True, bias_dtype=torch.bfloat16):
-    """FP8 block-128 experts from random fp32 weights; scales so the clamp at 7 bites sometimes."""
-    g = torch.Generator().manual_seed(seed)
-    w1 = torch.randn(num_local, 2 * inter, hidden, generator=g) * (2.5 / hidden ** 0.5)
-    w2 = torch.randn(num_local, hidden, inter, generator=g) * (1.0 / inter ** 0.5)
+    """FP8 block-128 experts from random fp32 weights; scales so the clamp at 7 bites sometimes.
+    Made on `device` (the full-shape GPU test's 32 experts are 2 GB of fp32 before quantising)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    w1 = torch.randn(num_local, 2 * inter, hidden, generator=g, device=device) * (2.5 / hidden ** 0.5)
     q1, s1 = quantize_weight_block128(w1)
+    del w1
+    w2 = torch.randn(num_local, hidden, inter, generator=g, device=device) * (1.0 / inter ** 0.5)
     q2, s2 = quantize_weight_block128(w2)
-    b1 = (torch.randn(num_local, 2 * inter, generator=g) * 0.5).to(bias_dtype)
-    b2 = (torch.randn(num_local, hidden, generator=g) * 0.5).to(bias_dtype) if with_b2 else None
-    return [t.to(device) if t is not None else None for t in (q1, s1, b1, q2, s2, b2)]
+    del w2
+    b1 = (torch.randn(num_local, 2 * inter, generator=g, device=device) * 0.5).to(bias_dtype)
+    b2 = (torch.randn(num_local, hidden, generator=g, device=device) * 0.5).to(bias_dtype) if with_b2 else None
+    return [q1, s1, b1, q2, s2, b2]
 
 
 def make_router(num_experts, hidden, seed, device="cpu", dtype=torch.bfloat16):
-    g = torch.Generator().manual_seed(seed)
-    weight = (torch.randn(num_experts, hidden, generator=g) * (2.0 / hidden ** 0.5)).to(dtype)
-    bias = (torch.randn(num_experts, generator=g) * 0.5).to(dtype)
-    return weight.to(device), bias.to(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    weight = (torch.randn(num_experts, hidden, generator=g, device=device) * (2.0 / hidden ** 0.5)).to(dtype)
+    bias = (torch.randn(num_experts, generator=g, device=device) * 0.5).to(dtype)
+    return weight, bias
 
 
 def make_x(num_tokens, hidden, seed, device="cpu", dtype=torch.bfloat16):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(num_tokens, hidden, generator=g).to(dtype).to(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(num_tokens, hidden, generator=g, device=device).to(dtype)
 
 
 def dequantised(q1, s1, b1, q2, s2, b2):
