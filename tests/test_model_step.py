@@ -52,7 +52,8 @@ def dense_reference(m: ModelStep, token_ids: torch.Tensor) -> torch.Tensor:
         x = rms_norm(h, lw.post_norm, d.rms_eps)
         w, ids = route(x, lw.router_weight, lw.router_bias, d.top_k)
         h = h + experts_torch(x, w, ids, dequantize_weight_block128(lw.w1, lw.w1_scale_inv), lw.b1,
-                              dequantize_weight_block128(lw.w2, lw.w2_scale_inv), lw.b2, d.swiglu_limit)
+                              dequantize_weight_block128(lw.w2, lw.w2_scale_inv), lw.b2, d.swiglu_limit,
+                              quantize_activations=True)
     return torch.nn.functional.linear(rms_norm(h[-1:], m.final_norm, d.rms_eps), m.lm_head)
 
 

@@ -51,8 +51,12 @@ def experts_torch(
     down_proj_bias: torch.Tensor | None,
     limit: float,
     expert_offset: int = 0,
+    quantize_activations: bool = False,
 ) -> torch.Tensor:
     """Sum over the k chosen experts of weight * expert(x); the sum runs in fp32, one rounding.
+
+    `quantize_activations` rounds x and mlp2's input through e4m3 1x128 groups, as the FP8
+    experts' Triton kernel does (w8a8), so the CPU path of an FP8 model computes its maths.
 
     `expert_offset` and the expert count of the weights select this rank's experts
     under expert parallelism; other experts contribute nothing here.
@@ -60,6 +64,9 @@ def experts_torch(
     """
     num_tokens, top_k = topk_ids.shape
     num_local = gate_up_proj.shape[0]
+    if quantize_activations:
+        x = _fake_quant_fp8(x)
+    act = (lambda h: _fake_quant_fp8(swiglu_oai(h, limit))) if quantize_activations else (lambda h: swiglu_oai(h, limit))
     local_ids = topk_ids.reshape(-1) - expert_offset
     on_this_rank = (local_ids >= 0) & (local_ids < num_local)
     weights = topk_weights.reshape(-1).float() * on_this_rank
@@ -69,7 +76,7 @@ def experts_torch(
         ids = local_ids.clamp(0, num_local - 1)
         xs = x[token_of_pair].unsqueeze(1)
         h = torch.baddbmm(gate_up_proj_bias[ids].unsqueeze(1), xs, gate_up_proj[ids].transpose(1, 2))
-        h = swiglu_oai(h, limit)
+        h = act(h)
         if down_proj_bias is not None:
             y = torch.baddbmm(down_proj_bias[ids].unsqueeze(1), h, down_proj[ids].transpose(1, 2))
         else:
@@ -87,11 +94,21 @@ def experts_torch(
             pairs = order[start : start + n]
             start += n
             h = F.linear(x[token_of_pair[pairs]], gate_up_proj[expert], gate_up_proj_bias[expert])
-            h = swiglu_oai(h, limit)
+            h = act(h)
             bias = down_proj_bias[expert] if down_proj_bias is not None else None
             pair_out[pairs] = F.linear(h, down_proj[expert], bias).float()
     out = (pair_out * weights[:, None]).view(num_tokens, top_k, -1).sum(dim=1)
     return out.to(x.dtype)
+
+
+def _fake_quant_fp8(a: torch.Tensor) -> torch.Tensor:
+    from sglang_ext.layers.fp8 import dequantize_activation_group128, quantize_activation_group128
+
+    shape = a.shape
+    if a.numel() == 0:  # a tensor-parallel rank with no channels of I
+        return a
+    flat = a.reshape(-1, shape[-1])
+    return dequantize_activation_group128(*quantize_activation_group128(flat)).to(a.dtype).reshape(shape)
 
 
 def add_down_bias(out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -139,4 +156,5 @@ def moe_forward(
 
         w1 = dequantize_weight_block128(w1, w1_scale_inv, x.dtype)
         w2 = dequantize_weight_block128(w2, w2_scale_inv, x.dtype)
-    return experts_torch(x, weights, ids, w1, b1, w2, b2 if with_down_bias else None, limit, expert_offset)
+    return experts_torch(x, weights, ids, w1, b1, w2, b2 if with_down_bias else None, limit, expert_offset,
+                         quantize_activations=fp8)

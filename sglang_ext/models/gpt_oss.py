@@ -228,9 +228,9 @@ class GptOssMLP(nn.Module):
         gate_up, down = ex.dense(x.dtype)
         if single:
             return experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
-                                 down, ex.down_proj_bias, self.limit)
+                                 down, ex.down_proj_bias, self.limit, quantize_activations=ex.fp8)
         partial = experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
-                                down, None, self.limit, ex.expert_offset)
+                                down, None, self.limit, ex.expert_offset, quantize_activations=ex.fp8)
         return add_down_bias(tensor_model_parallel_all_reduce(partial), weights, ids, ex.down_proj_bias)
 
 
