@@ -9,8 +9,13 @@ For each M:
     (`torch.nn.functional.scaled_mm`, 1x128 x 128x128 scales, else `torch._scaled_mm`) plus a
     separate bias add; cuBLAS needs K % 128 == 0, so its operands are padded once, outside
     the timing, from 2880 to 2944 zero columns (2.2% more bytes and FLOPs than ours reads);
-    bf16 `F.linear` with bias (weights dequantised to bf16); SGLang's
-    `w8a8_block_fp8_matmul_triton` when SGLang is importable. A peer that fails records why.
+    bf16 `F.linear` with bias (weights dequantised to bf16); SGLang 0.5.23's own Triton
+    `w8a8_block_fp8_matmul_triton` + bias add on the same pre-quantised operands (its kernel masks
+    K: no padding), and SGLang's Triton per-token-group quant + that GEMM from bf16 x (its quant
+    needs K % 128 == 0: w padded 2880 -> 2944 once outside the timing, x zero-padded inside the
+    timed call; exact), both through benchmarks/sglang_peers.py (carried source: run
+    `bash benchmarks/fetch_sglang_peers.sh`, carry .peers/sglang_src). A peer that fails records
+    why; every peer's output is compared with ours (max abs diff and max diff / max |y| per row).
 Times: median of CUDA-graph replays; each replay runs the op over enough distinct weight copies
 (> 2x the L2 cache) that weights come from HBM as in a real decode step, not from L2.
 Achieved TB/s counts the weight bytes (e4m3 + scales) only; ceilings measured in the same run:
@@ -203,7 +208,9 @@ def _sglang_kernels() -> dict:
     """SGLang 0.5.23's own Triton kernels through benchmarks/sglang_peers.py (carried source,
     stubbed imports): name -> callable, or name -> the reason it is missing."""
     try:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:  # called once per case: add it once
+            sys.path.insert(0, here)
         import sglang_peers
 
         return sglang_peers.load_sglang_kernels()
@@ -344,7 +351,9 @@ def measure_row(mod, fp8, shape, layer, m, bw, iters) -> dict:
             row[f"{name}_error"] = api
             continue
         peer_y = fns[0]()
-        row[f"{name}_max_rel_err_vs_ours"] = (peer_y.float() - got.float()).abs().max().item() / scale
+        diff = (peer_y.float() - got.float()).abs().max().item()
+        row[f"{name}_max_abs_diff_vs_ours"] = diff
+        row[f"{name}_max_rel_err_vs_ours"] = diff / scale
         del peer_y
         t, how = graph_time(fns, iters)
         row[f"{name}_us"] = t * 1e6
@@ -424,6 +433,9 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
             "command": "python benchmarks/bench_fp8_gemm.py --out $OUT", "elapsed_s": elapsed,
             "cublas_padding": "cuBLAS operands padded K 2880 -> 2944 with zero columns, once, outside timing",
+            "sglang_padding": "SGLang gemm: none (its kernel masks K); SGLang linear: w padded K 2880 -> 2944 "
+                              "once outside timing, x zero-padded inside the timed call (its quant needs "
+                              "K % 128 == 0)",
             **ceilings}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{STEM}.json"), "w") as f:
@@ -440,7 +452,8 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
         "`cuBLAS` = block-scaled `scaled_mm` + bias add on the same pre-quantised operands, K padded to 2944 "
         "(outside timing); `SGLang gemm` / `SGLang linear` = SGLang 0.5.23's Triton "
         "`w8a8_block_fp8_matmul_triton` + bias add, on pre-quantised operands / after its own Triton quant "
-        "(benchmarks/sglang_peers.py). Speedups > 1: ours faster (`gemm` vs the GEMM peers, `ours` vs the "
+        "(benchmarks/sglang_peers.py; `SGLang linear` pads x 2880 -> 2944 inside the timed call, w once outside; "
+        "`SGLang gemm` needs no padding). Speedups > 1: ours faster (`gemm` vs the GEMM peers, `ours` vs the "
         "linear peers). TB/s and % copy bandwidth: weight bytes over `ours`.", "",
         "| shape | M | config | ours | gemm | quant | cuBLAS fp8 | SGLang gemm | SGLang linear | bf16 linear | "
         "gemm vs cuBLAS | gemm vs SGLang | ours vs SGLang linear | ours vs bf16 | TFLOP/s | weight TB/s | "
@@ -456,9 +469,22 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
             f"{x('sglang_triton_fp8')} | {x('sglang_triton_fp8_linear')} | {x('bf16_linear')} | "
             f"{r['ours_TFLOPs']:.0f} | {r['ours_weight_TBps']:.2f} | {r['ours_pct_copy_bw']:.0f} | "
             f"{r['max_rel_err_vs_torch']:.1e} |")
+    agree = {}
+    for r in rows:
+        for key, v in r.items():
+            if key.endswith("_max_abs_diff_vs_ours"):
+                name = key[: -len("_max_abs_diff_vs_ours")]
+                rel = r.get(f"{name}_max_rel_err_vs_ours")
+                worst = agree.get(name)
+                if worst is None or rel > worst[1]:
+                    agree[name] = (v, rel, f"{r['shape']} M={r['M']}")
+    if agree:
+        lines += ["", "Peer outputs vs ours (same inputs; worst row by max diff / max |y|; bf16 linear also "
+                      "differs by skipping the activation quantisation):"]
+        lines += [f"- {name}: max abs diff {d:.2e}, rel {rel:.1e} ({where})" for name, (d, rel, where) in agree.items()]
     errors = sorted({(k, r[k]) for r in rows for k in r if k.endswith("_error")})
     if errors:
-        lines += ["", "Peers that did not run:"] + [f"- {k[:-6]}: {v}" for k, v in errors]
+        lines += ["", "Peers that did not run:"] + [f"- {k[:-6]}: {' '.join(str(v).split())}" for k, v in errors]
     if sweep_rows:
         lines += ["", "## Launch-config sweep (fp8_linear, us; * = the heuristic's pick)", "",
                   "| shape | M | config | us | heuristic / this |", "|---|---:|---|---:|---:|"]

@@ -13,8 +13,12 @@ torch.nn.functional.scaled_dot_product_attention on the flash backend (no sinks,
 contiguous: the peer gets the easier layout); TFLOP/s counts the causal half only. Also a small sweep
 of launch configurations, for the next tuning step.
 
-Peers: ``peers(kind, case)`` returns name -> callable; errors are caught and recorded. SGLang's
-``decode_attention_fwd`` / ``extend_attention_fwd`` with sinks can be added there.
+Peers: ``peers(kind, case)`` returns name -> callable; errors are caught and recorded, and every peer's
+output on the first case is compared with ours (max abs diff in the row). SGLang 0.5.23's own Triton
+``decode_attention_fwd`` / ``extend_attention_fwd`` with sinks run through benchmarks/sglang_peers.py
+(carried source: ``bash benchmarks/fetch_sglang_peers.sh``, carry ``.peers/sglang_src``); their index
+building is untimed setup, as SGLang's per-step metadata. A sliding layer gives SGLang the same 128 keys
+as ours (not 0.5.23's one-key-short decode window, ``upstream_window``), so both read the same bytes.
 
     python benchmarks/bench_sink_attention.py --out benchmarks/results
 """
@@ -64,8 +68,10 @@ WINDOW_LEFT = 127  # gpt-oss sliding layers: 128 keys inclusive
 KV_BYTES_PER_KEY = HKV * D * 2 * 2  # K and V, bf16
 L2_DEFEAT_BYTES = 200e6  # distinct KV per graph replay we aim for (H200 L2: 50 MB)
 # "cpu" only for a smoke run of this script under TRITON_INTERPRET=1 (--device cpu: wall-clock
-# timing, no graphs); every number in results/ comes from "cuda".
+# timing, no graphs; with --dtype float32 there: the interpreter's bf16 arithmetic is wrong, which shows
+# as a huge peer diff); every number in results/ comes from "cuda" in bf16.
 DEVICE = "cuda"
+DTYPE = torch.bfloat16
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -156,7 +162,9 @@ def _sglang_kernels() -> dict:
     """SGLang 0.5.23's own Triton kernels through benchmarks/sglang_peers.py (carried source, stubbed
     imports); name -> callable, or name -> the reason it is missing."""
     try:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:  # called once per case: add it once
+            sys.path.insert(0, here)
         import sglang_peers
 
         return sglang_peers.load_sglang_kernels()
@@ -231,8 +239,8 @@ def bench_decode(contexts, batches, bw, sweep: bool):
     max_batch = max(batches)
     num_slots = max_batch * max_ctx + 1
     g = torch.Generator(device=DEVICE).manual_seed(0)
-    k_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
-    v_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    k_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
+    v_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     sinks = torch.randn(HQ, device=DEVICE, generator=g)
     rows = []
     for ctx in contexts:
@@ -250,7 +258,7 @@ def bench_decode(contexts, batches, bw, sweep: bool):
             keys = ctx if window_left < 0 else min(ctx, window_left + 1)
             kv_bytes = batch * keys * KV_BYTES_PER_KEY
             n_sets = max(1, min(n_rows // batch, math.ceil(L2_DEFEAT_BYTES / kv_bytes), 256))
-            q = torch.randn(n_sets, batch, HQ, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+            q = torch.randn(n_sets, batch, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
             out = torch.empty_like(q)
             seq_lens = torch.full((batch,), ctx, device=DEVICE, dtype=torch.int64)
             sets = [torch.arange(s * batch, (s + 1) * batch, device=DEVICE) for s in range(n_sets)]
@@ -309,10 +317,10 @@ def causal_flops(t: int, window_left: int) -> float:
 
 def bench_extend(tokens, sweep: bool):
     g = torch.Generator(device=DEVICE).manual_seed(1)
-    k_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
-    v_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    k_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
+    v_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     req_to_token = (torch.randperm(tokens, device=DEVICE, generator=g) + 1).view(1, tokens).to(torch.int32)
-    q = torch.randn(tokens, HQ, D, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    q = torch.randn(tokens, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
     sinks = torch.randn(HQ, device=DEVICE, generator=g)
     common = dict(req_pool_indices=torch.zeros(1, dtype=torch.int64, device=DEVICE),
                   seq_lens=torch.tensor([tokens], device=DEVICE), q_start=torch.zeros(1, dtype=torch.int64, device=DEVICE),
@@ -367,6 +375,11 @@ def _peer_cells(row, name) -> str:
     return f"{p['time_us']:.1f} | {p['ours_speedup']:.2f}x"
 
 
+def _peer_diff(row, name) -> str:
+    d = (row.get("peers", {}).get(name) or {}).get("max_abs_diff_vs_ours")
+    return "-" if d is None else f"{d:.1e}"
+
+
 def markdown(meta, decode_rows, extend_rows) -> str:
     bw = meta["copy_bandwidth_TBps"]
     lines = [
@@ -374,20 +387,25 @@ def markdown(meta, decode_rows, extend_rows) -> str:
         f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. "
         f"Copy bandwidth measured in this run: {bw:.2f} TB/s. Decode: median per-call time over replays of a "
         "CUDA graph of back-to-back calls on different requests (random slot permutation); bandwidth counts "
-        "the K/V bytes of every visible key. Extend: median of CUDA-event timed calls.", "",
+        "the K/V bytes of every visible key. Extend: median of CUDA-event timed calls. `max err`: ours vs the torch "
+        "reference; `SGLang diff` / `peer diff`: max abs difference of the peer's output from ours on the same "
+        "inputs (SGLang 0.5.23's Triton kernels via benchmarks/sglang_peers.py, index building untimed; sliding "
+        "layer: 128 keys for both).", "",
         "## Decode", "",
         "| context | batch | layer | slots | splits | time (us) | KV MB | TB/s | of copy BW | distinct MB/replay | "
-        "max err | SGLang triton (us) | ours vs SGLang |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "max err | SGLang triton (us) | ours vs SGLang | SGLang diff |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in decode_rows:
         lines.append(f"| {r['context']} | {r['batch']} | {r['layer']} | {r['slots']} | {r['num_splits']} | "
                      f"{r['time_us']:.1f} | "
                      f"{r['kv_bytes'] / 1e6:.1f} | {r['achieved_TBps']:.2f} | {100 * r['fraction_of_copy_bw']:.0f}% | "
-                     f"{r['distinct_MB_per_replay']:.0f} | {r['max_abs_err_vs_ref']:.1e} | {_peer_cells(r, 'sglang_triton')} |")
+                     f"{r['distinct_MB_per_replay']:.0f} | {r['max_abs_err_vs_ref']:.1e} | {_peer_cells(r, 'sglang_triton')} | "
+                     f"{_peer_diff(r, 'sglang_triton')} |")
     lines += ["", "## Extend (one request, no prefix)", "",
-              "| tokens | layer | sinks | time (us) | TFLOP/s | peer | peer time (us) | ours vs peer | max err |",
-              "|---:|---|---|---:|---:|---|---:|---:|---:|"]
+              "| tokens | layer | sinks | time (us) | TFLOP/s | peer | peer time (us) | ours vs peer | max err | "
+              "peer diff |",
+              "|---:|---|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in extend_rows:
         peer_items = list(r["peers"].items()) or [("-", {})]
         for name, p in peer_items:
@@ -399,7 +417,7 @@ def markdown(meta, decode_rows, extend_rows) -> str:
                 peer_t, speed = "-", "-"
             err = r.get("max_abs_err_vs_ref")
             lines.append(f"| {r['tokens']} | {r['layer']} | {r['sinks']} | {r['time_us']:.0f} | {r['TFLOPs']:.0f} | "
-                         f"{name} | {peer_t} | {speed} | {'-' if err is None else f'{err:.1e}'} |")
+                         f"{name} | {peer_t} | {speed} | {'-' if err is None else f'{err:.1e}'} | {_peer_diff(r, name)} |")
     sweeps = [(f"decode ctx {r['context']} batch {r['batch']} {r['layer']}", r["config_sweep"])
               for r in decode_rows if "config_sweep" in r]
     sweeps += [(f"extend {r['tokens']} {r['layer']} sinks={r['sinks']}", r["config_sweep"])
@@ -420,13 +438,16 @@ def main():
     ap.add_argument("--extend-tokens", type=int, default=8192)
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweeps")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global DEVICE
+    global DEVICE, DTYPE
     DEVICE = args.device
+    DTYPE = getattr(torch, args.dtype)
     t0 = time.time()
     bw = copy_bandwidth()
     meta = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "copy_bandwidth_TBps": bw / 1e12,
+            "triton": __import__("triton").__version__, "dtype": str(DTYPE).replace("torch.", ""),
+            "copy_bandwidth_TBps": bw / 1e12,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
             "command": "python benchmarks/bench_sink_attention.py --out " + args.out}
     errors = []
