@@ -271,7 +271,11 @@ def apply_custom_logit_processor(logits: torch.Tensor, sampling_batch_info, num_
 
 # -- the probe (scheduler) ------------------------------------------------------------------
 
-_probe_failure: dict[str, str] = {}
+class _ProbeFailures:
+    """Forwards whose probe raised and whose results are not processed yet (scheduler thread only)."""
+
+    pending = 0
+    message = "SingProbe scoring failed"
 
 
 def _score_or_nan(original, runtime, forward_batch, *args, **kwargs):
@@ -280,12 +284,15 @@ def _score_or_nan(original, runtime, forward_batch, *args, **kwargs):
     except Exception as e:
         message = f"SingProbe scoring failed: {type(e).__name__}: {e}"
         logger.exception("sglang-ext: %s; the requests of this forward stop", message)
-        _probe_failure["message"] = message
+        _ProbeFailures.message = message
+        _ProbeFailures.pending += 1
         rows = int(forward_batch.batch_size)
         return torch.full((rows, len(runtime.labels)), math.nan, dtype=torch.float32)
 
 
 def _finish_unscored(processor, batch, result, *args, **kwargs):
+    if _ProbeFailures.pending == 0:
+        return  # the per-step cost while nothing failed: this one comparison
     from sglang_ext.probe import SCORES_KEY
 
     logits_output = getattr(result, "logits_output", None)
@@ -293,10 +300,12 @@ def _finish_unscored(processor, batch, result, *args, **kwargs):
     rows = info.get(SCORES_KEY) if info else None
     if not rows:
         return
-    for i, req in enumerate(batch.reqs):
-        if i < len(rows) and any(isinstance(v, float) and math.isnan(v) for v in rows[i].values()):
-            _finish_with_error(req, _probe_failure.get("message", "SingProbe scoring failed"), PROBE_ERROR,
-                               HTTPStatus.INTERNAL_SERVER_ERROR)
+    unscored = [req for req, row in zip(batch.reqs, rows)
+                if any(isinstance(v, float) and math.isnan(v) for v in row.values())]
+    for req in unscored:
+        _finish_with_error(req, _ProbeFailures.message, PROBE_ERROR, HTTPStatus.INTERNAL_SERVER_ERROR)
+    if unscored:
+        _ProbeFailures.pending -= 1
 
 
 # -- OpenAI streams (HTTP process) ---------------------------------------------------------
