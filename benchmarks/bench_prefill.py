@@ -93,12 +93,18 @@ def run(rank: int, world: int, args):
             del model
             if cuda:
                 torch.cuda.empty_cache()
+            if rank == 0:
+                _write(args, rows, ceilings, world, comm)
     if rank == 0:
-        meta = bc.run_meta(" ".join(["python", "benchmarks/bench_prefill.py"] + sys.argv[1:]),
-                           {"ceilings": ceilings, "world": world, "collective_model": comm.describe()})
-        bc.write_results(args.out, args.stem, meta, rows, markdown(meta, rows))
+        _write(args, rows, ceilings, world, comm)
     if world > 1:
         dist.destroy_process_group()
+
+
+def _write(args, rows, ceilings, world, comm):
+    meta = bc.run_meta(" ".join(["python", "benchmarks/bench_prefill.py"] + sys.argv[1:]),
+                       {"ceilings": ceilings, "world": world, "collective_model": comm.describe()})
+    bc.write_results(args.out, args.stem, meta, rows, markdown(meta, rows))
 
 
 def markdown(meta: dict, rows: list) -> str:

@@ -60,7 +60,7 @@ def plot_decode(rows: list[dict], out: str) -> list[str]:
                     ax.annotate(str(r["batch"]), (r["dollars_per_M_output"], r["tok_s_per_user"]), fontsize=7,
                                 color=line.get_color(), xytext=(3, 3), textcoords="offset points")
             ax.set_xscale("log")
-            ax.set_xlabel("$ per million output tokens ($3.00 / H200-hour)")
+            ax.set_xlabel(r"\$ per million output tokens (\$3.00 per H200-hour)")
             ax.set_ylabel("decode tok/s per user")
             ax.set_title(f"{model}, context {ctx} (labels: batch)")
             ax.grid(True, which="both", alpha=0.3)
@@ -98,7 +98,25 @@ def plot_prefill(rows: list[dict], out: str) -> list[str]:
     return [path]
 
 
-def summary(decode: list[dict], prefill: list[dict]) -> str:
+def model_error(rows: list[dict], key_fields: tuple, value: str) -> list[str]:
+    """Where a configuration was both modelled (one GPU) and measured: how far the model was off."""
+    modelled = {tuple(r.get(k) for k in key_fields): r for r in rows if r.get("kind") == "modelled"}
+    lines = []
+    for r in rows:
+        if r.get("kind") != "measured":
+            continue
+        m = modelled.get(tuple(r.get(k) for k in key_fields))
+        if m is not None:
+            err = 100 * (m[value] - r[value]) / r[value]
+            lines.append("| " + " | ".join(str(r.get(k)) for k in key_fields) +
+                         f" | {r[value]:.3f} | {m[value]:.3f} | {err:+.1f}% |")
+    if not lines:
+        return []
+    head = "| " + " | ".join(key_fields) + f" | measured {value} | modelled {value} | model error |"
+    return [head, "|" + "---|" * (len(key_fields) + 3)] + lines
+
+
+def summary(decode: list[dict], prefill: list[dict], raw_decode=(), raw_prefill=()) -> str:
     lines = ["# Best configuration per regime", "",
              "From the committed bench_decode*/bench_prefill* results (measured rows preferred over modelled "
              "ones of the same shape; 'modelled' = rank 0's shard timed + modelled collectives).", ""]
@@ -126,6 +144,11 @@ def summary(decode: list[dict], prefill: list[dict]) -> str:
             lines.append(f"- {model} prefill {length} tokens: fastest **{fastest['config']}** "
                          f"{fastest['latency_ms']:.0f} ms ({fastest['kind']}); cheapest **{cheapest['config']}** "
                          f"${cheapest['dollars_per_M_input']:.4f}/M")
+    err_d = model_error(list(raw_decode), ("model", "config", "context", "batch"), "step_ms")
+    err_p = model_error(list(raw_prefill), ("model", "config", "length"), "latency_ms")
+    if err_d or err_p:
+        lines += ["", "## How far the performance model was off (configurations both modelled and measured)", ""]
+        lines += err_d + ([""] if err_d and err_p else []) + err_p
     return "\n".join(lines) + "\n"
 
 
@@ -133,10 +156,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
-    decode = dedupe([r for r in load_rows(args.results, "bench_decode") if "step_ms" in r],
-                    ("model", "config", "context", "batch"))
-    prefill = dedupe([r for r in load_rows(args.results, "bench_prefill") if "latency_ms" in r],
-                     ("model", "config", "length"))
+    raw_decode = [r for r in load_rows(args.results, "bench_decode") if "step_ms" in r]
+    raw_prefill = [r for r in load_rows(args.results, "bench_prefill") if "latency_ms" in r]
+    decode = dedupe(raw_decode, ("model", "config", "context", "batch"))
+    prefill = dedupe(raw_prefill, ("model", "config", "length"))
     written = []
     if decode:
         written += plot_decode(decode, args.results)
@@ -144,7 +167,7 @@ def main():
         written += plot_prefill(prefill, args.results)
     path = os.path.join(args.results, "summary.md")
     with open(path, "w") as f:
-        f.write(summary(decode, prefill))
+        f.write(summary(decode, prefill, raw_decode, raw_prefill))
     written.append(path)
     print("\n".join(written))
 
