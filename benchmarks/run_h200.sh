@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind benchmarks/results/, one stage per device call (each well inside 10 minutes):
 #
+#   bash benchmarks/run_h200.sh tests     # the `gpu` tests of the kernels only
 #   bash benchmarks/run_h200.sh kernels   # GPU tests of the kernels + the three kernel benchmarks
 #   bash benchmarks/run_h200.sh model     # model-step decode + prefill grid on one H200 (+ modelled configs)
 #   bash benchmarks/run_h200.sh x2        # NCCL calibration + measured 2-GPU configurations (nvidia-h200-x2)
@@ -15,7 +16,7 @@ export SGLANG_PEERS_SRC="$PWD/.peers/sglang_src"
 OUT="${OUT:-/tmp/sglang_ext_out}"
 R="$OUT/results"
 mkdir -p "$R"
-stage="${1:?stage: kernels | model | x2}"
+stage="${1:?stage: tests | kernels | model | x2}"
 t0=$(date +%s)
 step() {  # step NAME TIMEOUT CMD...: run, log, never stop the stage
     local name=$1 limit=$2; shift 2
@@ -28,6 +29,12 @@ step() {  # step NAME TIMEOUT CMD...: run, log, never stop the stage
 python -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$R/pip.log" 2>&1 || echo "pip install -e failed (see pip.log)"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
 case "$stage" in
+tests)
+    step gpu_test_fp8_gemm 120 python tests/test_kernel_fp8_gemm.py --gpu
+    step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    step gpu_test_sink_attention 90 python tests/test_kernel_sink_attention.py --gpu
+    step gpu_test_probe 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_kernel.py tests/test_probe_tail.py
+    ;;
 kernels)
     step gpu_test_fp8_gemm 90 python tests/test_kernel_fp8_gemm.py --gpu
     step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py

@@ -23,6 +23,13 @@ E4M3_MAX = 448.0
 BLOCK = 128
 
 
+def _div_448(amax: torch.Tensor) -> torch.Tensor:
+    # A tensor divisor, not a Python number: on CUDA torch turns division by a host scalar into
+    # multiplication by its rounded reciprocal, which differs from amax / 448 in the last bit for
+    # some amax, so the GPU reference would disagree with the kernels' IEEE division (and the CPU).
+    return amax / torch.full_like(amax, E4M3_MAX)
+
+
 def _blocks(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
 
@@ -40,7 +47,7 @@ def quantize_weight_block128(w: torch.Tensor, pow2_scales: bool = False) -> tupl
     padded[..., :n, :k] = wf
     tiles = padded.unflatten(-2, (nb, BLOCK)).unflatten(-1, (kb, BLOCK))  # [..., nb, 128, kb, 128]
     amax = tiles.abs().amax(dim=(-3, -1))  # [..., nb, kb]
-    scale_inv = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale_inv = torch.where(amax > 0, _div_448(amax), torch.ones_like(amax))
     if pow2_scales:
         scale_inv = torch.exp2(torch.ceil(torch.log2(scale_inv)))
     q = (tiles / scale_inv[..., :, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
@@ -62,7 +69,7 @@ def quantize_activation_group128(x: torch.Tensor) -> tuple[torch.Tensor, torch.T
     padded[:, :k] = x.float()
     groups = padded.view(t, kb, BLOCK)
     amax = groups.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, _div_448(amax), torch.ones_like(amax))
     q = (groups / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).view(t, kb * BLOCK)[:, :k]
     return q.to(torch.float8_e4m3fn), scale
 

@@ -51,7 +51,7 @@ from typing import Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
-from sglang_ext.layers.fp8 import BLOCK, E4M3_MAX, dequantize_weight_block128, fp8_linear_torch
+from sglang_ext.layers.fp8 import BLOCK, E4M3_MAX, _div_448, dequantize_weight_block128, fp8_linear_torch
 from sglang_ext.layers.moe import add_down_bias, experts_torch, route
 
 
@@ -296,7 +296,7 @@ def _quantise_dequantise_groups(x: torch.Tensor, amax: torch.Tensor) -> torch.Te
     kb = _ceil_div(k, BLOCK)
     padded = torch.zeros(t, kb * BLOCK, dtype=torch.float32, device=x.device)
     padded[:, :k] = x.float()
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, _div_448(amax), torch.ones_like(amax))
     q = (padded.view(t, kb, BLOCK) / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).view(t, kb * BLOCK)[:, :k]
     return q.to(torch.float8_e4m3fn).float() * scale.repeat_interleave(BLOCK, dim=-1)[..., :k]
 
