@@ -16,6 +16,8 @@ hybrid pool's translated write slots before each replay.
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional
 
@@ -72,6 +74,7 @@ class SinkAttnBackend(AttentionBackend):
             and self.token_to_kv_pool.swa_layer_nums > 0
         )
         self.kernel_path = "triton" if use_triton(self.device) else "torch"
+        logging.getLogger(__name__).info("sglang-ext: ext_sinks attention on the %s path", self.kernel_path)
         self.spans: List[_RequestSpan] = []
         self.device_batch: Optional[_DeviceBatch] = None
         self.swa_out_cache_loc: Optional[torch.Tensor] = None
