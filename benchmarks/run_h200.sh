@@ -5,6 +5,7 @@
 #   bash benchmarks/run_h200.sh kernels   # GPU tests of the kernels + the three kernel benchmarks
 #   bash benchmarks/run_h200.sh model     # model-step decode + prefill grid on one H200 (+ modelled configs)
 #   bash benchmarks/run_h200.sh x2        # NCCL calibration + measured 2-GPU configurations (nvidia-h200-x2)
+#   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #
 # On the device tool: run with carry [".peers/sglang_src"] (bash benchmarks/fetch_sglang_peers.sh here
 # first) so SGLang's own Triton kernels run as peers. Everything lands in $OUT/results.tgz (the tool
@@ -16,7 +17,7 @@ export SGLANG_PEERS_SRC="$PWD/.peers/sglang_src"
 OUT="${OUT:-/tmp/sglang_ext_out}"
 R="$OUT/results"
 mkdir -p "$R"
-stage="${1:?stage: tests | kernels | model | x2}"
+stage="${1:?stage: tests | kernels | model | decode1 | x2}"
 t0=$(date +%s)
 step() {  # step NAME TIMEOUT CMD...: run, log, never stop the stage
     local name=$1 limit=$2; shift 2
@@ -44,12 +45,17 @@ kernels)
     step bench_sink_attention 130 python benchmarks/bench_sink_attention.py --out "$R" --no-sweep
     ;;
 model)
-    step gpu_test_moe 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
     step bench_decode 300 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
         --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
         --profile --out "$R"
     step bench_prefill 150 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
         --lengths 1024,4096,8192,32768 --out "$R"
+    ;;
+decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
+    step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
+    step bench_decode_tp1 240 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --profile --out "$R" --stem bench_decode_tp1
     ;;
 x2)
     step nccl 60 python benchmarks/perf_model.py --measure-nccl --nproc 2 --out "$R"

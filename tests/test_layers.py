@@ -112,3 +112,25 @@ def test_mxfp4_dequant_matches_transformers():
     ours = dequantize_mxfp4(blocks, scales, dtype=torch.float32)  # [E, rows, K]
     theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # [E, K, rows]
     torch.testing.assert_close(ours, theirs.transpose(1, 2), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_compiled_norm_and_rope_equal_eager_on_cuda(monkeypatch):
+    """On CUDA, RMSNorm and RoPE run as torch.compile'd kernels: the same maths as eager, up to
+    one rounding of the output dtype (Inductor may reorder fp32 sums)."""
+    from sglang_ext.layers.norm import rms_norm
+    from sglang_ext.layers.rope import YarnRope, apply_rope
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cache = YarnRope().cos_sin_cache(9000, device="cuda")
+    for tokens in (1, 7, 256):
+        x = torch.randn(tokens, 2880, device="cuda", generator=g).bfloat16() * 3
+        w = torch.randn(2880, device="cuda", generator=g).bfloat16()
+        q = torch.randn(tokens, 64, 64, device="cuda", generator=g).bfloat16()
+        pos = torch.randint(0, 9000, (tokens,), device="cuda", generator=g)
+        monkeypatch.setenv("SGLANG_EXT_COMPILE", "1")
+        got_n, got_r = rms_norm(x, w, 1e-5), apply_rope(q, cache[pos])
+        monkeypatch.setenv("SGLANG_EXT_COMPILE", "0")
+        want_n, want_r = rms_norm(x, w, 1e-5), apply_rope(q, cache[pos])
+        torch.testing.assert_close(got_n.float(), want_n.float(), rtol=2 ** -7, atol=1e-2)
+        torch.testing.assert_close(got_r.float(), want_r.float(), rtol=2 ** -7, atol=1e-2)

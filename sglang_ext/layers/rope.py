@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_ext.kernel_select import compiled_on_cuda
+
 
 @dataclass(frozen=True)
 class YarnRope:
@@ -73,6 +75,7 @@ class YarnRope:
         return cache.to(device) if device is not None else cache
 
 
+@compiled_on_cuda
 def apply_rope(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     """x: [tokens, heads, head_dim]; cos_sin: [tokens, head_dim] rows of the cache. Maths in fp32
     (or x's dtype if wider), one rounding back to x's dtype."""
