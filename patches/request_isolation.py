@@ -291,8 +291,8 @@ def _score_or_nan(original, runtime, forward_batch, *args, **kwargs):
 
 
 def _finish_unscored(processor, batch, result, *args, **kwargs):
-    if _ProbeFailures.pending == 0:
-        return  # the per-step cost while nothing failed: this one comparison
+    # Every step, not only after a raise: NaN scores from the numerics (or a replayed graph) must
+    # not let a guarded request run on unscored. Cost: one pass over the rows SGLang already holds.
     from sglang_ext.probe import SCORES_KEY
 
     logits_output = getattr(result, "logits_output", None)
@@ -302,10 +302,12 @@ def _finish_unscored(processor, batch, result, *args, **kwargs):
         return
     unscored = [req for req, row in zip(batch.reqs, rows)
                 if any(isinstance(v, float) and math.isnan(v) for v in row.values())]
+    if not unscored:
+        return
+    message = _ProbeFailures.message if _ProbeFailures.pending else "SingProbe scores are NaN for this request"
     for req in unscored:
-        _finish_with_error(req, _ProbeFailures.message, PROBE_ERROR, HTTPStatus.INTERNAL_SERVER_ERROR)
-    if unscored:
-        _ProbeFailures.pending -= 1
+        _finish_with_error(req, message, PROBE_ERROR, HTTPStatus.INTERNAL_SERVER_ERROR)
+    _ProbeFailures.pending = 0
 
 
 # -- OpenAI streams (HTTP process) ---------------------------------------------------------

@@ -146,8 +146,9 @@ class GptOssAttention(nn.Module):
 
     def forward(self, x, cos_sin, forward_batch):
         tokens = x.shape[0]
-        q = self.q_shard.drop_padding(self.q_proj(x)).view(tokens, self.num_heads, self.head_dim)
-        k = self.kv_shard.drop_padding(self.k_proj(x)).view(tokens, self.num_kv_heads, self.head_dim)
+        # reshape, not view: a padded head shard's slice is not contiguous
+        q = self.q_shard.drop_padding(self.q_proj(x)).reshape(tokens, self.num_heads, self.head_dim)
+        k = self.kv_shard.drop_padding(self.k_proj(x)).reshape(tokens, self.num_kv_heads, self.head_dim)
         v = self.kv_shard.drop_padding(self.v_proj(x)).contiguous()
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
         o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v, forward_batch, sinks=self.sinks)
