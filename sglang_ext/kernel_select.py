@@ -39,13 +39,13 @@ def compiled_on_cuda(fn):
     SGLANG_EXT_COMPILE=0 turns it off (eager everywhere)."""
     compiled = None
 
-    def wrapper(x, *args):
+    def wrapper(x, *args, **kwargs):
         nonlocal compiled
         if x.is_cuda and os.environ.get(COMPILE_ENV_VAR, "1") != "0":
             if compiled is None:
                 compiled = torch.compile(fn, dynamic=True, fullgraph=True)
-            return compiled(x, *args)
-        return fn(x, *args)
+            return compiled(x, *args, **kwargs)
+        return fn(x, *args, **kwargs)
 
     wrapper.__wrapped__ = fn
     wrapper.__doc__ = fn.__doc__
