@@ -138,7 +138,8 @@ def moe_forward(
     limit: float,
     expert_offset: int = 0,
     with_down_bias: bool = True,
-) -> torch.Tensor:
+    return_routing: bool = False,
+):
     """The gpt-oss MoE block for this rank's experts: route over all experts, run the local ones.
 
     w1 [E_local, 2I, H], w2 [E_local, H, I]; e4m3 with block-128 `*_scale_inv` or plain
@@ -146,6 +147,8 @@ def moe_forward(
     (tensor-parallel slices of one expert add it once). FP8 experts run the Triton MoE
     where `sglang_ext.kernel_select.use_triton` says so, else the torch path on weights
     dequantised per call (callers that loop should cache, as the model does).
+    `return_routing` also returns (topk_weights, topk_ids), the routing the experts ran with
+    (tensor parallelism adds mlp2's bias with it after the all-reduce: no second routing).
     """
     from sglang_ext.kernel_select import use_triton
 
@@ -155,12 +158,14 @@ def moe_forward(
 
         # Router GEMM, then one kernel for top-k + softmax + activation quantisation.
         return fused_moe_fp8(x, router_weight, router_bias, w1, w1_scale_inv, b1, w2, w2_scale_inv,
-                             b2 if with_down_bias else None, top_k=top_k, limit=limit, expert_offset=expert_offset)
+                             b2 if with_down_bias else None, top_k=top_k, limit=limit, expert_offset=expert_offset,
+                             return_routing=return_routing)
     weights, ids = route(x, router_weight, router_bias, top_k)
     if fp8:
         from sglang_ext.layers.fp8 import dequantize_weight_block128
 
         w1 = dequantize_weight_block128(w1, w1_scale_inv, x.dtype)
         w2 = dequantize_weight_block128(w2, w2_scale_inv, x.dtype)
-    return experts_torch(x, weights, ids, w1, b1, w2, b2 if with_down_bias else None, limit, expert_offset,
-                         quantize_activations=fp8)
+    out = experts_torch(x, weights, ids, w1, b1, w2, b2 if with_down_bias else None, limit, expert_offset,
+                        quantize_activations=fp8)
+    return (out, weights, ids) if return_routing else out

@@ -218,12 +218,12 @@ class GptOssMLP(nn.Module):
         single = self.tp.size == 1
         if ex.fp8 and use_triton(x.device):
             # The Triton MoE reads the e4m3 experts directly (routing inside moe_forward).
-            out = moe_forward(x, self.router.weight, self.router.bias, ex.gate_up_proj, ex.gate_up_proj_scale_inv,
-                              ex.gate_up_proj_bias, ex.down_proj, ex.down_proj_scale_inv, ex.down_proj_bias,
-                              self.top_k, self.limit, ex.expert_offset, with_down_bias=single)
+            out, weights, ids = moe_forward(
+                x, self.router.weight, self.router.bias, ex.gate_up_proj, ex.gate_up_proj_scale_inv,
+                ex.gate_up_proj_bias, ex.down_proj, ex.down_proj_scale_inv, ex.down_proj_bias,
+                self.top_k, self.limit, ex.expert_offset, with_down_bias=single, return_routing=True)
             if single:
                 return out
-            weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
             return add_down_bias(tensor_model_parallel_all_reduce(out), weights, ids, ex.down_proj_bias)
         weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
         gate_up, down = ex.dense(x.dtype)
