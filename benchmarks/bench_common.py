@@ -11,9 +11,12 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 DOLLARS_PER_GPU_HOUR = 3.00
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -25,6 +28,30 @@ def set_nccl_env():
         os.environ[k] = v
 
 
+def start_rank(rank: int, world: int, use_cpu: bool, port: int):
+    """(cuda, device, group) for one process of a model-step benchmark; NCCL between GPUs."""
+    set_nccl_env()
+    cuda = torch.cuda.is_available() and not use_cpu
+    group = None
+    if world > 1:
+        import torch.distributed as dist
+
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+        group = dist.group.WORLD
+    return cuda, "cuda" if cuda else "cpu", group
+
+
+def launch(run, args):
+    """run(rank, world, args) in --nproc processes (one per GPU), or in this one."""
+    if args.nproc > 1:
+        import torch.multiprocessing as mp
+
+        mp.spawn(run, args=(args.nproc, args), nprocs=args.nproc)
+    else:
+        run(0, 1, args)
+
+
 def dollars_per_million_output(tokens_per_s_total: float, gpus: int) -> float:
     return gpus * DOLLARS_PER_GPU_HOUR / (tokens_per_s_total * 3600) * 1e6
 
@@ -33,8 +60,13 @@ def dollars_per_million_input(latency_s: float, tokens: int, gpus: int) -> float
     return gpus * DOLLARS_PER_GPU_HOUR * latency_s / 3600 / tokens * 1e6
 
 
-def event_time(fn, iters: int = 10, warmup: int = 2) -> float:
-    """Median seconds of `fn` (CUDA events, synchronised)."""
+def event_time(fn, iters: int = 10, warmup: int = 2, device="cuda") -> float:
+    """Median seconds of `fn` (CUDA events, synchronised); off CUDA (smoke runs) one timed call."""
+    if torch.device(device).type != "cuda":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -63,6 +95,33 @@ def capture_graph(fn, warmup: int = 2):
     return graph
 
 
+def graph_time_calls(calls, iters: int = 20, device="cuda") -> float:
+    """Per-call seconds of `calls` (closures) captured back to back in one CUDA graph."""
+    if torch.device(device).type != "cuda":
+        return event_time(calls[0], device=device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    return event_time(graph.replay, iters=iters) / len(calls)
+
+
+def copy_bandwidth(device="cuda") -> float:
+    """Device copy of 2 GiB: read + write bytes per second (1e9 stands in off CUDA)."""
+    if torch.device(device).type != "cuda":
+        return 1e9
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / event_time(lambda: dst.copy_(src))
+
+
 def graph_time(graph, iters: int = 20) -> float:
     """Median seconds of one replay of a captured graph."""
     return event_time(graph.replay, iters=iters, warmup=3)
@@ -70,11 +129,7 @@ def graph_time(graph, iters: int = 20) -> float:
 
 def measure_ceilings() -> dict:
     """Device copy bandwidth and matmul rates, measured now, on this GPU."""
-    a = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    t = event_time(lambda: b.copy_(a), iters=10)
-    copy_bw = 2 * a.numel() * 2 / t
-    del a, b
+    copy_bw = copy_bandwidth()
     n = 8192
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -91,6 +146,32 @@ def measure_ceilings() -> dict:
         out["fp8_matmul_error"] = repr(exc)[:200]
     torch.cuda.empty_cache()
     return out
+
+
+def import_project():
+    """Make `sglang_ext.*` importable from the checkout (the GPU image has no installed package)."""
+    try:
+        import sglang_ext.layers.fp8  # noqa: F401  (installed: nothing to do)
+        import sglang_ext.kernels  # noqa: F401
+        return
+    except ImportError:
+        pass
+    import importlib.util
+    import types
+
+    for name in [m for m in sys.modules if m == "sglang_ext" or m.startswith("sglang_ext.")]:
+        del sys.modules[name]
+    pkg = types.ModuleType("sglang_ext")
+    pkg.__path__ = [os.path.join(ROOT, "sglang_ext")]
+    sys.modules["sglang_ext"] = pkg
+    for sub, folder in (("probe", "probe"), ("kernels", "kernels")):
+        spec = importlib.util.spec_from_file_location(
+            f"sglang_ext.{sub}", os.path.join(ROOT, folder, "__init__.py"),
+            submodule_search_locations=[os.path.join(ROOT, folder)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[f"sglang_ext.{sub}"] = mod
+        spec.loader.exec_module(mod)
+        setattr(pkg, sub, mod)
 
 
 def run_meta(command: str, extra: dict | None = None) -> dict:

@@ -49,34 +49,17 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
 def time_decode(model: ModelStep, context: int, probe: bool, eager: bool) -> float:
     inputs = model.decode_inputs(context)
     model.probe = HarnessProbe(model) if probe else None
-
-    def step():
-        model.forward(**inputs)
-
-    if eager:
-        import time
-
-        step()
-        t0 = time.perf_counter()
-        step()
-        return time.perf_counter() - t0
-    graph = bc.capture_graph(step)
-    t = bc.graph_time(graph)
-    del graph
-    model.probe = None
-    return t
+    try:
+        if eager:
+            return bc.event_time(lambda: model.forward(**inputs), device="cpu")
+        graph = bc.capture_graph(lambda: model.forward(**inputs))
+        return bc.graph_time(graph)
+    finally:
+        model.probe = None
 
 
 def run(rank: int, world: int, args):
-    bc.set_nccl_env()
-    cuda = torch.cuda.is_available() and not args.cpu
-    device = "cuda" if cuda else "cpu"
-    group = None
-    if world > 1:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world,
-                                init_method=f"tcp://127.0.0.1:{args.port}")
-        group = dist.group.WORLD
+    cuda, device, group = bc.start_rank(rank, world, args.cpu, args.port)
     ceilings = bc.measure_ceilings() if cuda else {"copy_bandwidth_Bps": float("nan")}
     comm = perf_model.CollectiveModel.load(args.nccl)
     rows = []
@@ -220,12 +203,7 @@ def main():
     ap.add_argument("--stem", default="bench_decode")
     ap.add_argument("--context-probe-min", type=int, default=256)
     args = ap.parse_args()
-    if args.nproc > 1:
-        import torch.multiprocessing as mp
-
-        mp.spawn(run, args=(args.nproc, args), nprocs=args.nproc)
-    else:
-        run(0, 1, args)
+    bc.launch(run, args)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,9 @@ alternative launch configs at a few M, to calibrate `gemm_config`.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -46,20 +44,11 @@ DEFAULT_M = "1,4,16,64,256,1024,4096,8192"
 
 
 def import_project():
-    """`sglang_ext.layers.fp8` and `sglang_ext.kernels.fp8_gemm` from the checkout (the GPU
-    image has no installed package)."""
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    if "sglang_ext.kernels" not in sys.modules:
-        try:
-            import sglang_ext.kernels  # noqa: F401  (installed)
-        except ImportError:
-            folder = os.path.join(ROOT, "kernels")
-            spec = importlib.util.spec_from_file_location(
-                "sglang_ext.kernels", os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])
-            pkg = importlib.util.module_from_spec(spec)
-            sys.modules["sglang_ext.kernels"] = pkg
-            spec.loader.exec_module(pkg)
+    """`sglang_ext.kernels.fp8_gemm` and `sglang_ext.layers.fp8`, installed or from the checkout."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_common
+
+    bench_common.import_project()
     from sglang_ext.kernels import fp8_gemm
     from sglang_ext.layers import fp8
 
@@ -90,18 +79,9 @@ def parse_args(argv=None):
 
 
 def event_time(fn, iters=10, warmup=2) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(times)
+    import bench_common
+
+    return bench_common.event_time(fn, iters, warmup)
 
 
 def graph_time(calls, iters=20, min_replay_s=300e-6) -> tuple[float, str]:
@@ -134,12 +114,10 @@ def graph_time(calls, iters=20, min_replay_s=300e-6) -> tuple[float, str]:
         return t / (repeat * len(calls)), f"events ({type(exc).__name__})"
 
 
-def copy_bandwidth(nbytes=2 << 30) -> float:
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    t = event_time(lambda: b.copy_(a), iters=10, warmup=3)
-    del a, b
-    return 2 * nbytes / t  # read + write
+def copy_bandwidth() -> float:
+    import bench_common
+
+    return bench_common.copy_bandwidth()
 
 
 def l2_bytes() -> int:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -38,27 +37,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def _import_project():
-    # The GPU image has no SGLang and no installed sglang-ext: import the folders directly.
-    import importlib.util
-    import types
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
 
-    root = os.path.join(os.path.dirname(__file__), "..")
-    if "sglang_ext" not in sys.modules:
-        pkg = types.ModuleType("sglang_ext")
-        pkg.__path__ = [os.path.join(root, "sglang_ext")]
-        sys.modules["sglang_ext"] = pkg
-    if "sglang_ext.kernels" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "sglang_ext.kernels", os.path.join(root, "kernels", "__init__.py"),
-            submodule_search_locations=[os.path.join(root, "kernels")])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["sglang_ext.kernels"] = mod
-        spec.loader.exec_module(mod)
-
-
-_import_project()
-from benchmarks.bench_common import md_table, run_meta, write_results  # noqa: E402
+bc.import_project()
+from bench_common import md_table, run_meta, write_results  # noqa: E402
 from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
 from sglang_ext.layers.fp8 import dequantize_weight_block128  # noqa: E402
 from sglang_ext.layers.moe import experts_torch, route, swiglu_oai  # noqa: E402
@@ -77,67 +60,18 @@ DEVICE = "cuda"
 
 
 def event_time(fn, iters=10, warmup=3) -> float:
-    if DEVICE != "cuda":
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(times)
+    return bc.event_time(fn, iters, warmup, device=DEVICE)
 
 
 def graph_time(calls, iters=20) -> float:
-    """Per-call seconds of `calls` (closures) captured back to back in one CUDA graph."""
-    if DEVICE != "cuda":
-        return event_time(calls[0])
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    return event_time(graph.replay, iters=iters) / len(calls)
-
-
-def copy_bandwidth() -> float:
-    """Device copy of 2 GiB: read + write bytes per second."""
-    src = torch.empty(1 << 30, dtype=torch.bfloat16, device=DEVICE).normal_()
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / event_time(lambda: dst.copy_(src))
+    return bc.graph_time_calls(calls, iters, device=DEVICE)
 
 
 def ceilings() -> dict:
     """Copy bandwidth and dense matmul rates, measured now."""
     if DEVICE != "cuda":
         return {"copy_bandwidth_Bps": 1e9, "bf16_matmul_flops": 1e9, "fp8_matmul_flops": 1e9}
-    out = {"copy_bandwidth_Bps": copy_bandwidth()}
-    n = 8192
-    x = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
-    y = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
-    out["bf16_matmul_flops"] = 2 * n ** 3 / event_time(lambda: x @ y)
-    try:
-        xf, yf = x.to(torch.float8_e4m3fn), y.t().contiguous().to(torch.float8_e4m3fn).t()
-        one = torch.ones((), device=DEVICE)
-        out["fp8_matmul_flops"] = 2 * n ** 3 / event_time(
-            lambda: torch._scaled_mm(xf, yf, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-    except Exception as exc:  # context, not the result
-        out["fp8_matmul_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    return out
+    return bc.measure_ceilings()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import traceback
 
 import torch
@@ -29,14 +28,7 @@ from model_step import MODELS, ModelStep, Sharding, prefill_flops  # noqa: E402
 
 
 def run(rank: int, world: int, args):
-    bc.set_nccl_env()
-    cuda = torch.cuda.is_available() and not args.cpu
-    device = "cuda" if cuda else "cpu"
-    group = None
-    if world > 1:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{args.port}")
-        group = dist.group.WORLD
+    cuda, device, group = bc.start_rank(rank, world, args.cpu, args.port)
     ceilings = bc.measure_ceilings() if cuda else {}
     comm = perf_model.CollectiveModel.load(args.nccl)
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -65,13 +57,7 @@ def run(rank: int, world: int, args):
                 row = {**base, "length": length}
                 inputs = model.prefill_inputs(length)
                 try:
-                    if cuda:
-                        t = bc.event_time(lambda: model.forward(**inputs), iters=args.iters, warmup=1)
-                    else:
-                        model.forward(**inputs)
-                        t0 = time.perf_counter()
-                        model.forward(**inputs)
-                        t = time.perf_counter() - t0
+                    t = bc.event_time(lambda: model.forward(**inputs), iters=args.iters, warmup=1, device=device)
                 except Exception as exc:
                     traceback.print_exc()
                     rows.append({**row, "error": repr(exc)[:300]})
@@ -142,12 +128,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--stem", default="bench_prefill")
     args = ap.parse_args()
-    if args.nproc > 1:
-        import torch.multiprocessing as mp
-
-        mp.spawn(run, args=(args.nproc, args), nprocs=args.nproc)
-    else:
-        run(0, 1, args)
+    bc.launch(run, args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -40,26 +39,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def _import_project():
-    # The GPU image has no SGLang and no installed sglang-ext: import the folders directly.
-    import importlib.util
-    import types
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
 
-    root = os.path.join(os.path.dirname(__file__), "..")
-    if "sglang_ext" not in sys.modules:
-        pkg = types.ModuleType("sglang_ext")
-        pkg.__path__ = [os.path.join(root, "sglang_ext")]
-        sys.modules["sglang_ext"] = pkg
-    if "sglang_ext.kernels" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "sglang_ext.kernels", os.path.join(root, "kernels", "__init__.py"),
-            submodule_search_locations=[os.path.join(root, "kernels")])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["sglang_ext.kernels"] = mod
-        spec.loader.exec_module(mod)
-
-
-_import_project()
+bc.import_project()
 from sglang_ext.kernels import sink_attention as sa  # noqa: E402
 
 HQ, HKV, D = 64, 8, 64
@@ -80,50 +63,15 @@ DTYPE = torch.bfloat16
 
 
 def event_time(fn, iters=20, warmup=3) -> float:
-    if DEVICE != "cuda":
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(times)
+    return bc.event_time(fn, iters, warmup, device=DEVICE)
 
 
 def graph_time(calls, iters=20) -> float:
-    """Per-call seconds of `calls` (a list of closures) captured back to back in one CUDA graph."""
-    if DEVICE != "cuda":
-        return event_time(calls[0])
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    return event_time(graph.replay, iters=iters) / len(calls)
+    return bc.graph_time_calls(calls, iters, device=DEVICE)
 
 
 def copy_bandwidth() -> float:
-    if DEVICE != "cuda":
-        return 1e9
-    a = torch.empty(1 << 30, dtype=torch.bfloat16, device=DEVICE).normal_()
-    b = torch.empty_like(a)
-    t = event_time(lambda: b.copy_(a), iters=10)
-    return 2 * (1 << 30) * 2 / t  # read + write
+    return bc.copy_bandwidth(DEVICE)
 
 
 # ---------------------------------------------------------------------------------------------------------

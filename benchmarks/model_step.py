@@ -24,7 +24,6 @@ request-to-slot table, so the attention kernels see SGLang's paged layout.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -33,34 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-
-
-def import_project():
-    """Make `sglang_ext.*` importable from the checkout (the GPU image has no installed package)."""
-    try:
-        import sglang_ext.layers.fp8  # noqa: F401  (installed: nothing to do)
-        import sglang_ext.kernels  # noqa: F401
-        return
-    except ImportError:
-        pass
-    import importlib.util
-    import types
-
-    for name in [m for m in sys.modules if m == "sglang_ext" or m.startswith("sglang_ext.")]:
-        del sys.modules[name]
-    pkg = types.ModuleType("sglang_ext")
-    pkg.__path__ = [os.path.join(ROOT, "sglang_ext")]
-    sys.modules["sglang_ext"] = pkg
-    for sub, folder in (("probe", "probe"), ("kernels", "kernels")):
-        spec = importlib.util.spec_from_file_location(
-            f"sglang_ext.{sub}", os.path.join(ROOT, folder, "__init__.py"),
-            submodule_search_locations=[os.path.join(ROOT, folder)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[f"sglang_ext.{sub}"] = mod
-        spec.loader.exec_module(mod)
-        setattr(pkg, sub, mod)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import import_project  # noqa: E402
 
 import_project()
 from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
@@ -517,4 +490,4 @@ def prefill_flops(dims: GptOssDims, length: int) -> float:
 
 
 __all__ = ["GPT_OSS_120B", "GPT_OSS_20B", "MODELS", "GptOssDims", "ModelStep", "Sharding",
-           "decode_step_bytes", "expected_distinct_experts", "prefill_flops", "math"]
+           "decode_step_bytes", "expected_distinct_experts", "prefill_flops"]
