@@ -29,27 +29,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-def _import_project():
-    # The GPU image has no SGLang and no installed sglang-ext: import the folders directly.
-    import importlib.util
-    import types
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import import_project  # noqa: E402
 
-    root = os.path.join(os.path.dirname(__file__), "..")
-    pkg = types.ModuleType("sglang_ext")
-    pkg.__path__ = [os.path.join(root, "sglang_ext")]
-    sys.modules.setdefault("sglang_ext", pkg)
-    for sub, folder in (("probe", "probe"), ("kernels", "kernels")):
-        name = f"sglang_ext.{sub}"
-        if name in sys.modules:
-            continue
-        spec = importlib.util.spec_from_file_location(name, os.path.join(root, folder, "__init__.py"),
-                                                      submodule_search_locations=[os.path.join(root, folder)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-
-
-_import_project()
+import_project()
 from sglang_ext.kernels.probe_attention import probe_attention, probe_attention_ref  # noqa: E402
 from sglang_ext.kernels.probe_tail import probe_tail  # noqa: E402
 from sglang_ext.probe.config import ProbeConfig  # noqa: E402
