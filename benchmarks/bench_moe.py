@@ -16,12 +16,15 @@ routing (gather, mlp1, bias, swiglu, mlp2, bias, weighted scatter-add; target >=
 peer's two GEMMs alone.
 
 Kernel times per launch (profiler, eager) for batch 1 / 128 and prefill, and a sweep of launch
-configurations while the time budget lasts (--budget-s, the next tuning step: winners go into
-`H200_HIDDEN_2880_CONFIGS`). Peers: ``peers(kind, ctx)`` returns name -> callable; errors are caught
+configurations while the time budget lasts (--budget-s; the next tuning step: winners go into
+`H200_HIDDEN_2880_CONFIGS`): decode batches --sweep-batches (1..32) of both models and prefill,
+the table's config beside each candidate (split-K decode configs, prefill tiles), each row with
+its error vs `moe_ref` and a bit-reproducibility check; a summary lists the fastest per shape. Peers: ``peers(kind, ctx)`` returns name -> callable; errors are caught
 and recorded. SGLang 0.5.23's own Triton fused MoE runs as a peer where `.peers/sglang_src` was
 carried (benchmarks/fetch_sglang_peers.sh), timed without its routing and alignment.
 
-    python benchmarks/bench_moe.py --out benchmarks/results   # < 150 s: no sweep candidate starts after --budget-s 130
+    python benchmarks/bench_moe.py --out benchmarks/results   # < 200 s: no sweep candidate starts after --budget-s 165
+    python benchmarks/bench_moe.py --out /tmp/moe --sweep-only   # the sweep alone
 """
 
 from __future__ import annotations
@@ -308,42 +311,87 @@ def bench_prefill(model, layer, tokens, ceil, config=None, with_peers=True) -> d
 
 
 def sweep_candidates():
-    """Alternatives to the table's configs (all compile for sm_90 without register spills)."""
+    """Alternatives to the table's configs: (decode, prefill) lists of MoeConfig. Decode: mlp1 /
+    mlp2 split-K (k<mlp1>/<mlp2> in the labels) so 4..32 touched experts x 23 tiles fill 132
+    SMs, with fewer stages (shared memory) for 2-3 programs per SM. Prefill: stages, warps,
+    grouping, mlp2 tile width and the sort's chunk."""
     C = moe_kernels.MoeConfig
-    decode = [C(16, 128, 4, 3, 32, 4, 4), C(16, 128, 4, 5, 32, 4, 6), C(16, 128, 8, 4, 32, 4, 4),
-              C(16, 128, 4, 4, 64, 4, 4), C(16, 128, 4, 4, 16, 4, 4), C(16, 128, 4, 4, 32, 2, 4),
-              C(16, 32, 4, 4, 32, 4, 4), C(16, 64, 4, 4, 64, 4, 4)]  # the last two: fp32 h, quantised by mlp2
+    decode = [C(16, 128, 4, 3, 32, 4, 4, mlp1_split_k=2),
+              C(16, 128, 4, 3, 32, 4, 4, mlp1_split_k=2, mlp2_split_k=2),
+              C(16, 128, 4, 3, 32, 4, 4, mlp1_split_k=3, mlp2_split_k=2),
+              C(16, 128, 4, 2, 32, 4, 4, mlp1_split_k=4, mlp2_split_k=2),
+              C(16, 128, 4, 2, 64, 4, 3, mlp1_split_k=4, mlp2_split_k=4),
+              C(16, 128, 8, 3, 32, 4, 4, mlp1_split_k=2, mlp2_split_k=2),
+              C(16, 128, 8, 2, 32, 2, 4, mlp1_split_k=4, mlp2_split_k=2),
+              C(16, 128, 4, 2, 32, 4, 3, mlp1_split_k=8, mlp2_split_k=4)]
     # block_m 128 needs 16 warps for mlp1's two 128x128 accumulators, which caps registers at 128: spills
-    prefill = [C(64, 128, 8, 4, 128, 8, 3, group_m=8), C(64, 128, 8, 3, 256, 8, 3, group_m=8),
-               C(64, 128, 8, 3, 128, 4, 4, group_m=16), C(64, 128, 8, 3, 128, 8, 4, group_m=1),
-               C(64, 128, 8, 3, 256, 8, 4, group_m=8)]
+    prefill = [C(64, 128, 8, 4, 128, 8, 4, group_m=8), C(64, 128, 8, 3, 128, 8, 4, group_m=8, align_chunk=64),
+               C(64, 128, 8, 3, 128, 8, 4, group_m=8, align_chunk=256), C(64, 128, 8, 3, 128, 4, 3, group_m=4),
+               C(64, 128, 8, 3, 64, 4, 4, group_m=8), C(64, 128, 8, 3, 128, 8, 3, group_m=16),
+               C(64, 128, 8, 4, 128, 8, 4, group_m=4)]
     return decode, prefill
 
 
-def run_sweep(layers, bw, ceil, deadline, rows, save):
-    """Launch configurations vs the table's, while time lasts (each new config compiles first)."""
+def sweep_plan(models, batches, prefill_tokens):
+    """(kind, model, tokens, config or None = the table's) in priority order, so a budget cut
+    drops the least wanted: 120b decode, 120b prefill, then 20b. The table's own config is
+    measured beside the candidates in the same run."""
     decode, prefill = sweep_candidates()
-    plan = [("decode", "120b", 1, c) for c in decode] + [("prefill", "120b", 8192, c) for c in prefill] + \
-           [("decode", "120b", 64, c) for c in decode] + [("decode", "20b", 128, c) for c in decode]
-    for kind, model, tokens, config in plan:
-        if model not in layers:
-            continue
+    plan = []
+    for model in sorted(models, key=lambda m: m != "120b"):
+        plan += [("decode", model, b, c) for b in batches for c in [None] + decode]
+        plan += [("prefill", model, prefill_tokens, c) for c in [None] + prefill]
+    return plan
+
+
+def run_sweep(layers, bw, ceil, deadline, rows, save, batches=(1, 2, 4, 8, 16, 32), prefill_tokens=8192):
+    """Launch configurations vs the table's, while time lasts (each new config compiles first).
+    Each row also records the error vs `moe_ref` and whether two calls agree bit for bit."""
+    for kind, model, tokens, config in sweep_plan(list(layers), batches, prefill_tokens):
         if time.time() > deadline:
             rows.append({"error": "--budget-s reached: the remaining candidates skipped"})
             break
-        row = {"kind": kind, "model": model, "tokens": tokens, "config": config.short()}
+        chosen = config or moe_kernels.select_config(tokens)
+        row = {"kind": kind, "model": model, "tokens": tokens, "config": chosen.short(), "is_table": config is None}
         try:
+            layer = layers[model]
             if kind == "decode":
-                r = bench_decode(model, layers[model], tokens, bw, check=False, config=config)
+                r = bench_decode(model, layer, tokens, bw, check=False, config=config)
                 row.update(time_us=r["time_us"], pct_of_copy_bw=r["pct_of_copy_bw"])
             else:
-                r = bench_prefill(model, layers[model], tokens, ceil, config=config, with_peers=False)
+                r = bench_prefill(model, layer, tokens, ceil, config=config, with_peers=False)
                 row.update(time_us=r["time_ms"] * 1e3, TFLOPs=r["TFLOPs"])
+            if kind == "decode" or config is not None:
+                x = torch.randn(tokens if kind == "decode" else 512, layer["w1"].shape[2],
+                                device=DEVICE).to(torch.bfloat16)
+                run = lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layer), top_k=TOP_K, limit=LIMIT,  # noqa: E731
+                                                        config=chosen)
+                out = run()
+                row["bit_reproducible"] = bool(torch.equal(out, run()) and torch.equal(out, run()))
+                row["max_rel_err_vs_ref"] = accuracy(out, x, layer)["max_rel_err_vs_ref"]
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
         print(row, flush=True)
         save()
+
+
+def sweep_winners(sweep_rows) -> list:
+    """Per (kind, model, tokens): the table's time, the fastest candidate and its speed-up."""
+    groups = {}
+    for r in sweep_rows:
+        if "time_us" in r and r.get("bit_reproducible", True):
+            groups.setdefault((r["kind"], r["model"], r["tokens"]), []).append(r)
+    out = []
+    for (kind, model, tokens), rs in groups.items():
+        table = next((r for r in rs if r.get("is_table")), None)
+        best = min(rs, key=lambda r: r["time_us"])
+        out.append({"kind": kind, "model": model, "tokens": tokens,
+                    "table_us": table["time_us"] if table else None, "best_us": best["time_us"],
+                    "speedup": table["time_us"] / best["time_us"] if table else None,
+                    "best_pct_copy": best.get("pct_of_copy_bw"), "best_TFLOPs": best.get("TFLOPs"),
+                    "best_config": best["config"]})
+    return out
 
 
 def main():
@@ -352,8 +400,11 @@ def main():
     ap.add_argument("--models", default="120b,20b")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
     ap.add_argument("--prefill-tokens", type=int, default=8192)
-    ap.add_argument("--budget-s", type=float, default=130.0, help="no new sweep candidate after this")
+    ap.add_argument("--budget-s", type=float, default=165.0,
+                    help="no new sweep candidate starts after this many seconds from the start")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--sweep-only", action="store_true", help="skip the main tables, peers and profile")
+    ap.add_argument("--sweep-batches", default="1,2,4,8,16,32")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--hidden", type=int, default=2880, help=argparse.SUPPRESS)  # cpu smoke runs only
     ap.add_argument("--experts-override", type=int, default=0, help=argparse.SUPPRESS)
@@ -373,7 +424,7 @@ def main():
     errors = []
 
     def save():  # after every section: a run cut short by a timeout still leaves its numbers
-        meta = run_meta(f"python benchmarks/bench_moe.py --out {args.out}", {
+        meta = run_meta("python " + " ".join(sys.argv), {
             "ceilings": ceil, "elapsed_s": round(time.time() - t_start, 1), "errors": errors, "device": DEVICE,
             "table": {str(b): c.short() for b, c in moe_kernels.H200_HIDDEN_2880_CONFIGS}})
         write_results(args.out, "bench_moe", meta, rows, markdown(meta, rows, ceil))
@@ -386,7 +437,7 @@ def main():
             errors.append(traceback.format_exc())
             print(errors[-1], flush=True)
 
-    for model in models:
+    for model in models if not args.sweep_only else []:
         for batch in [int(b) for b in args.batches.split(",")]:
             attempt(lambda: rows["decode"].append(bench_decode(model, layers[model], batch, bw, check=True)))
             print(rows["decode"][-1:], flush=True)
@@ -406,10 +457,12 @@ def main():
             if times:
                 rows["kernel_us"][f"{models[0]}_{label}"] = times
 
-    attempt(profile_kernels)
-    save()
+    if not args.sweep_only:
+        attempt(profile_kernels)
+        save()
     if not args.no_sweep:
-        attempt(lambda: run_sweep(layers, bw, ceil, t_start + args.budget_s, rows["sweep"], save))
+        attempt(lambda: run_sweep(layers, bw, ceil, t_start + args.budget_s, rows["sweep"], save,
+                                  [int(b) for b in args.sweep_batches.split(",")], args.prefill_tokens))
     meta = save()
     print(markdown(meta, rows, ceil))
 
@@ -451,10 +504,19 @@ def markdown(meta, rows, ceil) -> str:
             lines.append(f"- {label}: " + ", ".join(f"{k} {v}" for k, v in list(times.items())[:8]))
         lines.append("")
     if rows["sweep"]:
-        lines += ["## Launch-configuration sweep", "", md_table(rows["sweep"], [
-            ("kind", "kind", None), ("model", "model", None), ("tokens", "tokens", None), ("config", "config", None),
-            ("us", "time_us", "{:.1f}"), ("% copy", "pct_of_copy_bw", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
-            ("error", "error", None)]), ""]
+        lines += ["## Sweep: fastest bit-reproducible config per shape vs the table's", "", md_table(
+            sweep_winners(rows["sweep"]), [
+                ("kind", "kind", None), ("model", "model", None), ("tokens", "tokens", None),
+                ("table us", "table_us", "{:.1f}"), ("best us", "best_us", "{:.1f}"), ("x", "speedup", "{:.2f}"),
+                ("% copy", "best_pct_copy", "{:.0f}"), ("TFLOP/s", "best_TFLOPs", "{:.0f}"),
+                ("config", "best_config", None)]), ""]
+        lines += ["## Launch-configuration sweep (table = the config `select_config` picks now)", "",
+                  md_table(rows["sweep"], [
+                      ("kind", "kind", None), ("model", "model", None), ("tokens", "tokens", None),
+                      ("config", "config", None), ("table", "is_table", None), ("us", "time_us", "{:.1f}"),
+                      ("% copy", "pct_of_copy_bw", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
+                      ("rel err", "max_rel_err_vs_ref", "{:.1e}"), ("bit-repro", "bit_reproducible", None),
+                      ("error", "error", None)]), ""]
     if meta["errors"]:
         lines += ["## Errors", ""] + ["```\n" + e[-1500:] + "\n```" for e in meta["errors"]] + [""]
     lines.append(f"Command: `{meta['command']}`")

@@ -80,14 +80,24 @@ class MoeConfig:
     mlp2_stages: int
     group_m: int = 1  # m-blocks that share each weight tile back to back (L2 reuse in prefill)
     align_chunk: int = 128  # pairs per program of the sort (one program up to 4 chunks)
+    # Split-K (decode): more programs than 4 experts x 23 tiles fill 132 SMs. mlp1's splits
+    # leave fp32 partials; the last to arrive (a counter per tile) sums them in split order and
+    # runs the epilogue; mlp2's splits leave one slab each, summed in order by the combine.
+    mlp1_split_k: int = 1
+    mlp2_split_k: int = 1
 
     @property
     def fused_requant(self) -> bool:
         return self.mlp1_block_n % QUANT_GROUP == 0
 
     def short(self) -> str:
-        return (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages} "
+        text = (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages} "
                 f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages} g{self.group_m}")
+        if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
+            text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
+        if self.align_chunk != 128:
+            text += f" a{self.align_chunk}"
+        return text
 
 
 # By token count (upper bound inclusive), for hidden 2880 / intermediate 2880 on an H200.
@@ -124,6 +134,8 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
     if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:
         raise ValueError("MoeConfig: block_m and block_n must be >= 16 (tensor-core tile)")
+    if not (1 <= config.mlp1_split_k <= 8 and 1 <= config.mlp2_split_k <= 8):
+        raise ValueError("MoeConfig: split_k must be in 1..8")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,6 +406,7 @@ def _mlp1_kernel(
     SORTED_PAIRS, BLOCK_EXPERT,
     HQ, HS,  # FUSED_REQUANT: h in e4m3 [rows, I] and scales [rows, cdiv(I, 128)]
     HF,  # otherwise: h fp32 [rows, I]
+    PART, COUNTERS,  # SPLIT_K > 1: fp32 partials [SPLIT_K, 2, rows, I]; int32 per tile, zero between launches
     num_pairs, hidden, inter, num_blocks_m, limit, alpha,
     stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
     TOP_K: tl.constexpr,
@@ -403,15 +416,19 @@ def _mlp1_kernel(
     HAS_B1: tl.constexpr,
     FUSED_REQUANT: tl.constexpr,
     DOT_FP32: tl.constexpr,  # interpreter only: the dot as an fp32 multiply-and-sum (see _experts)
+    SPLIT_K: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
     # (written out, not a helper: nested jit calls are slow in the interpreter)
-    width = GROUP_M * tl.cdiv(inter, BLOCK_N)
-    first_m = tl.program_id(0) // width * GROUP_M
+    num_n = tl.cdiv(inter, BLOCK_N)
+    pid = tl.program_id(0) % (num_blocks_m * num_n)
+    split = tl.program_id(0) // (num_blocks_m * num_n)  # slowest: every tile's first split runs first
+    width = GROUP_M * num_n
+    first_m = pid // width * GROUP_M
     group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (tl.program_id(0) % width) % group_size
-    pid_n = (tl.program_id(0) % width) // group_size
+    pid_m = first_m + (pid % width) % group_size
+    pid_n = (pid % width) // group_size
     expert = tl.load(BLOCK_EXPERT + pid_m)
     if expert < 0:
         return
@@ -425,16 +442,19 @@ def _mlp1_kernel(
     gate_rows = (2 * cols).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     num_k_groups = tl.cdiv(hidden, BLOCK_K)
+    k_per_split = tl.cdiv(num_k_groups, SPLIT_K)
+    k_first = split * k_per_split
+    k_last = tl.minimum(k_first + k_per_split, num_k_groups)
 
-    a_ptrs = XQ + tokens[:, None] * hidden + offs_k[None, :]
-    wg_ptrs = W1 + expert * stride_w1_e + gate_rows[None, :] * stride_w1_n + offs_k[:, None]
+    a_ptrs = XQ + tokens[:, None] * hidden + k_first * BLOCK_K + offs_k[None, :]
+    wg_ptrs = W1 + expert * stride_w1_e + gate_rows[None, :] * stride_w1_n + k_first * BLOCK_K + offs_k[:, None]
     xs_ptrs = XS + tokens * num_k_groups
     # gate row 2c and linear row 2c+1 always share a 128-row scale block
     ws_ptrs = W1S + expert * stride_w1s_e + (gate_rows // 128) * stride_w1s_n
 
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_l = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(0, num_k_groups):
+    for kb in range(k_first, k_last):
         k_ok = offs_k < hidden - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         wg = tl.load(wg_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
@@ -452,6 +472,30 @@ def _mlp1_kernel(
         a_ptrs += BLOCK_K
         wg_ptrs += BLOCK_K
 
+    ok = row_ok[:, None] & col_ok[None, :]
+    out_offs = rows.to(tl.int64)[:, None] * inter + cols[None, :]
+    if SPLIT_K > 1:
+        # Deterministic split-K: every split stores its partials; the split that arrives last
+        # (the counter's old value) sums all of them in split order, so the bits never depend
+        # on arrival order, and resets the counter for the next launch (no memset per call).
+        slab = num_blocks_m.to(tl.int64) * (BLOCK_M * inter)
+        part_ptrs = PART + split * (2 * slab) + out_offs
+        tl.store(part_ptrs, acc_g, mask=ok)
+        tl.store(part_ptrs + slab, acc_l, mask=ok)
+        tl.debug_barrier()  # all threads' partials before the release below
+        tile = pid_m * num_n + pid_n
+        arrived = tl.atomic_add(COUNTERS + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived != SPLIT_K - 1:
+            return
+        tl.store(COUNTERS + tile, 0)
+        tl.debug_barrier()  # the acquire above before any thread reads the other partials
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_l = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            # .cg: from L2, never a stale L1 line
+            acc_g += tl.load(PART + s * (2 * slab) + out_offs, mask=ok, other=0.0, cache_modifier=".cg")
+            acc_l += tl.load(PART + s * (2 * slab) + slab + out_offs, mask=ok, other=0.0, cache_modifier=".cg")
+
     if HAS_B1:
         b1_ptrs = B1 + expert * stride_b1_e + gate_rows
         acc_g += tl.load(b1_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -459,9 +503,7 @@ def _mlp1_kernel(
     gate = tl.minimum(acc_g, limit)
     lin = tl.minimum(tl.maximum(acc_l, -limit), limit)
     h = gate * tl.sigmoid(gate * alpha) * (lin + 1.0)
-    ok = row_ok[:, None] & col_ok[None, :]
     h = tl.where(ok, h, 0.0)
-    out_offs = rows.to(tl.int64)[:, None] * inter + cols[None, :]
     if FUSED_REQUANT:
         GROUPS: tl.constexpr = BLOCK_N // 128
         q3, scale3 = _quantize_e4m3(tl.reshape(h, [BLOCK_M, GROUPS, 128]), 2)  # scale3 [BLOCK_M, GROUPS]
@@ -480,7 +522,7 @@ def _mlp2_kernel(
     HQ, HS, HF,  # h as _mlp1_kernel left it (fp8 + scales, or fp32)
     W2, W2S, B2,  # [E, H, I] e4m3, [E, cdiv(H, 128), cdiv(I, 128)] fp32, [E, H]
     SORTED_PAIRS, BLOCK_EXPERT,
-    PAIR_OUT,  # [T * TOP_K, H] fp32, row = pair index
+    PAIR_OUT,  # [SPLIT_K, T * TOP_K, H] fp32, row = pair index, one slab per K split
     num_pairs, hidden, inter, num_blocks_m,
     stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
     BLOCK_M: tl.constexpr,
@@ -489,15 +531,19 @@ def _mlp2_kernel(
     HAS_B2: tl.constexpr,
     A_IS_FP8: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     BLOCK_K: tl.constexpr = 128
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
     # (written out, not a helper: nested jit calls are slow in the interpreter)
-    width = GROUP_M * tl.cdiv(hidden, BLOCK_N)
-    first_m = tl.program_id(0) // width * GROUP_M
+    num_n = tl.cdiv(hidden, BLOCK_N)
+    pid = tl.program_id(0) % (num_blocks_m * num_n)
+    split = tl.program_id(0) // (num_blocks_m * num_n)
+    width = GROUP_M * num_n
+    first_m = pid // width * GROUP_M
     group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (tl.program_id(0) % width) % group_size
-    pid_n = (tl.program_id(0) % width) // group_size
+    pid_m = first_m + (pid % width) % group_size
+    pid_n = (pid % width) // group_size
     expert = tl.load(BLOCK_EXPERT + pid_m)
     if expert < 0:
         return
@@ -509,14 +555,17 @@ def _mlp2_kernel(
     col_ok = cols < hidden
     offs_k = tl.arange(0, BLOCK_K)
     num_k_groups = tl.cdiv(inter, BLOCK_K)
+    k_per_split = tl.cdiv(num_k_groups, SPLIT_K)
+    k_first = split * k_per_split
+    k_last = tl.minimum(k_first + k_per_split, num_k_groups)
 
-    h_offs = rows.to(tl.int64)[:, None] * inter + offs_k[None, :]
+    h_offs = rows.to(tl.int64)[:, None] * inter + k_first * BLOCK_K + offs_k[None, :]
     hs_ptrs = HS + rows.to(tl.int64) * num_k_groups
-    w_ptrs = W2 + expert * stride_w2_e + cols.to(tl.int64)[None, :] * stride_w2_n + offs_k[:, None]
+    w_ptrs = W2 + expert * stride_w2_e + cols.to(tl.int64)[None, :] * stride_w2_n + k_first * BLOCK_K + offs_k[:, None]
     ws_ptrs = W2S + expert * stride_w2s_e + (cols // 128) * stride_w2s_n
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(0, num_k_groups):
+    for kb in range(k_first, k_last):
         k_ok = offs_k < inter - kb * BLOCK_K
         a_mask = row_ok[:, None] & k_ok[None, :]
         if A_IS_FP8:
@@ -535,8 +584,9 @@ def _mlp2_kernel(
         w_ptrs += BLOCK_K
 
     if HAS_B2:
-        acc += tl.load(B2 + expert * stride_b2_e + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = PAIR_OUT + pairs.to(tl.int64)[:, None] * hidden + cols[None, :]
+        if split == 0:
+            acc += tl.load(B2 + expert * stride_b2_e + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = PAIR_OUT + (split * num_pairs + pairs).to(tl.int64)[:, None] * hidden + cols[None, :]
     tl.store(out_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
@@ -547,12 +597,13 @@ def _mlp2_kernel(
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
-                    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+                    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT_K: tl.constexpr):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = tokens < num_tokens
     tokens = tokens.to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = token_ok[:, None] & (cols < hidden)[None, :]
+    slab = num_tokens.to(tl.int64) * (TOP_K * hidden)
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         pairs = tokens * TOP_K + j
@@ -560,7 +611,10 @@ def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_
         mine = (local >= 0) & (local < num_local)
         weight = tl.load(TOPK_W + pairs, mask=token_ok, other=0.0).to(tl.float32)
         # foreign pairs' rows were never written: mask the load, never multiply garbage by 0
-        y = tl.load(PAIR_OUT + pairs[:, None] * hidden + cols[None, :], mask=ok & mine[:, None], other=0.0)
+        y_ptrs = PAIR_OUT + pairs[:, None] * hidden + cols[None, :]
+        y = tl.load(y_ptrs, mask=ok & mine[:, None], other=0.0)
+        for s in tl.static_range(1, SPLIT_K):  # mlp2's K splits, summed in split order
+            y += tl.load(y_ptrs + s * slab, mask=ok & mine[:, None], other=0.0)
         acc += weight[:, None] * y
     if OUT.dtype.element_ty == tl.bfloat16:
         acc = _round_to_bf16(acc)
@@ -593,6 +647,25 @@ def _experts_pad(num_experts: int) -> int:
     """Expert-axis tile width: a power of two, at least 32, so expert counts of 1..32 (EP
     shards, the tests' 8) share the 32-expert model's compiled kernels."""
     return max(32, _next_pow2(num_experts))
+
+
+_SPLIT_COUNTERS: dict = {}  # device -> int32 zeros; every split-K launch leaves them zero again
+
+
+def _split_counters(n: int, dev: torch.device) -> torch.Tensor:
+    """n arrival counters for mlp1's split-K tiles, all zero. Kept per device and reused, as the
+    last split of each tile resets its counter: no memset per call. Launches on one stream
+    run one after another, so layers share them; grown only outside graph capture (a buffer
+    made during capture is zeroed by the graph itself and not kept)."""
+    key = str(dev)
+    buf = _SPLIT_COUNTERS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=dev)
+    buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=dev)
+    _SPLIT_COUNTERS[key] = buf
+    return buf
 
 
 def _max_blocks(num_pairs: int, num_local: int, block_m: int) -> int:
@@ -783,32 +856,37 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         hf = torch.empty((rows, inter), dtype=torch.float32, device=dev)
         hq = hs = hf
     n1 = _cdiv(inter, config.mlp1_block_n)
-    _mlp1_kernel[(max_blocks * n1,)](
+    split1, split2 = config.mlp1_split_k, config.mlp2_split_k
+    part = counters = hs
+    if split1 > 1:
+        part = torch.empty((split1, 2, rows, inter), dtype=torch.float32, device=dev)
+        counters = _split_counters(max_blocks * n1, dev)
+    _mlp1_kernel[(split1 * max_blocks * n1,)](
         xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv,
-        sorted_pairs, block_expert, hq, hs, hf,
+        sorted_pairs, block_expert, hq, hs, hf, part, counters,
         num_pairs, hidden, inter, max_blocks, float(limit), SWIGLU_ALPHA,
         w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
         b1.stride(0) if b1 is not None else 0,
         TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
-        HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted,
+        HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
         num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
     )
-    pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=dev)
+    pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.float32, device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
-    _mlp2_kernel[(max_blocks * n2,)](
+    _mlp2_kernel[(split2 * max_blocks * n2,)](
         hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
         sorted_pairs, block_expert, pair_out,
         num_pairs, hidden, inter, max_blocks,
         w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
         b2.stride(0) if b2 is not None else 0,
         BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
-        HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted,
+        HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted, SPLIT_K=split2,
         num_warps=config.mlp2_warps, num_stages=config.mlp2_stages,
     )
     block_h = min(1024, _next_pow2(hidden))
     _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
         pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,
-        TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, num_warps=4,
+        TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, SPLIT_K=split2, num_warps=4,
     )
     return out
 

@@ -267,6 +267,14 @@ def moe_cases(mod):
         ("fused requant, grouped, multi-program sort", 64, C(64, 128, 4, 2, 128, 4, 2, group_m=2, align_chunk=32),
          0, 8, True, False),
         ("fp32 h, EP rank 4..7, no b2, routing given", 64, C(16, 64, 4, 2, 128, 4, 2), 4, 4, False, True),
+        # split-K: mlp1's last-arriving split sums the partials, mlp2's slabs meet in the combine;
+        # hidden 320 has 3 K groups, intermediate 160 has 2: splits 4 leave empty splits
+        ("split-K 4/1 T=1", 1, C(16, 128, 4, 2, 32, 4, 2, mlp1_split_k=4), 0, 8, True, False),
+        ("split-K 3/2 T=2", 2, C(16, 128, 4, 2, 32, 4, 2, mlp1_split_k=3, mlp2_split_k=2), 0, 8, True, False),
+        ("split-K 2/4 T=3, EP rank 2..5, no b2", 3, C(16, 128, 4, 2, 64, 4, 2, mlp1_split_k=2, mlp2_split_k=4),
+         2, 4, False, False),
+        ("split-K 2/2 T=300, grouped", 300, C(64, 128, 4, 2, 128, 4, 2, group_m=2, mlp1_split_k=2, mlp2_split_k=2),
+         0, 8, True, False),
     ]
 
 
@@ -283,6 +291,8 @@ def check_moe(mod, device) -> dict:
             got, weights, ids = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT,
                                                   expert_offset=offset, config=config, return_routing=True)
         assert got.dtype == x.dtype and got.shape == x.shape
+        counters = mod._SPLIT_COUNTERS.get(str(x.device))
+        assert counters is None or not counters.any(), f"{name}: split-K counters not left at zero"
         ref = mod.moe_ref(x, *router, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset)
         errors = compare_to_ref(got, ref, name)
         w1, b1, w2, b2 = dequantised(*experts)
@@ -339,23 +349,29 @@ def test_kernels_interpreted():
 # ---------------------------------------------------------------------------------------------
 
 
-def gpu_full_shapes(num_tokens: int) -> dict:
-    """hidden 2880, intermediate 2880, 32 experts (gpt-oss-20b), top-4, table configs; then the
-    same launcher captured in a CUDA graph and replayed on new tokens written in place (a host
-    sync in the launcher would fail the capture; a host-side value would freeze stale results)."""
+def gpu_full_shapes(num_tokens: int, config=None) -> dict:
+    """hidden 2880, intermediate 2880, 32 experts (gpt-oss-20b), top-4, table configs (or
+    `config`); then the same launcher captured in a CUDA graph and replayed on new tokens
+    written in place (a host sync in the launcher would fail the capture; a host-side value
+    would freeze stale results). Two eager calls must agree bit for bit (split-K's reduction
+    order must not depend on which split arrives last)."""
     mod = _kernel_module()
     hidden = inter = 2880
     experts = make_experts(32, hidden, inter, seed=3, device="cuda")
     router = make_router(32, hidden, seed=4, device="cuda")
     x = make_x(num_tokens, hidden, seed=5, device="cuda")
-    result = {"tokens": num_tokens, "eager": compare_to_ref(mod.fused_moe_fp8(x, *router, *experts),
-                                                            mod.moe_ref(x, *router, *experts), f"T={num_tokens}")}
+    first = mod.fused_moe_fp8(x, *router, *experts, config=config)
+    result = {"tokens": num_tokens, "config": config.short() if config else "table",
+              "eager": compare_to_ref(first, mod.moe_ref(x, *router, *experts), f"T={num_tokens}")}
+    for _ in range(3):
+        assert torch.equal(mod.fused_moe_fp8(x, *router, *experts, config=config), first), \
+            f"T={num_tokens}: results differ run to run"
     out = torch.empty_like(x)
-    mod.fused_moe_fp8(x, *router, *experts, out=out)
+    mod.fused_moe_fp8(x, *router, *experts, out=out, config=config)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mod.fused_moe_fp8(x, *router, *experts, out=out)
+        mod.fused_moe_fp8(x, *router, *experts, out=out, config=config)
     for seed in (6, 7):
         x.copy_(make_x(num_tokens, hidden, seed=seed, device="cuda"))
         graph.replay()
@@ -398,6 +414,20 @@ def test_full_shapes_and_cuda_graph(num_tokens):
     gpu_full_shapes(num_tokens)
 
 
+def gpu_split_k_configs():
+    """Decode split-K configs at full shapes (mlp1 4 ways, mlp2 2 ways; and 2/4)."""
+    C = _kernel_module().MoeConfig
+    return (C(16, 128, 4, 3, 32, 4, 4, mlp1_split_k=4, mlp2_split_k=2),
+            C(16, 128, 4, 2, 64, 4, 3, mlp1_split_k=2, mlp2_split_k=4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 3, 37])
+@pytest.mark.parametrize("which", [0, 1])
+def test_full_shapes_split_k(num_tokens, which):
+    gpu_full_shapes(num_tokens, gpu_split_k_configs()[which])
+
+
 @pytest.mark.gpu
 def test_routing_bit_exact_on_cuda():
     gpu_routing()
@@ -412,6 +442,9 @@ if __name__ == "__main__":
         print(json.dumps(gpu_routing()), flush=True)
         for t in (1, 37, 512):
             print(json.dumps(gpu_full_shapes(t)), flush=True)
+        for config in gpu_split_k_configs():
+            for t in (1, 3, 37):
+                print(json.dumps(gpu_full_shapes(t, config)), flush=True)
     else:
         dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
         print(json.dumps(sweep(dev)), flush=True)
