@@ -21,6 +21,13 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
   4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
   5. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
 
+Split-K (config `mlp1_split_k` / `mlp2_split_k`, for decode, where 4 experts x 23 tiles leave
+SMs idle): each split of mlp1 stores fp32 partials and bumps a per-tile counter; the split that
+arrives last sums all partials in split order (so the bits never depend on arrival order), runs
+the epilogue and resets the counter (counters are kept per device, zero between launches: no
+memset per call). mlp2's splits write one slab each (b2 in the first), which the combine sums
+in split order. Results are reproducible run to run; they differ from split 1 in fp32 order.
+
 Parallelism hooks, as `experts_torch`: the weights hold this rank's experts, global ids
 `expert_offset .. expert_offset + E_local - 1` (expert parallelism; other experts contribute
 nothing), and `b2=None` leaves mlp2's bias to the caller (tensor parallelism adds it once after
