@@ -238,8 +238,9 @@ def _align_body(
         first_chunk = 0
         last_chunk = num_chunks
     else:
-        # every program sums all chunks' counts (from L2), in slabs that stay in registers
-        SLAB: tl.constexpr = 16
+        # every program sums all chunks' counts (from L2), in slabs that stay in registers; a
+        # wide slab, as each step waits a full L2 round trip (prefill 8k: 256 chunks, 4 steps)
+        SLAB: tl.constexpr = 64
         offs_s = tl.arange(0, SLAB)
         totals = tl.zeros([E_PAD], tl.int32)
         before = tl.zeros([E_PAD], tl.int32)
