@@ -28,6 +28,7 @@ alternative launch configs at a few M, to calibrate `gemm_config`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -62,12 +63,19 @@ def parse_args(argv=None):
     ap.add_argument("--shapes", default="qkv,o,lm_head", help=f"subset of {','.join(SHAPES)}")
     ap.add_argument("--lm-head-max-m", type=int, default=1024)
     ap.add_argument("--sweep", default="on", choices=("on", "off"), help="time alternative launch configs")
-    ap.add_argument("--budget-s", type=float, default=110.0, help="skip remaining sweep entries past this")
+    ap.add_argument("--sweep-m", default="1,16,64,256,4096", help="token counts the sweep times")
+    ap.add_argument("--sweep-shapes", default="qkv,o", help="shapes the sweep times (of --shapes)")
+    ap.add_argument("--budget-s", type=float, default=110.0,
+                    help="skip remaining sweep entries once the whole run is this old")
+    ap.add_argument("--list-sweep", action="store_true",
+                    help="print the sweep's candidate configs per shape and M and exit (no GPU needed)")
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
     args.m_values = [int(v) for v in args.m.split(",") if v]
     args.shape_names = [s for s in args.shapes.split(",") if s]
-    unknown = [s for s in args.shape_names if s not in SHAPES]
+    args.sweep_m_values = [int(v) for v in args.sweep_m.split(",") if v]
+    args.sweep_shape_names = [s for s in args.sweep_shapes.split(",") if s in args.shape_names]
+    unknown = [s for s in args.shape_names + args.sweep_shapes.split(",") if s and s not in SHAPES]
     if unknown:
         ap.error(f"unknown shapes {unknown}")
     return args
@@ -257,16 +265,35 @@ def fp8_blockwise_ceiling(n=8192) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def sweep_candidates(mod, m: int):
+def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None):
     """Launch configs to time against the heuristic's pick (short names: m/n tile, s split-K
-    (k: summed by a second kernel), w warps, st stages, fq x quantised inside the GEMM)."""
+    (k: summed by a second kernel), w warps, st stages, fq x quantised inside the GEMM; `gv...`
+    the decode kernel: fma/dot block maths, n BLOCK_N). Decode (M <= 16): the tl.dot tile path
+    it replaced first, then decode-kernel variants around the heuristic (split 0 = auto)."""
     Cfg = mod.Fp8GemmConfig
     if m <= 16:
-        return [Cfg(16, bn, split_k=s, num_stages=st, fuse_quant=fq, inline_reduce=inl)
-                for bn, s, st, fq, inl in ((32, 1, 8, True, True), (64, 1, 8, True, True), (16, 1, 8, True, True),
-                                           (64, 2, 6, True, True), (64, 4, 4, True, True), (64, 4, 4, True, False),
-                                           (64, 8, 3, True, True), (128, 4, 4, True, True), (32, 4, 6, True, True),
-                                           (64, 1, 8, False, True), (64, 4, 4, False, True))]
+        G = mod.Fp8GemvConfig
+        k_blocks = -(-k // 128)
+        auto64 = mod._auto_split_gemv(m, n, k, 64, mod.num_sms(device))
+        more = min(k_blocks, 2 * auto64)  # twice the auto split (partials permitting: M = 1)
+        fma = [G(64, 0), G(32, 0), G(128, 0), G(64, 0, num_warps=8), G(64, 0, num_stages=1),
+               G(64, 0, inline_reduce=False), G(64, more)]
+        dot = [G(64, 0, num_stages=4, use_dot=True), G(128, 0, num_stages=4, use_dot=True),
+               G(128, 0, num_warps=8, num_stages=3, use_dot=True), G(256, 0, num_warps=8, num_stages=3, use_dot=True),
+               G(64, 0, num_stages=2, use_dot=True), G(32, 0, num_stages=4, use_dot=True),
+               G(64, 0, num_stages=4, use_dot=True, inline_reduce=False), G(64, more, num_stages=4, use_dot=True)]
+        if m > 4:  # 5+ FMAs per weight byte: CUDA cores fall behind HBM; keep two for the record
+            fma = fma[:2]
+        tile = [mod.dot_tile_decode_config(m, n, k, device)]
+        resolved = []
+        for c in fma + dot:  # show the split each one actually runs
+            c = c if c.split_k else dataclasses.replace(
+                c, split_k=mod._auto_split_gemv(m, n, k, c.block_n, mod.num_sms(device)))
+            if c.split_k == 1:  # nothing to reduce: the reduction style is moot
+                c = dataclasses.replace(c, inline_reduce=True)
+            if c not in resolved:
+                resolved.append(c)
+        return tile + resolved
     if m <= 256:
         return [Cfg(bm, bn, split_k=s, num_warps=w, num_stages=st)
                 for bm, bn, s, w, st in ((32, 64, 1, 4, 4), (32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (64, 128, 1, 4, 3),
@@ -340,18 +367,19 @@ def measure_row(mod, fp8, shape, layer, m, bw, iters) -> dict:
     return row
 
 
-def sweep_shape(mod, shape, layer, m, iters, deadline) -> list:
+def sweep_shape(mod, shape, layer, m, iters, deadline, bw) -> list:
     n, k, bias, w_list = layer["n"], layer["k"], layer["bias"], layer["w"]
     dev = w_list[0][0].device
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
     heuristic = mod.gemm_config(m, n, k, dev)
-    cands = sweep_candidates(mod, m)
+    cands = sweep_candidates(mod, m, n, k, dev)
     if heuristic not in cands:
         cands = [heuristic] + cands
     out, base = [], None
     for cand in cands:
-        r = {"shape": shape, "M": m, "config": cand.short(), "heuristic": cand == heuristic}
+        r = {"shape": shape, "M": m, "config": cand.short(), "heuristic": cand == heuristic,
+             "kernel": "decode" if isinstance(cand, mod.Fp8GemvConfig) else "tile"}
         if time.time() > deadline:
             r["skipped"] = "time budget"
         else:
@@ -359,6 +387,8 @@ def sweep_shape(mod, shape, layer, m, iters, deadline) -> list:
                 t, _ = graph_time([lambda w=w, s=s: mod.fp8_linear(x, w, s, bias, out=y, config=cand)
                                    for w, s in w_list], iters)
                 r["linear_us"] = t * 1e6
+                r["weight_TBps"] = layer["w_bytes"] / t / 1e12
+                r["pct_copy_bw"] = 100 * r["weight_TBps"] * 1e12 / bw
             except Exception as exc:  # noqa: BLE001
                 r["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         out.append(r)
@@ -369,9 +399,25 @@ def sweep_shape(mod, shape, layer, m, iters, deadline) -> list:
     return out
 
 
+def list_sweep(mod, args) -> list:
+    """The sweep's plan without a GPU: shape, M, the heuristic's config and each candidate."""
+    plan = []
+    for shape in args.sweep_shape_names:
+        n, k = SHAPES[shape]
+        for m in args.sweep_m_values:
+            heuristic = mod.gemm_config(m, n, k)
+            cands = sweep_candidates(mod, m, n, k)
+            plan.append({"shape": shape, "M": m, "heuristic": heuristic.short(),
+                         "candidates": [c.short() for c in cands]})
+            print(json.dumps(plan[-1]), flush=True)
+    return plan
+
+
 def main(argv=None):
     args = parse_args(argv)
     mod, fp8 = import_project()
+    if args.list_sweep:
+        return list_sweep(mod, args)
     t_start = time.time()
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -392,10 +438,12 @@ def main(argv=None):
     # Sweep last, under the time budget, so the main table is always complete.
     if args.sweep == "on":
         deadline = t_start + args.budget_s
-        for shape in [s for s in ("qkv", "o") if s in args.shape_names]:
+        for shape in args.sweep_shape_names:
             layer = prepare_shape(fp8, shape, dev, l2)
-            for m in (1, 16, 64, 256, 4096):
-                sweep_rows += sweep_shape(mod, shape, layer, m, args.iters, deadline)
+            for m in args.sweep_m_values:
+                if shape == "lm_head" and m > args.lm_head_max_m:
+                    continue
+                sweep_rows += sweep_shape(mod, shape, layer, m, args.iters, deadline, bw)
                 print(json.dumps(sweep_rows[-1]), flush=True)
             del layer
             torch.cuda.empty_cache()
@@ -409,7 +457,7 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
 
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "command": "python benchmarks/bench_fp8_gemm.py --out $OUT", "elapsed_s": elapsed,
+            "command": " ".join(["python benchmarks/bench_fp8_gemm.py"] + sys.argv[1:]), "elapsed_s": elapsed,
             "cublas_padding": "cuBLAS operands padded K 2880 -> 2944 with zero columns, once, outside timing",
             "sglang_padding": "SGLang gemm: none (its kernel masks K); SGLang linear: w padded K 2880 -> 2944 "
                               "once outside timing, x zero-padded inside the timed call (its quant needs "
@@ -465,12 +513,15 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
         lines += ["", "Peers that did not run:"] + [f"- {k[:-6]}: {' '.join(str(v).split())}" for k, v in errors]
     if sweep_rows:
         lines += ["", "## Launch-config sweep (fp8_linear, us; * = the heuristic's pick)", "",
-                  "| shape | M | config | us | heuristic / this |", "|---|---:|---|---:|---:|"]
+                  "`gv…` = the decode kernel (`fma`/`dot` block maths, `n` BLOCK_N, `s` K splits, `k` = "
+                  "summed by a second kernel); `m16…fq` = the 16-row tl.dot tile path decode used before. "
+                  "% copy BW: weight bytes over the time.", "",
+                  "| shape | M | config | us | % copy BW | heuristic / this |", "|---|---:|---|---:|---:|---:|"]
         for r in sweep_rows:
             us = r.get("linear_us")
             lines.append(f"| {r['shape']} | {r['M']} | {r['config']}{' *' if r.get('heuristic') else ''} | "
                          f"{fmt(us, '.1f') if us else r.get('error', r.get('skipped', ''))} | "
-                         f"{fmt(r.get('heuristic_over_this'), '.2f')} |")
+                         f"{fmt(r.get('pct_copy_bw'), '.0f')} | {fmt(r.get('heuristic_over_this'), '.2f')} |")
     lines += ["", f"Command: `{meta['command']}` ({elapsed:.0f} s)"]
     with open(os.path.join(args.out, f"{STEM}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

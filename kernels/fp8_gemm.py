@@ -235,6 +235,123 @@ def _fp8_gemm_kernel(
 
 
 @triton.jit
+def _fp8_gemv_kernel(
+    X, X_SCALE, W, W_SCALE, BIAS, C, PART, COUNTERS,
+    M, N, K, KB_PER_SPLIT,
+    stride_xm, stride_xk, stride_xsm, stride_xsk,
+    stride_wn, stride_wk, stride_wsn, stride_wsk,
+    stride_cm, stride_cn,
+    ROWS: tl.constexpr,  # a power of two >= M, <= 16: every token row in one program
+    BLOCK_N: tl.constexpr,
+    USE_DOT: tl.constexpr,  # tensor cores (swap-AB: W is the 64-row side of the MMA), else FMA
+    QUANTIZE_X: tl.constexpr,  # X is x (any float): quantise each 1x128 group once per K block
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # grid[1] > 1: fp32 partials in PART [SPLIT, M, N]
+    INLINE_REDUCE: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """Decode (M <= 16): C[M, N] = X[M, K] W[N, K]^T, one program per (BLOCK_N columns, K split).
+
+    Weight bytes are the whole cost, so the grid is sized by N tiles x K splits to keep every
+    SM streaming several [BLOCK_N, 128] slabs (K-contiguous rows: wide coalesced loads) at once,
+    and all M rows ride along in one program: each weight byte is read once, each x group is
+    quantised once per N tile (ROWS rows, not a padded 16-row tile). FMA: e4m3 products are
+    exact in fp32 and summed in fp32 per 128-block. USE_DOT: W is the A operand ([BLOCK_N, 128],
+    64 rows feed Hopper's wgmma) and the x rows, repeated up to 16, the B operand, so no MMA
+    row is spent on padding rows of x. Either way each block's sum is scaled once by
+    a_scale * w_scale; split 0 starts at the bias; split-K reduces as `_fp8_gemm_kernel` does."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    OUT_ROWS: tl.constexpr = 16 if USE_DOT else ROWS
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)  # past the N edge: reload a real row, dropped at the store
+    offs_r = tl.arange(0, ROWS)
+    r_ok = offs_r < M
+    offs_k = tl.arange(0, 128)
+    kb_lo = split * KB_PER_SPLIT
+    kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, tl.cdiv(K, 128))
+
+    w_ptrs = W + cols[:, None] * stride_wn + (kb_lo * 128 + offs_k)[None, :] * stride_wk
+    x_ptrs = X + offs_r.to(tl.int64)[:, None] * stride_xm + (kb_lo * 128 + offs_k)[None, :] * stride_xk
+    xs_ptrs = X_SCALE + offs_r * stride_xsm + kb_lo * stride_xsk
+    if BLOCK_N <= 128:  # a power of two <= 128 never straddles a 128-row scale block of W
+        ws_ptrs = W_SCALE + (pid_n * BLOCK_N // 128) * stride_wsn + kb_lo * stride_wsk
+    else:
+        ws_ptrs = W_SCALE + (cols // 128) * stride_wsn + kb_lo * stride_wsk
+
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, OUT_ROWS), dtype=tl.float32)
+    else:
+        acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(BIAS + cols, mask=split == 0, other=0.0).to(tl.float32)
+        if USE_DOT:
+            acc += bias[:, None]
+        else:
+            acc += bias[None, :]
+
+    k_left = K - kb_lo * 128
+    for _ in range(kb_lo, kb_hi):
+        k_ok = offs_k < k_left  # all true but in the ragged last block
+        w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        if QUANTIZE_X:
+            q, xs = _quantize_tile(x.to(tl.float32))
+        else:
+            q = x
+            xs = tl.load(xs_ptrs, mask=r_ok, other=0.0)
+        ws = tl.load(ws_ptrs)
+        if USE_DOT:
+            if ROWS < 16:  # repeat the rows to the MMA's minimum 16 (row j holds x row j % ROWS)
+                q = tl.reshape(tl.broadcast_to(q[None, :, :], (16 // ROWS, ROWS, 128)), (16, 128))
+                xs = tl.reshape(tl.broadcast_to(xs[None, :], (16 // ROWS, ROWS)), (16,))
+            d = tl.dot(w, tl.trans(q))  # [BLOCK_N, 16]
+            if BLOCK_N <= 128:
+                acc += d * (xs[None, :] * ws)
+            else:
+                acc += d * (ws[:, None] * xs[None, :])
+        else:
+            d = tl.sum(w.to(tl.float32)[None, :, :] * q.to(tl.float32)[:, None, :], axis=2)  # [ROWS, BLOCK_N]
+            if BLOCK_N <= 128:
+                acc += d * (xs[:, None] * ws)
+            else:
+                acc += d * (xs[:, None] * ws[None, :])
+        w_ptrs += 128 * stride_wk
+        x_ptrs += 128 * stride_xk
+        xs_ptrs += stride_xsk
+        ws_ptrs += stride_wsk
+        k_left -= 128
+
+    if USE_DOT:
+        acc = tl.trans(acc)  # [16, BLOCK_N]; rows < M are x rows 0..M-1 (M <= ROWS)
+    out_r = tl.arange(0, OUT_ROWS)
+    rows = out_r.to(tl.int64)
+    c_mask = (out_r < M)[:, None] & (offs_n < N)[None, :]
+    c_ptrs = C + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+    if SPLIT_K:
+        part_ptrs = PART + rows[:, None] * N + cols[None, :]
+        tl.store(part_ptrs + split.to(tl.int64) * M * N, acc, mask=c_mask)
+        if INLINE_REDUCE:
+            # as in _fp8_gemm_kernel: partials ordered before the acq_rel counter bump
+            tl.debug_barrier()
+            arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                total = tl.zeros((OUT_ROWS, BLOCK_N), dtype=tl.float32)
+                for _ in range(0, num_splits):
+                    total += tl.load(part_ptrs, mask=c_mask, other=0.0, cache_modifier=".cg")
+                    part_ptrs += M * N
+                if ROUND_BF16:
+                    total = _round_to_bf16_grid(total)
+                tl.store(c_ptrs, total.to(C.dtype.element_ty), mask=c_mask)
+                tl.atomic_xchg(COUNTERS + pid_n, 0)
+    else:
+        if ROUND_BF16:
+            acc = _round_to_bf16_grid(acc)
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
 def _splitk_sum_kernel(
     PART, C, M, N, SPLIT_K,
     stride_cm, stride_cn,
@@ -280,6 +397,22 @@ class Fp8GemmConfig:
                 + ("fq" if self.fuse_quant else ""))
 
 
+@dataclass(frozen=True)
+class Fp8GemvConfig:
+    """The decode path (`_fp8_gemv_kernel`, M <= 16 rows per launch): BLOCK_N weight rows per
+    program, K split into `split_k` ranges (0: `_auto_split_gemv`), FMA or tensor-core blocks."""
+    block_n: int = 64
+    split_k: int = 0
+    num_warps: int = 4
+    num_stages: int = 3
+    use_dot: bool = False
+    inline_reduce: bool = True  # split-K: last split sums the partials (else a second kernel)
+
+    def short(self) -> str:
+        split = f"s{self.split_k}" + ("" if self.split_k <= 1 or self.inline_reduce else "k")
+        return f"gv{'dot' if self.use_dot else 'fma'}n{self.block_n}{split}w{self.num_warps}st{self.num_stages}"
+
+
 @lru_cache(maxsize=None)
 def _num_sms(device_index: Optional[int]) -> int:
     if device_index is None:
@@ -305,19 +438,50 @@ def _auto_split(m: int, k: int, tiles: int, sms: int, min_blocks_per_split: int 
     return int(max(1, min(want, triton.cdiv(k, GROUP) // min_blocks_per_split, k // (32 * m))))
 
 
-def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemmConfig:
+def _auto_split_gemv(m: int, n: int, k: int, block_n: int, sms: int, programs_per_sm: int = 4) -> int:
+    """K splits for the decode kernel: enough (N tile, split) programs for `programs_per_sm` per
+    SM (memory-level parallelism: each keeps a weight slab in flight), but fp32 partials (8 M N
+    bytes per split, most of it L2 traffic) under ~1/4 of the weight bytes: split <= K / (32 M)."""
+    tiles = triton.cdiv(n, block_n)
+    k_blocks = triton.cdiv(k, GROUP)
+    want = triton.cdiv(programs_per_sm * sms, tiles)
+    split = int(max(1, min(want, k_blocks, k // (32 * m))))
+    return triton.cdiv(k_blocks, triton.cdiv(k_blocks, split))  # no empty trailing split
+
+
+def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemvConfig:
+    """Decode (M <= 16): FMA for a single row (fp8 -> fp32 conversion + one FMA per weight byte
+    keeps up with HBM), tensor cores beyond (M FMAs per byte would not). Starting points for an
+    H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives."""
+    if m <= 1:
+        cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=3, use_dot=False)
+    else:
+        cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=4, use_dot=True)
+    return replace(cfg, split_k=_auto_split_gemv(min(m, 16), n, k, cfg.block_n, num_sms(device)))
+
+
+def dot_tile_decode_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemmConfig:
+    """What M <= 16 ran before the decode kernel (16-row tl.dot tiles, x quantised in the K loop),
+    kept for comparison in the benchmark sweep and the GPU test."""
+    cfg = Fp8GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4, fuse_quant=True)
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    return replace(cfg, split_k=_auto_split(m, k, tiles, num_sms(device)))
+
+
+def gemm_config(m: int, n: int, k: int,
+                device: torch.device | str | None = None) -> Fp8GemmConfig | Fp8GemvConfig:
     """Launch parameters by M bucket (no autotune: one fixed kernel per shape, fast interpreter).
 
-    M <= 16 (decode): the weight bytes are everything; narrow 16-row tiles, x quantised inside
-    the K loop (one launch), split-K where N alone gives too few programs.
+    M <= 16 (decode): the weight bytes are everything: `gemv_config`, the decode kernel with x
+    quantised inside (one launch), split-K where N alone gives too few programs.
     M <= 64: 32-row tiles, separate quantisation, split-K by the same rule.
     M <= 256: 64 x 128 tiles, 4 warps. Larger: 128 x 128 tiles, 8 warps (two Hopper warpgroups),
     4 stages of 32 KB in shared memory, grouped ordering for L2 reuse of the weight tiles.
     Starting points for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives."""
     sms = num_sms(device)
     if m <= 16:
-        cfg = Fp8GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4, fuse_quant=True)
-    elif m <= 64:
+        return gemv_config(m, n, k, device)
+    if m <= 64:
         cfg = Fp8GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)
     elif m <= 256:
         cfg = Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)
@@ -424,6 +588,50 @@ def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, 
     return out
 
 
+GEMV_MAX_ROWS = 16
+
+
+def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, quantize_x: bool):
+    """The decode kernel over row chunks of <= 16 (one launch for decode's M <= 16)."""
+    m, k = x.shape
+    n = w_fp8.shape[0]
+    round_bf16 = _interpreted() and out.dtype == torch.bfloat16
+    k_blocks = triton.cdiv(k, GROUP)
+    for r0 in range(0, m, GEMV_MAX_ROWS):
+        rows = min(GEMV_MAX_ROWS, m - r0)
+        xc, oc = x[r0:r0 + rows], out[r0:r0 + rows]
+        xsc = x_scale[r0:r0 + rows] if x_scale is not None else None
+        split = cfg.split_k or _auto_split_gemv(rows, n, k, cfg.block_n, num_sms(x.device))
+        per_split = triton.cdiv(k_blocks, max(1, min(split, k_blocks)))
+        split = triton.cdiv(k_blocks, per_split)
+        tiles = triton.cdiv(n, cfg.block_n)
+        part = counters = None
+        if split > 1:
+            part = torch.empty((split, rows, n), dtype=torch.float32, device=x.device)
+            if cfg.inline_reduce and tiles <= MAX_SPLIT_TILES:
+                counters = _split_counters(x.device)
+        xs_strides = (0, 0) if xsc is None else (xsc.stride(0), xsc.stride(1))
+        _fp8_gemv_kernel[(tiles, split)](
+            xc, xsc if xsc is not None else xc, w_fp8, w_scale_inv,
+            bias if bias is not None else w_scale_inv, oc,
+            part if part is not None else oc, counters if counters is not None else w_scale_inv,
+            rows, n, k, per_split,
+            xc.stride(0), xc.stride(1), *xs_strides,
+            w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
+            oc.stride(0), oc.stride(1),
+            ROWS=triton.next_power_of_2(rows), BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
+            QUANTIZE_X=quantize_x, HAS_BIAS=bias is not None, SPLIT_K=split > 1,
+            INLINE_REDUCE=counters is not None, ROUND_BF16=round_bf16,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        if split > 1 and counters is None:
+            _splitk_sum_kernel[(triton.cdiv(rows, 16), triton.cdiv(n, 128))](
+                part, oc, rows, n, split, oc.stride(0), oc.stride(1),
+                BLOCK_M=16, BLOCK_N=128, ROUND_BF16=round_bf16, num_warps=4,
+            )
+    return out
+
+
 def _out_buffer(out, m, n, dtype, device, who):
     if out is None:
         return torch.empty((m, n), dtype=dtype, device=device)
@@ -434,7 +642,8 @@ def _out_buffer(out, m, n, dtype, device, who):
 
 def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
              bias: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
-             out: Optional[torch.Tensor] = None, config: Optional[Fp8GemmConfig] = None) -> torch.Tensor:
+             out: Optional[torch.Tensor] = None,
+             config: Optional[Fp8GemmConfig | Fp8GemvConfig] = None) -> torch.Tensor:
     """y [M, N] = dequant(a) dequant(w)^T + bias from pre-quantised operands.
 
     a_fp8 e4m3 [M, K], a_scale fp32 [M, ceil(K/128)] (any strides), w_fp8 e4m3 [N, K],
@@ -450,16 +659,19 @@ def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor, w_
     if m == 0:
         return out
     cfg = config or gemm_config(m, n, k, a_fp8.device)
+    if isinstance(cfg, Fp8GemvConfig):
+        return _launch_gemv(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out, cfg, quantize_x=False)
     return _launch_gemm(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out, cfg, quantize_a=False)
 
 
 def fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
                bias: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
-               out: Optional[torch.Tensor] = None, config: Optional[Fp8GemmConfig] = None) -> torch.Tensor:
+               out: Optional[torch.Tensor] = None,
+               config: Optional[Fp8GemmConfig | Fp8GemvConfig] = None) -> torch.Tensor:
     """y [..., N] = x W^T + b: x [..., K] (any float dtype) quantised per 1x128 group, W e4m3
-    block-128. Output dtype defaults to x.dtype (as `fp8_linear_torch`). With
-    `config.fuse_quant` x is quantised inside the GEMM (one launch), else by
-    `quantize_activation_group128` first. No host reads: CUDA-graph safe."""
+    block-128. Output dtype defaults to x.dtype (as `fp8_linear_torch`). A `Fp8GemvConfig`
+    (decode, the default at M <= 16) and `config.fuse_quant` quantise x inside the GEMM (one
+    launch), else `quantize_activation_group128` runs first. No host reads: CUDA-graph safe."""
     lead = x.shape[:-1]
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -469,7 +681,9 @@ def fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
     y = _out_buffer(out.view(m, n) if out is not None else None, m, n, out_dtype, x.device, "fp8_linear")
     if m > 0:
         cfg = config or gemm_config(m, n, k, x.device)
-        if cfg.fuse_quant:
+        if isinstance(cfg, Fp8GemvConfig):
+            _launch_gemv(x2, None, w_fp8, w_scale_inv, bias, y, cfg, quantize_x=True)
+        elif cfg.fuse_quant:
             _launch_gemm(x2, None, w_fp8, w_scale_inv, bias, y, cfg, quantize_a=True)
         else:
             a_fp8, a_scale = quantize_activation_group128(x2)
