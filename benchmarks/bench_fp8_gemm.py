@@ -23,6 +23,11 @@ device copy bandwidth and cuBLAS block-scaled FP8 at 8192^3. `--sweep` (default 
 alternative launch configs at a few M, to calibrate `gemm_config`.
 
     python benchmarks/bench_fp8_gemm.py --out benchmarks/results
+    # decode only (M <= 16): the decode kernel's candidates beside the tl.dot tile path, < 150 s
+    python benchmarks/bench_fp8_gemm.py --m 1,4,16 --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head \
+        --budget-s 120 --out $OUT
+    # the sweep's plan, no GPU needed
+    python benchmarks/bench_fp8_gemm.py --list-sweep --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head
 """
 
 from __future__ import annotations
@@ -276,12 +281,13 @@ def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None):
         k_blocks = -(-k // 128)
         auto64 = mod._auto_split_gemv(m, n, k, 64, mod.num_sms(device))
         more = min(k_blocks, 2 * auto64)  # twice the auto split (partials permitting: M = 1)
-        fma = [G(64, 0), G(32, 0), G(128, 0), G(64, 0, num_warps=8), G(64, 0, num_stages=1),
-               G(64, 0, inline_reduce=False), G(64, more)]
-        dot = [G(64, 0, num_stages=4, use_dot=True), G(128, 0, num_stages=4, use_dot=True),
-               G(128, 0, num_warps=8, num_stages=3, use_dot=True), G(256, 0, num_warps=8, num_stages=3, use_dot=True),
-               G(64, 0, num_stages=2, use_dot=True), G(32, 0, num_stages=4, use_dot=True),
-               G(64, 0, num_stages=4, use_dot=True, inline_reduce=False), G(64, more, num_stages=4, use_dot=True)]
+        fma = [G(64, 0, use_dot=False), G(128, 0, num_warps=8, use_dot=False), G(32, 0, use_dot=False),
+               G(16, 0, use_dot=False), G(64, 0, num_warps=8, use_dot=False),
+               G(64, 0, inline_reduce=False, use_dot=False), G(64, more, use_dot=False)]
+        dot = [G(64, 0, num_stages=4), G(128, 0, num_stages=4), G(128, 0, num_warps=8, num_stages=3),
+               G(256, 0, num_warps=8, num_stages=3), G(64, 0, num_stages=2), G(64, 0, num_stages=6),
+               G(32, 0, num_stages=4), G(64, 0, num_stages=4, inline_reduce=False),
+               G(64, more, num_stages=4), G(64, 0, num_stages=4, hw_round=False)]
         if m > 4:  # 5+ FMAs per weight byte: CUDA cores fall behind HBM; keep two for the record
             fma = fma[:2]
         tile = [mod.dot_tile_decode_config(m, n, k, device)]

@@ -19,6 +19,10 @@ Kernels:
     K blocks are shared by `grid[1]` programs that write fp32 partials (the bias in split 0's);
     the last split of each tile to finish adds them in split order (deterministic; an arrival
     counter per tile, reset by that split), or `_splitk_sum_kernel` does in a second launch;
+  - `_fp8_gemv_kernel`, decode (M <= 16, `Fp8GemvConfig`): a grid of N tiles x K splits sized
+    to keep every SM streaming weight slabs, all token rows in each program, each x group
+    quantised once per N tile for the real rows only, tensor-core (swap-AB) or FMA blocks,
+    the same split-K reductions;
   - launch parameters come from `gemm_config(M, N, K)`, a heuristic by M bucket (no runtime
     autotune, so the interpreter stays fast and a CUDA graph sees one fixed kernel).
 
@@ -87,14 +91,19 @@ def _round_to_bf16_grid(v):
 
 
 @triton.jit
-def _quantize_tile(x):
+def _quantize_tile(x, HW_ROUND: tl.constexpr):
     """x fp32 [R, 128] (zeros past a ragged K edge) -> (e4m3 [R, 128], scale fp32 [R]):
     scale = amax / 448 (1 for an all-zero group), q = clamp(x / scale, +-448) rounded to e4m3,
-    the same operations as `sglang_ext.layers.fp8.quantize_activation_group128`."""
+    the same operations as `sglang_ext.layers.fp8.quantize_activation_group128`.
+    HW_ROUND (compiled only): let the cast round (cvt.rn.satfinite: ties to even, the sign of a
+    zero kept, as torch's cast), half the instructions of the fp32 grid rounding, which exists
+    for the interpreter's wrong fp32 -> fp8 cast."""
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32)), 1.0)
     q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
     q = tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX)
+    if HW_ROUND:
+        return q.to(tl.float8e4nv), scale
     return _round_to_e4m3_grid(q).to(tl.float8e4nv), scale
 
 
@@ -117,7 +126,7 @@ def _quantize_group128_kernel(
     rows = offs_m.to(tl.int64)
     mask = (offs_m < M)[:, None] & (offs_k < K)[None, :]
     x = tl.load(X + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk, mask=mask, other=0.0)
-    q, scale = _quantize_tile(x.to(tl.float32))
+    q, scale = _quantize_tile(x.to(tl.float32), False)
     tl.store(Q + rows[:, None] * stride_qm + offs_k[None, :] * stride_qk, q, mask=mask)
     tl.store(SCALE + rows * stride_sm + group * stride_sk, scale, mask=offs_m < M)
 
@@ -194,7 +203,7 @@ def _fp8_gemm_kernel(
         a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         if QUANTIZE_A:
-            a, a_scale = _quantize_tile(a.to(tl.float32))
+            a, a_scale = _quantize_tile(a.to(tl.float32), False)
         else:
             a_scale = tl.load(a_scale_ptrs)
         b_scale = tl.load(b_scale_ptrs)
@@ -245,6 +254,7 @@ def _fp8_gemv_kernel(
     BLOCK_N: tl.constexpr,
     USE_DOT: tl.constexpr,  # tensor cores (swap-AB: W is the 64-row side of the MMA), else FMA
     QUANTIZE_X: tl.constexpr,  # X is x (any float): quantise each 1x128 group once per K block
+    HW_ROUND: tl.constexpr,  # compiled only: the cast rounds to e4m3 (see _quantize_tile)
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,  # grid[1] > 1: fp32 partials in PART [SPLIT, M, N]
     INLINE_REDUCE: tl.constexpr,
@@ -297,7 +307,7 @@ def _fp8_gemv_kernel(
         w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         if QUANTIZE_X:
-            q, xs = _quantize_tile(x.to(tl.float32))
+            q, xs = _quantize_tile(x.to(tl.float32), HW_ROUND)
         else:
             q = x
             xs = tl.load(xs_ptrs, mask=r_ok, other=0.0)
@@ -312,7 +322,10 @@ def _fp8_gemv_kernel(
             else:
                 acc += d * (ws[:, None] * xs[None, :])
         else:
-            d = tl.sum(w.to(tl.float32)[None, :, :] * q.to(tl.float32)[:, None, :], axis=2)  # [ROWS, BLOCK_N]
+            if ROWS == 1:  # plain 2D GEMV: no 3D broadcast (and its layout conversion) to pay for
+                d = tl.sum(w.to(tl.float32) * q.to(tl.float32), axis=1)[None, :]
+            else:
+                d = tl.sum(w.to(tl.float32)[None, :, :] * q.to(tl.float32)[:, None, :], axis=2)  # [ROWS, BLOCK_N]
             if BLOCK_N <= 128:
                 acc += d * (xs[:, None] * ws)
             else:
@@ -405,12 +418,14 @@ class Fp8GemvConfig:
     split_k: int = 0
     num_warps: int = 4
     num_stages: int = 3
-    use_dot: bool = False
+    use_dot: bool = True
     inline_reduce: bool = True  # split-K: last split sums the partials (else a second kernel)
+    hw_round: bool = True  # x's e4m3 rounding by the cast (bit-equal; the grid rounding when False)
 
     def short(self) -> str:
         split = f"s{self.split_k}" + ("" if self.split_k <= 1 or self.inline_reduce else "k")
-        return f"gv{'dot' if self.use_dot else 'fma'}n{self.block_n}{split}w{self.num_warps}st{self.num_stages}"
+        return (f"gv{'dot' if self.use_dot else 'fma'}n{self.block_n}{split}w{self.num_warps}st{self.num_stages}"
+                + ("" if self.hw_round else "gr"))
 
 
 @lru_cache(maxsize=None)
@@ -450,13 +465,16 @@ def _auto_split_gemv(m: int, n: int, k: int, block_n: int, sms: int, programs_pe
 
 
 def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemvConfig:
-    """Decode (M <= 16): FMA for a single row (fp8 -> fp32 conversion + one FMA per weight byte
-    keeps up with HBM), tensor cores beyond (M FMAs per byte would not). Starting points for an
-    H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives."""
-    if m <= 1:
-        cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=3, use_dot=False)
-    else:
+    """Decode (M <= 16): tensor-core blocks with W as the 64-row MMA side; their weight slabs
+    stream through cp.async stages (num_stages - 1 in flight, no registers held), where the FMA
+    variant holds its slab in registers (fp32 converts: ~120 registers at BLOCK_N 64) and gets
+    ~4 programs, ~32 KB, in flight per SM: about what HBM's latency needs, no margin. 128-wide
+    tiles at M > 4 halve the x quantisation redone per N tile (M x K per tile). Starting points
+    for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures the alternatives."""
+    if m <= 4:
         cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=4, use_dot=True)
+    else:
+        cfg = Fp8GemvConfig(block_n=128, num_warps=4, num_stages=4, use_dot=True)
     return replace(cfg, split_k=_auto_split_gemv(min(m, 16), n, k, cfg.block_n, num_sms(device)))
 
 
@@ -620,7 +638,8 @@ def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, 
             w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
             oc.stride(0), oc.stride(1),
             ROWS=triton.next_power_of_2(rows), BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
-            QUANTIZE_X=quantize_x, HAS_BIAS=bias is not None, SPLIT_K=split > 1,
+            QUANTIZE_X=quantize_x, HW_ROUND=cfg.hw_round and not _interpreted(),
+            HAS_BIAS=bias is not None, SPLIT_K=split > 1,
             INLINE_REDUCE=counters is not None, ROUND_BF16=round_bf16,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
