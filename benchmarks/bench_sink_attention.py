@@ -21,6 +21,12 @@ building is untimed setup, as SGLang's per-step metadata. A sliding layer gives 
 as ours (not 0.5.23's one-key-short decode window, ``upstream_window``), so both read the same bytes.
 
     python benchmarks/bench_sink_attention.py --out benchmarks/results
+
+Decode launch configurations (``--decode-sweep``, only that): candidate ``DecodeConfig``s beside the
+launcher's default at batch 1/2/4/8/32, context 8192 and 32768 (full layers) and the sliding layer,
+into bench_sink_attention_decode_sweep.{json,md}:
+
+    python benchmarks/bench_sink_attention.py --decode-sweep --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -182,7 +188,7 @@ def run_peers(kind, cases, ours_s, ours_out):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def bench_decode(contexts, batches, bw, sweep: bool):
+def bench_decode(contexts, batches, bw):
     max_ctx = max(contexts)
     max_batch = max(batches)
     num_slots = max_batch * max_ctx + 1
@@ -211,9 +217,9 @@ def bench_decode(contexts, batches, bw, sweep: bool):
             seq_lens = torch.full((batch,), ctx, device=DEVICE, dtype=torch.int64)
             sets = [torch.arange(s * batch, (s + 1) * batch, device=DEVICE) for s in range(n_sets)]
 
-            def call(s, **kw):
+            def call(s):
                 return lambda: sa.sink_attention_decode(q[s], k_buffer, v_buffer, req_to_token, sets[s],
-                                                        seq_lens, sinks, window_left, SCALE, out=out[s], **kw)
+                                                        seq_lens, sinks, window_left, SCALE, out=out[s])
 
             t = graph_time([call(s) for s in range(n_sets)])
             ref = sa.sink_attention_ref(q[0], k_buffer, v_buffer, req_to_token, sets[0], seq_lens, None,
@@ -222,7 +228,7 @@ def bench_decode(contexts, batches, bw, sweep: bool):
             row = {
                 "context": ctx, "batch": batch, "layer": "full" if window_left < 0 else "sliding128",
                 "slots": layout,
-                "num_splits": sa.auto_num_splits(batch, HKV, window_left, q.device),
+                "num_splits": sa.decode_config(batch, HKV, window_left, req_to_token.shape[1], q.device).num_splits,
                 "time_us": t * 1e6, "kv_bytes": kv_bytes, "achieved_TBps": kv_bytes / t / 1e12,
                 "fraction_of_copy_bw": kv_bytes / t / bw, "distinct_MB_per_replay": n_sets * kv_bytes / 1e6,
                 "max_abs_err_vs_ref": err,
@@ -231,26 +237,135 @@ def bench_decode(contexts, batches, bw, sweep: bool):
                           req_pool_indices=sets[s], seq_lens=seq_lens, q_start=None, q_len=None, sinks=sinks,
                           window_left=window_left) for s in range(n_sets)]
             row["peers"] = run_peers("decode", cases, t, out[0])
-            configs = []
-            if sweep and window_left < 0 and layout == "random" and ctx == max_ctx and batch == 8:
-                configs = [dict(block_n=bn, num_warps=w, num_stages=st)
-                           for bn, w, st in ((64, 4, 4), (128, 4, 3), (32, 4, 4))]
-            if sweep and window_left < 0 and layout == "random" and ctx == max_ctx and batch == 1:
-                # Small batches live on splits alone: how many pay for their merge.
-                configs = [dict(num_splits=n) for n in (16, 64)]
-            if configs:
-                row["config_sweep"] = {}
-                for kw in configs:
-                    key = " ".join(f"{k}={v}" for k, v in kw.items())
-                    try:
-                        tc = graph_time([call(s, **kw) for s in range(n_sets)])
-                        row["config_sweep"][key] = {"time_us": tc * 1e6, "fraction_of_copy_bw": kv_bytes / tc / bw}
-                    except Exception as exc:
-                        row["config_sweep"][key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             rows.append(row)
             print(json.dumps(row), flush=True)
         del layouts
     return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# decode launch-configuration sweep (--decode-sweep)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _splits(programs_per_sm, batch, ctx, block_n, min_split_blocks, sms):
+    return max(1, min(sa.MAX_SPLITS, math.ceil(programs_per_sm * sms / (batch * HKV)),
+                      math.ceil(ctx / (block_n * min_split_blocks))))
+
+
+def decode_candidates(batch: int, window_left: int, ctx: int, sms: int) -> dict:
+    """name -> DecodeConfig measured beside the launcher's default. Full layers: splits aimed at
+    p programs per SM (p/SM), at least m key blocks per split (m), block size, warps, stages, the
+    merge in the last split (fused) or in a second kernel, and the key loop with or without its
+    hand-made prefetch. "old" approximates the previous launcher: splits for 2 programs per SM (at
+    most 32), one block minimum, a merge kernel, the plain key loop."""
+    C = sa.DecodeConfig
+    if window_left >= 0:
+        return {
+            "1 split bn128 w4": C(num_splits=1, block_n=128, num_warps=4, prefetch=False),
+            "1 split bn128 w8 st1": C(num_splits=1, block_n=128, num_warps=8, num_stages=1, prefetch=False),
+            "1 split bn64 w4 prefetch": C(num_splits=1, block_n=64, num_warps=4, prefetch=True),
+            "1 split bn64 w4": C(num_splits=1, block_n=64, num_warps=4, prefetch=False),
+            "2 splits bn64 fused": C(num_splits=2, block_n=64, min_split_blocks=1, prefetch=False),
+            "old: 2 splits bn64 merge kernel": C(num_splits=2, block_n=64, min_split_blocks=1, fused_merge=False,
+                                                 prefetch=False),
+        }
+    out = {"old: 2/SM m1 merge kernel": C(num_splits=min(32, _splits(2, batch, ctx, 64, 1, sms)), block_n=64,
+                                          min_split_blocks=1, fused_merge=False, prefetch=False)}
+    for p, m, bn, warps, stages, fused, pf in (
+            (2, 2, 64, 4, 3, True, True), (4, 1, 64, 4, 3, True, True), (4, 4, 64, 4, 3, True, True),
+            (8, 2, 64, 4, 3, True, True), (16, 1, 64, 4, 3, True, True), (4, 2, 64, 4, 3, False, True),
+            (4, 2, 64, 4, 3, True, False), (8, 2, 64, 4, 3, True, False), (16, 1, 64, 4, 3, True, False),
+            (4, 4, 32, 4, 3, True, True), (8, 2, 32, 2, 3, True, True), (4, 1, 128, 8, 2, True, True),
+            (4, 2, 64, 8, 3, True, True), (4, 2, 64, 2, 3, True, True), (8, 1, 64, 4, 3, True, True)):
+        name = (f"{p}/SM m{m} bn{bn} w{warps} st{stages}" + ("" if fused else " merge kernel")
+                + ("" if pf else " no prefetch"))
+        out[name] = C(num_splits=_splits(p, batch, ctx, bn, m, sms), block_n=bn, min_split_blocks=m,
+                      num_warps=warps, num_stages=stages, fused_merge=fused, prefetch=pf)
+    return out
+
+
+def bench_decode_sweep(contexts, batches, bw):
+    """Candidate decode configs beside the default, full layers at every (context, batch) and the sliding
+    layer at every batch (its cost does not depend on the context): same inputs and timing as
+    bench_decode (random slots, a graph of back-to-back calls on distinct requests)."""
+    max_ctx = max(contexts)
+    num_slots = max(batches) * max_ctx + 1
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    k_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
+    v_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
+    sinks = torch.randn(HQ, device=DEVICE, generator=g)
+    sms = sa._num_sms(k_buffer.device)
+    rows = []
+    for ctx in contexts:
+        n_rows = (num_slots - 1) // ctx
+        req_to_token = (torch.randperm(num_slots - 1, device=DEVICE, generator=g)[: n_rows * ctx] + 1).view(
+            n_rows, ctx).to(torch.int32)
+        layers = [-1] + ([WINDOW_LEFT] if ctx == min(contexts) else [])
+        for window_left in layers:
+            for batch in batches:
+                keys = ctx if window_left < 0 else min(ctx, window_left + 1)
+                kv_bytes = batch * keys * KV_BYTES_PER_KEY
+                n_sets = max(1, min(n_rows // batch, math.ceil(L2_DEFEAT_BYTES / kv_bytes), 256))
+                q = torch.randn(n_sets, batch, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
+                out = torch.empty_like(q)
+                seq_lens = torch.full((batch,), ctx, device=DEVICE, dtype=torch.int64)
+                sets = [torch.arange(s * batch, (s + 1) * batch, device=DEVICE) for s in range(n_sets)]
+                ref = sa.sink_attention_ref(q[0], k_buffer, v_buffer, req_to_token, sets[0], seq_lens, None,
+                                            torch.ones_like(seq_lens), sinks, window_left, SCALE)
+                default = sa.decode_config(batch, HKV, window_left, req_to_token.shape[1], k_buffer.device)
+                configs = {"default": default, **decode_candidates(batch, window_left, ctx, sms)}
+                row = {"context": ctx, "batch": batch, "layer": "full" if window_left < 0 else "sliding128",
+                       "kv_bytes": kv_bytes, "distinct_MB_per_replay": n_sets * kv_bytes / 1e6, "configs": {}}
+                for name, cfg in configs.items():
+                    entry = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+                    try:
+                        calls = [(lambda s=s: sa.sink_attention_decode(
+                            q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, window_left, SCALE,
+                            out=out[s], config=cfg)) for s in range(n_sets)]
+                        t = graph_time(calls)
+                        entry.update(time_us=t * 1e6, fraction_of_copy_bw=kv_bytes / t / bw,
+                                     max_abs_err_vs_ref=(out[0].float() - ref.float()).abs().max().item())
+                    except Exception as exc:
+                        entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    row["configs"][name] = entry
+                ok = {k: v for k, v in row["configs"].items() if "time_us" in v}
+                if ok:
+                    row["best"] = min(ok, key=lambda k: ok[k]["time_us"])
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("context", "batch", "layer")} | {
+                    "default_us": row["configs"]["default"].get("time_us"), "best": row.get("best"),
+                    "best_us": ok[row["best"]]["time_us"] if ok else None}), flush=True)
+                del q, out, ref
+        del req_to_token
+    return rows
+
+
+def sweep_markdown(meta, rows) -> str:
+    lines = [
+        "# Sink attention decode: launch-configuration sweep (H200, gpt-oss shapes, bf16 KV)", "",
+        f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}, {meta['seconds']} s. "
+        f"Copy bandwidth in this run: {meta['copy_bandwidth_TBps']:.2f} TB/s. Per-call time: median over replays "
+        "of a CUDA graph of back-to-back calls on distinct requests (random slots). `default` is what "
+        "`decode_config` picks; splits count the most per (request, kv head).", "",
+    ]
+    for r in rows:
+        d = r["configs"]["default"]
+        lines += [f"## ctx {r['context']}, batch {r['batch']}, {r['layer']} ({r['kv_bytes'] / 1e6:.1f} MB KV, "
+                  f"{r['distinct_MB_per_replay']:.0f} MB/replay)", "",
+                  "| config | splits | time (us) | of copy BW | vs default | max err |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for name, e in sorted(r["configs"].items(), key=lambda kv: kv[1].get("time_us", float("inf"))):
+            if "error" in e:
+                lines.append(f"| {name} | {e['num_splits']} | error: {e['error'][:80].replace('|', '/')} | | | |")
+                continue
+            rel = f"{d['time_us'] / e['time_us']:.2f}x" if "time_us" in d else "-"
+            lines.append(f"| {'**' + name + '**' if name == 'default' else name} | {e['num_splits']} | "
+                         f"{e['time_us']:.1f} | {100 * e['fraction_of_copy_bw']:.0f}% | {rel} | "
+                         f"{e['max_abs_err_vs_ref']:.1e} |")
+        lines.append("")
+    lines += [f"Command: `{meta['command']}`"]
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -382,9 +497,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--contexts", default="8192,32768")
-    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--batches", default=None, help="default 1,8,32,128 (--decode-sweep: 1,2,4,8,32)")
     ap.add_argument("--extend-tokens", type=int, default=8192)
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweeps")
+    ap.add_argument("--decode-sweep", action="store_true",
+                    help="only the decode config sweep (batches 1,2,4,8,32 unless --batches is given), written to "
+                         "bench_sink_attention_decode_sweep.{json,md}")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -397,7 +515,28 @@ def main():
             "triton": __import__("triton").__version__, "dtype": str(DTYPE).replace("torch.", ""),
             "copy_bandwidth_TBps": bw / 1e12,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "command": "python benchmarks/bench_sink_attention.py --out " + args.out}
+            "command": "python benchmarks/bench_sink_attention.py " + " ".join(sys.argv[1:])}
+    contexts = [int(c) for c in args.contexts.split(",")]
+    if args.decode_sweep:
+        batches = [int(b) for b in (args.batches or "1,2,4,8,32").split(",")]
+        errors, rows = [], []
+        try:
+            rows = bench_decode_sweep(contexts, batches, bw)
+        except Exception:
+            errors.append(traceback.format_exc())
+            print(errors[-1], flush=True)
+        meta["seconds"] = round(time.time() - t0, 1)
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, "bench_sink_attention_decode_sweep")
+        with open(stem + ".json", "w") as f:
+            json.dump({"meta": meta, "rows": rows, "errors": errors}, f, indent=2)
+        md = sweep_markdown(meta, rows) + ("\n## Errors\n\n" + "\n".join(f"```\n{e}\n```" for e in errors)
+                                           if errors else "")
+        with open(stem + ".md", "w") as f:
+            f.write(md)
+        print(md)
+        return
+    batches = [int(b) for b in (args.batches or "1,8,32,128").split(",")]
     errors = []
     extend_rows, decode_rows = [], []
     try:
@@ -408,8 +547,7 @@ def main():
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     try:
-        decode_rows = bench_decode([int(c) for c in args.contexts.split(",")],
-                                   [int(b) for b in args.batches.split(",")], bw, sweep=not args.no_sweep)
+        decode_rows = bench_decode(contexts, batches, bw)
     except Exception:
         errors.append(traceback.format_exc())
         print(errors[-1], flush=True)

@@ -20,9 +20,12 @@ a CUDA graph:
     and each program finds its request by counting, so ragged batches run in one launch with no host
     max length. Key blocks outside the causal window of the tile are never visited; blocks entirely
     visible to every row run without masks.
-  - decode: flash-decoding; each (request, kv head) key range is cut into NUM_SPLITS contiguous runs
-    (a host constant: CUDA-graph safe), and a merge kernel combines the partial results and adds the
-    sink to the denominator there, once. Sliding layers only read their last window_left + 1 keys.
+  - decode: flash-decoding; one program per (request, kv head, split) serves the kv head's whole GQA
+    group. The grid's split count is a host constant (from the batch and req_to_token's width, so
+    CUDA-graph safe); how many splits a request uses, each at least a few key blocks, is decided on the
+    device from its length. The last split of a (request, kv head) to arrive merges the partial results
+    and adds the sink to the denominator there, once: one launch. Sliding layers only read their last
+    window_left + 1 keys, one block in one program.
 
 Precision: scores, softmax and accumulators are fp32. fp32 inputs use IEEE fp32 dots. When q and K/V are
 both bf16 (or both fp16) the dots run on tensor cores: Q.K^T products are exact in the fp32 accumulator;
@@ -36,6 +39,7 @@ bound by memory and not by dots, they enter as a hi + lo pair of 16-bit values (
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -44,7 +48,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp2 is one instruction
-MAX_SPLITS = 32
+MAX_SPLITS = 256
 
 
 @triton.jit
@@ -189,28 +193,144 @@ def _sink_extend_kernel(
 
 
 @triton.jit
-def _sink_decode_kernel(
-    Q, K, V, OUT, PART_O, PART_LSE, SINKS, REQ_TO_TOKEN, SLOT_MAP, REQ_POOL_IDX, SEQ_LENS,
-    stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_r2t,
-    window_left, qk_scale_log2,
-    HQ: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr,
-    DOTS_16BIT: tl.constexpr,
+def _load_slots(tok_base, SLOT_MAP, key_pos, key_hi, HAS_SLOT_MAP: tl.constexpr):
+    key_ok = key_pos < key_hi
+    slot = tl.load(tok_base + key_pos, mask=key_ok, other=0).to(tl.int64)
+    if HAS_SLOT_MAP:
+        slot = tl.maximum(tl.load(SLOT_MAP + slot, mask=key_ok, other=0).to(tl.int64), 0)
+    return slot
+
+
+@triton.jit
+def _load_kv(K, V, slot, key_ok, stride_kn, stride_vn, kv_head_off_k, kv_head_off_v, D: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    k = tl.load(K + slot[:, None] * stride_kn + kv_head_off_k + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    v = tl.load(V + slot[:, None] * stride_vn + kv_head_off_v + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _decode_key_range_prefetch(
+    acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP,
+    stride_kn, stride_vn, kv_head_off_k, kv_head_off_v,
+    key_lo, key_hi, qk_scale_log2,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
 ):
-    """One (request, kv head, split): the GROUP q heads of the kv head against one run of keys.
-    With NUM_SPLITS == 1 it writes the final output (sink included); otherwise a partial output and
-    its log2-sum-exp without the sink, which the merge kernel adds once."""
+    """_attend_key_range for one decode row whose keys [key_lo, key_hi) are all visible, software-
+    pipelined by hand: a block's K/V loads are issued one iteration ahead of its maths and its slot ids
+    two ahead. The gathers (slot id, then K/V) are dependent trips to memory that the compiler does not
+    pipeline, and a decode program is little but those trips: without this each program has one
+    block in flight at a time and waits twice per block. Loads past key_hi are masked off (no traffic)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    slot = _load_slots(tok_base, SLOT_MAP, key_lo + offs_n, key_hi, HAS_SLOT_MAP)
+    k, v = _load_kv(K, V, slot, key_lo + offs_n < key_hi, stride_kn, stride_vn, kv_head_off_k, kv_head_off_v, D)
+    slot_next = _load_slots(tok_base, SLOT_MAP, key_lo + BLOCK_N + offs_n, key_hi, HAS_SLOT_MAP)
+    for start in range(key_lo, key_hi, BLOCK_N):
+        k_next, v_next = _load_kv(K, V, slot_next, start + BLOCK_N + offs_n < key_hi, stride_kn, stride_vn,
+                                  kv_head_off_k, kv_head_off_v, D)
+        slot_next = _load_slots(tok_base, SLOT_MAP, start + 2 * BLOCK_N + offs_n, key_hi, HAS_SLOT_MAP)
+        if DOTS_16BIT:
+            s = tl.dot(q, tl.trans(k))
+        else:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        s = tl.where((start + offs_n < key_hi)[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOTS_16BIT:
+            p_hi = p.to(v.dtype)
+            pv = tl.dot(p_hi, v) + tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v)
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+        k = k_next
+        v = v_next
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _split_range(seq_len, window_left, split, num_splits, min_split_blocks, BLOCK_N: tl.constexpr):
+    """Keys [k_lo, k_hi) of one split and how many splits of this request carry keys (n_used >= 1).
+    Computed on the device from seq_len alone, identically by every split and by the merge: a short
+    context uses fewer, fuller splits (at least min_split_blocks blocks each, so a split's partial
+    write stays small beside its K/V reads), and splits past n_used exit at once."""
+    hi = seq_len
+    lo = tl.where(window_left >= 0, tl.maximum(hi - 1 - window_left, 0), 0)
+    n_keys = tl.maximum(hi - lo, 0)
+    per_split = tl.maximum(tl.cdiv(tl.cdiv(n_keys, BLOCK_N), num_splits), min_split_blocks) * BLOCK_N
+    n_used = tl.maximum(tl.cdiv(n_keys, per_split), 1)
+    k_lo = lo + split * per_split
+    k_hi = tl.minimum(k_lo + per_split, hi)
+    return k_lo, k_hi, n_used
+
+
+@triton.jit
+def _merge_splits(PART_O, PART_LSE, SINKS, OUT, b, kv_head, n_used, num_splits, stride_ot, stride_oh,
+                  GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, MERGE_S: tl.constexpr,
+                  HAS_SINKS: tl.constexpr):
+    """Final output of the GROUP q heads of (request b, kv head) from its n_used partials, in split order
+    (the same sum whichever program runs it); the sink joins the denominator here, once."""
+    offs_s = tl.arange(0, MERGE_S)
+    offs_h = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, D)
+    head_ok = offs_h < GROUP
+    q_head = kv_head * GROUP + offs_h
+    # PART_* [B, Hkv, num_splits, GROUP(, D)]: one group's partials are contiguous.
+    base = (b * tl.num_programs(1) + kv_head) * num_splits
+    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, n_used, MERGE_S):
+        row = (base + s0 + offs_s)[:, None] * GROUP + offs_h[None, :]
+        ok = ((s0 + offs_s) < n_used)[:, None] & head_ok[None, :]
+        # .cg: other SMs wrote these; read them from L2, never from a stale L1 line.
+        lse = tl.load(PART_LSE + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        m = tl.maximum(m, tl.max(lse, axis=0))
+    if HAS_SINKS:
+        sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m = tl.where(m > float("-inf"), m, 0.0)
+    den = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], dtype=tl.float32)
+    for s0 in range(0, n_used, MERGE_S):
+        row = (base + s0 + offs_s)[:, None] * GROUP + offs_h[None, :]
+        ok = ((s0 + offs_s) < n_used)[:, None] & head_ok[None, :]
+        w = tl.exp2(tl.load(PART_LSE + row, mask=ok, other=float("-inf"), cache_modifier=".cg") - m[None, :])
+        part = tl.load(PART_O + row[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0,
+                       cache_modifier=".cg")
+        acc += tl.sum(w[:, :, None] * part, axis=0)
+        den += tl.sum(w, axis=0)
+    if HAS_SINKS:
+        den += tl.exp2(sink - m)  # the sink, once
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(OUT + b * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=head_ok[:, None])
+
+
+@triton.jit
+def _sink_decode_kernel(
+    Q, K, V, OUT, PART_O, PART_LSE, COUNTERS, SINKS, REQ_TO_TOKEN, SLOT_MAP, REQ_POOL_IDX, SEQ_LENS,
+    stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_r2t,
+    window_left, qk_scale_log2, num_splits, min_split_blocks,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, MERGE_S: tl.constexpr, FUSED_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
+):
+    """One (request, kv head, split): the GROUP q heads of the kv head against one run of keys, so each
+    K/V block is read once for the whole group. A request whose keys fit one split writes the final
+    output here (sink included). Otherwise each split writes a partial output and its log2-sum-exp
+    without the sink; with FUSED_MERGE the split that arrives last at the (request, kv head) counter
+    merges them (no second launch, which at small batch costs as much as the reads), else the merge
+    kernel does."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
     req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
-    hi = seq_len
-    lo = tl.where(window_left >= 0, tl.maximum(hi - 1 - window_left, 0), 0)
-    if NUM_SPLITS > 1:
-        per_split = tl.cdiv(tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0), NUM_SPLITS) * BLOCK_N
-        lo = lo + split * per_split
-        hi = tl.minimum(lo + per_split, hi)
+    k_lo, k_hi, n_used = _split_range(seq_len, window_left, split, num_splits, min_split_blocks, BLOCK_N)
+    if split >= n_used:
+        return
+    single = n_used == 1
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
@@ -219,60 +339,65 @@ def _sink_decode_kernel(
     q = tl.load(Q + b * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
     if not DOTS_16BIT:
         q = q.to(tl.float32)
-    if HAS_SINKS and NUM_SPLITS == 1:
-        m_i = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+    if HAS_SINKS:
+        sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_i = tl.where(single, sink, -1.0e30)
+        l_i = tl.where(single, 1.0, 0.0) + tl.zeros([BLOCK_H], dtype=tl.float32)
     else:
         m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
-    row_pos = tl.full([BLOCK_H], 0, dtype=tl.int32) + (seq_len - 1)
-    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, REQ_TO_TOKEN + req_row * stride_r2t, SLOT_MAP,
-                                      stride_kn, stride_vn, kv_head * stride_kh, kv_head * stride_vh,
-                                      row_pos, lo, hi, window_left, qk_scale_log2,
-                                      D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, True)
-    has_keys = l_i > 0  # False only for an empty split (or a zero-length CUDA-graph padding row)
+    if PREFETCH:
+        acc, m_i, l_i = _decode_key_range_prefetch(
+            acc, m_i, l_i, q, K, V, REQ_TO_TOKEN + req_row * stride_r2t, SLOT_MAP, stride_kn, stride_vn,
+            kv_head * stride_kh, kv_head * stride_vh, k_lo, k_hi, qk_scale_log2, D, BLOCK_N, HAS_SLOT_MAP, DOTS_16BIT)
+    else:
+        row_pos = tl.full([BLOCK_H], 0, dtype=tl.int32) + (seq_len - 1)
+        acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, REQ_TO_TOKEN + req_row * stride_r2t, SLOT_MAP,
+                                          stride_kn, stride_vn, kv_head * stride_kh, kv_head * stride_vh,
+                                          row_pos, k_lo, k_hi, window_left, qk_scale_log2,
+                                          D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, True)
+    has_keys = l_i > 0  # False only for a zero-length CUDA-graph padding row without sinks
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT:  # num_splits == 1: no partial code in this variant
         o_ptr = OUT + b * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=head_ok[:, None])
     else:
-        part = (b * HQ + q_head) * NUM_SPLITS + split  # PART_O [B, HQ, NUM_SPLITS, D], PART_LSE [B, HQ, NUM_SPLITS]
-        tl.store(PART_O + part[:, None] * D + offs_d[None, :], out, mask=head_ok[:, None])
-        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        tl.store(PART_LSE + part, lse, mask=head_ok)
+        if single:
+            o_ptr = OUT + b * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
+            tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=head_ok[:, None])
+        else:
+            # Every used split has at least one key, so l_i > 0 and the lse is finite.
+            row = ((b * tl.num_programs(1) + kv_head) * num_splits + split) * GROUP + offs_h
+            tl.store(PART_O + row[:, None] * D + offs_d[None, :], out, mask=head_ok[:, None])
+            tl.store(PART_LSE + row, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), mask=head_ok)
+            if FUSED_MERGE:
+                # Every thread's partial store is ordered before the barrier, and the barrier before the
+                # counter's release (acq_rel, gpu scope): the last arriver sees all partials.
+                tl.debug_barrier()
+                counter = COUNTERS + b * tl.num_programs(1) + kv_head
+                arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if arrived == n_used - 1:
+                    _merge_splits(PART_O, PART_LSE, SINKS, OUT, b, kv_head, n_used, num_splits, stride_ot,
+                                  stride_oh, GROUP, GROUP_PAD, D, MERGE_S, HAS_SINKS)
+                    tl.atomic_xchg(counter, 0)  # ready for the next launch (or graph replay)
 
 
 @triton.jit
 def _sink_decode_merge_kernel(
-    PART_O, PART_LSE, SINKS, OUT, stride_ot, stride_oh,
-    HQ: tl.constexpr, BLOCK_HQ: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    PART_O, PART_LSE, SINKS, OUT, SEQ_LENS, stride_ot, stride_oh, window_left, num_splits, min_split_blocks,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    MERGE_S: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
+    """The merge as a second launch, one program per (request, kv head): when no arrival counters
+    can be had (first call inside a CUDA-graph capture), or to compare with the fused merge."""
     b = tl.program_id(0).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_HQ)
-    offs_d = tl.arange(0, D)
-    head_ok = offs_h < HQ
-    base = (b * HQ + offs_h) * NUM_SPLITS
-    m = tl.full([BLOCK_HQ], float("-inf"), dtype=tl.float32)
-    for sp in tl.static_range(NUM_SPLITS):
-        m = tl.maximum(m, tl.load(PART_LSE + base + sp, mask=head_ok, other=float("-inf")))
-    if HAS_SINKS:
-        sink = tl.load(SINKS + offs_h, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m = tl.maximum(m, sink)
-    m = tl.where(m > float("-inf"), m, 0.0)
-    den = tl.zeros([BLOCK_HQ], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_HQ, D], dtype=tl.float32)
-    for sp in tl.static_range(NUM_SPLITS):
-        w = tl.exp2(tl.load(PART_LSE + base + sp, mask=head_ok, other=float("-inf")) - m)  # 0 if empty
-        part = tl.load(PART_O + (base + sp)[:, None] * D + offs_d[None, :], mask=head_ok[:, None], other=0.0)
-        acc += w[:, None] * part
-        den += w
-    if HAS_SINKS:
-        den += tl.exp2(sink - m)  # the sink, once
-    out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(OUT + b * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=head_ok[:, None])
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
+    _, _, n_used = _split_range(seq_len, window_left, 0, num_splits, min_split_blocks, BLOCK_N)
+    if n_used > 1:  # else the one split wrote the output
+        _merge_splits(PART_O, PART_LSE, SINKS, OUT, b, kv_head, n_used, num_splits, stride_ot, stride_oh,
+                      GROUP, GROUP_PAD, D, MERGE_S, HAS_SINKS)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -381,21 +506,60 @@ def sink_attention_extend(
     return out
 
 
-def auto_num_splits(batch: int, num_kv_heads: int, window_left: int, device: torch.device,
-                    block_n: int = 64) -> int:
-    """Key-range splits per (request, kv head), from host-known values only (CUDA-graph safe).
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch choices of the decode kernel; all host constants, so a CUDA graph captures one of them
+    per batch size. ``num_splits`` is the most splits of one (request, kv head); how many carry keys
+    is decided on the device from its length (``_split_range``)."""
+    num_splits: int = 1
+    block_n: int = 64
+    min_split_blocks: int = 2
+    num_warps: int = 4
+    num_stages: int = 3
+    fused_merge: bool = True
+    prefetch: bool = True  # next block's K/V loads in flight during this block's maths
 
-    Decode reads every key once, so it is bound by memory; it needs enough programs in flight to cover
-    the HBM latency (about two per SM), and no more: each split adds a partial [Hq, D] write and read.
-    A sliding layer has at most cdiv(window_left + 1, block_n) blocks to share out. Full layers do not
-    know the context length here; splits past a short context exit at once."""
-    if device.type != "cuda":
-        return 1
-    programs = batch * num_kv_heads
-    splits = triton.cdiv(2 * _num_sms(device), programs)
-    if window_left >= 0:
-        splits = min(splits, triton.cdiv(window_left + 1, block_n))
-    return int(max(1, min(MAX_SPLITS, splits)))
+
+SHORT_KEYS = 256  # at most this many keys (a gpt-oss sliding layer: 128): one pass, no split
+PROGRAMS_PER_SM = 4
+
+
+def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: int,
+                  device: torch.device) -> DecodeConfig:
+    """Decode launch choices from host-known values only (CUDA-graph safe): the batch, the window and
+    ``max_context`` (req_to_token's width, an upper bound on any request's length).
+
+    Decode reads every key once and is bound by memory, so the grid must hold enough programs to keep
+    the HBM busy (several per SM: each has one or two K/V blocks in flight), but every split adds a
+    partial write and read. Few keys (a sliding layer's window) are too few to share out: one program
+    per (request, kv head) reads them in one block, and the launch is the whole cost."""
+    keys = max_context if window_left < 0 else min(max_context, window_left + 1)
+    if keys <= SHORT_KEYS:
+        block_n = max(16, min(128, triton.next_power_of_2(max(keys, 1))))
+        return DecodeConfig(num_splits=1, block_n=block_n, num_warps=4 if block_n <= 64 else 8, prefetch=False)
+    cfg = DecodeConfig()
+    splits = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), batch * num_kv_heads)
+    splits = min(splits, MAX_SPLITS, triton.cdiv(keys, cfg.block_n * cfg.min_split_blocks))
+    return DecodeConfig(num_splits=max(1, splits), block_n=cfg.block_n, min_split_blocks=cfg.min_split_blocks)
+
+
+_SPLIT_COUNTERS: dict = {}
+MAX_COUNTERS = 1 << 16  # (request, kv head) pairs of one launch
+
+
+def _split_counters(device: torch.device) -> Optional[torch.Tensor]:
+    """Per-device arrival counters of the fused merge, all zero between launches (each group's last
+    split resets its own). Created on first use, never inside a CUDA-graph capture (it would be zeroed
+    only at replay): then None, and the caller uses the merge kernel. Launches on one device share them,
+    so split decode launches must not run concurrently on two streams."""
+    key = (device.type, device.index)
+    counters = _SPLIT_COUNTERS.get(key)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counters = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
+        _SPLIT_COUNTERS[key] = counters
+    return counters
 
 
 def sink_attention_decode(
@@ -410,14 +574,19 @@ def sink_attention_decode(
     scale: float,
     *,
     slot_map: Optional[torch.Tensor] = None,
-    num_splits: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 3,
+    config: Optional[DecodeConfig] = None,
+    num_splits: Optional[int] = None,
+    block_n: Optional[int] = None,
+    min_split_blocks: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    num_stages: Optional[int] = None,
+    fused_merge: Optional[bool] = None,
+    prefetch: Optional[bool] = None,
 ) -> torch.Tensor:
     """One query row per request (row b = request b, at position seq_lens[b] - 1): out [B, Hq, D] in q's
-    dtype. ``num_splits`` None picks from the batch, the window and the SM count (auto_num_splits)."""
+    dtype. ``config`` None picks from the batch, the window, req_to_token's width and the SM count
+    (decode_config); the keyword arguments override single fields of it."""
     hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
     batch = q.shape[0]
     if req_pool_indices.shape[0] != batch:
@@ -428,31 +597,40 @@ def sink_attention_decode(
         raise ValueError(f"sink_attention_decode: out must be {tuple(q.shape)} with a unit last stride")
     if batch == 0:
         return out
-    if num_splits is None:
-        num_splits = auto_num_splits(batch, hkv, window_left, q.device, block_n)
+    if config is None:
+        config = decode_config(batch, hkv, window_left, req_to_token.shape[1], q.device)
+    overrides = dict(num_splits=num_splits, block_n=block_n, min_split_blocks=min_split_blocks,
+                     num_warps=num_warps, num_stages=num_stages, fused_merge=fused_merge, prefetch=prefetch)
+    config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    splits = config.num_splits
     group = hq // hkv
-    block_h = max(16, triton.next_power_of_2(group))
-    if num_splits > 1:
-        part_o = torch.empty((batch, hq, num_splits, d), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((batch, hq, num_splits), dtype=torch.float32, device=q.device)
+    counters = None
+    if splits > 1:
+        part_o = torch.empty((batch, hkv, splits, group, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((batch, hkv, splits, group), dtype=torch.float32, device=q.device)
+        if config.fused_merge and batch * hkv <= MAX_COUNTERS:
+            counters = _split_counters(q.device)
     else:
         part_o = part_lse = out
     sinks_arg = sinks if sinks is not None else q
-    _sink_decode_kernel[(batch, hkv, num_splits)](
-        q, k_buffer, v_buffer, out, part_o, part_lse, sinks_arg, req_to_token,
-        slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,
+    # The split count and size are runtime arguments: one compiled variant serves every batch size.
+    common = dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), D=d, BLOCK_N=config.block_n, MERGE_S=8,
+                  HAS_SINKS=sinks is not None)
+    _sink_decode_kernel[(batch, hkv, splits)](
+        q, k_buffer, v_buffer, out, part_o, part_lse, counters if counters is not None else seq_lens, sinks_arg,
+        req_to_token, slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), req_to_token.stride(0),
-        int(window_left), float(scale) * LOG2E,
-        HQ=hq, GROUP=group, BLOCK_H=block_h, D=d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
-        DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        int(window_left), float(scale) * LOG2E, splits, config.min_split_blocks,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=splits > 1, FUSED_MERGE=counters is not None,
+        PREFETCH=config.prefetch,
+        HAS_SLOT_MAP=slot_map is not None, DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages, **common,
     )
-    if num_splits > 1:
-        _sink_decode_merge_kernel[(batch,)](
-            part_o, part_lse, sinks_arg, out, out.stride(0), out.stride(1),
-            HQ=hq, BLOCK_HQ=triton.next_power_of_2(hq), D=d, NUM_SPLITS=num_splits, HAS_SINKS=sinks is not None,
+    if splits > 1 and counters is None:
+        _sink_decode_merge_kernel[(batch, hkv)](
+            part_o, part_lse, sinks_arg, out, seq_lens, out.stride(0), out.stride(1), int(window_left), splits,
+            config.min_split_blocks, num_warps=4, **common,
         )
     return out
 

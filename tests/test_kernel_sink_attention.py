@@ -47,6 +47,7 @@ def _kernel_module():
         path = os.path.join(HERE, "..", "kernels", "sink_attention.py")
         spec = importlib.util.spec_from_file_location("_sink_attention_checkout", path)
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up there
         spec.loader.exec_module(mod)
         return mod
 
@@ -273,24 +274,72 @@ def sweep(dtype_name: str, device: str = "cpu") -> dict:
                                       with_loop=False))
 
     for i, window_left in enumerate(DECODE_WINDOWS):
-        # The 16-bit types on CPU: 3 splits with sinks, windows that split across blocks and do not.
+        # (splits, sinks, launch overrides). 16 splits: requests use as many as their length allows
+        # (at least min_split_blocks blocks each) and the rest exit; the merge runs in the last split to
+        # arrive, or as the second kernel. The 16-bit types on CPU: 3 splits with sinks, windows that
+        # split across blocks and do not.
         if full:
-            combos = [(1, True), (2, False), (3, True)]
+            combos = [(1, True, dict(prefetch=True)), (2, False, dict(fused_merge=False, prefetch=True)),
+                      (3, True, dict(prefetch=False))]
+            if window_left in (-1, 1, 40):
+                combos.append((16, True, dict(min_split_blocks=1 + i % 2, prefetch=True)))
         else:
-            combos = [(3, True)] if window_left in ((-1, 15, 40) if dtype_name == "float16" else (-1, 40)) else []
-        for splits, with_sinks in combos:
+            combos = ([(3, True, dict(prefetch=window_left != 40))]
+                      if window_left in ((-1, 15, 40) if dtype_name == "float16" else (-1, 40)) else [])
+        for splits, with_sinks, kw in combos:
             case, extra = _decode_case(dtype, seed=200 + i, device=device, swa_map=window_left == 40)
             case = poisoned(case, extra["slot_map"], window_left)
             sinks = extra["sinks"] if with_sinks else None
             got = mod.sink_attention_decode(
                 case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"], case["req_pool_indices"],
                 case["seq_lens"], sinks, window_left, 0.25, slot_map=extra["slot_map"], num_splits=splits,
-                block_n=16)
+                block_n=16, **kw)
             worst = max(worst, _check(got, case, sinks, window_left, 0.25, dtype_name,
-                                      f"decode {dtype_name} W={window_left} splits={splits} sinks={with_sinks}",
+                                      f"decode {dtype_name} W={window_left} splits={splits} sinks={with_sinks} {kw}",
                                       slot_map=extra["slot_map"], with_loop=with_loop))
             n_dec += 1
+    if full:
+        n_dec += decode_paged_batch1(dtype, dtype_name, device, with_loop)
     return {"dtype": dtype_name, "extend_cases": n_ext, "decode_cases": n_dec, "max_abs_err": worst}
+
+
+def paged_case(seq_len, page, dtype, seed, hq=HQ, hkv=HKV, d=D, device="cpu"):
+    """One request whose positions fill whole pages of ``page`` consecutive slots, the pages scattered
+    over the pool (SGLang with --page-size > 1)."""
+    g = torch.Generator().manual_seed(seed)
+    n_pages = -(-seq_len // page)
+    pages = torch.randperm(2 * n_pages + 2, generator=g)[:n_pages] + 1  # page 0 holds the dummy slot
+    req_to_token = (pages[:, None] * page + torch.arange(page)[None, :]).reshape(1, -1)[:, :seq_len + 5]
+    num_slots = (2 * n_pages + 3) * page
+    q = (torch.randn(1, hq, d, generator=g) * 2.0).to(dtype)
+    case = dict(q=q, k_buffer=torch.randn(num_slots, hkv, d, generator=g).to(dtype),
+                v_buffer=torch.randn(num_slots, hkv, d, generator=g).to(dtype),
+                req_to_token=req_to_token.int().contiguous(), req_pool_indices=torch.zeros(1, dtype=torch.int64),
+                seq_lens=torch.tensor([seq_len]), q_start=torch.zeros(1, dtype=torch.int64),
+                q_len=torch.ones(1, dtype=torch.int64))
+    return {k: v.to(device) for k, v in case.items()}, (torch.randn(hq, generator=g) * 2.0).to(device)
+
+
+def decode_paged_batch1(dtype, dtype_name, device, with_loop) -> int:
+    """Batch 1 over 64-slot pages: many splits whose boundaries fall inside pages (split runs of
+    5 x 16 and 3 x 32 keys, from a window start that is not page-aligned), both merges, and the launcher's
+    own choice; the fused merge leaves its arrival counters at zero for the next launch."""
+    mod = _kernel_module()
+    n = 0
+    for window_left, kw in ((-1, dict(num_splits=13, block_n=16, min_split_blocks=5)),
+                            (-1, dict(num_splits=40, block_n=32, min_split_blocks=3, fused_merge=False)),
+                            (300, dict(num_splits=9, block_n=16, min_split_blocks=2, prefetch=False)),
+                            (-1, {}), (127, {})):
+        case, sinks = paged_case(1000, 64, dtype, seed=300 + n, device=device)
+        case = poisoned(case, None, window_left)
+        got = mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                        case["req_pool_indices"], case["seq_lens"], sinks, window_left, 0.25, **kw)
+        _check(got, case, sinks, window_left, 0.25, dtype_name, f"decode paged batch 1 W={window_left} {kw}",
+               with_loop=with_loop)
+        n += 1
+    counters = mod._SPLIT_COUNTERS.get((torch.device(device).type, torch.device(device).index))
+    assert counters is not None and int(counters.count_nonzero()) == 0, "fused merge left a counter set"
+    return n
 
 
 # --- the backend's Triton path against its torch path -----------------------------------------------------
@@ -395,7 +444,7 @@ def test_kernels_match_reference_interpreted():
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     fp32 = results[0]
     assert fp32["extend_cases"] == 2 * len(WINDOWS) + 2
-    assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS)
+    assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS) + 3 + 5
     assert all(r["extend_cases"] > 0 and r["decode_cases"] > 0 for r in results)
 
 
@@ -427,17 +476,26 @@ def gpu_full_shapes() -> dict:
                                                f"gpu extend W={window_left}", slot_map=extra["slot_map"],
                                                with_loop=False)
     seq_lens = [8192, 1, 128, 129, 4097, 8000, 65, 300] * 2
+    # The launcher's own choice, one split, a few, and the choices it makes at batch 1 (many splits,
+    # two key blocks at least per split, merged in the last split or by the merge kernel), and the
+    # sliding layer's one-pass 128-key block; the prefetching key loop and the plain one.
+    variants = [{}, dict(num_splits=1), dict(num_splits=7),
+                dict(num_splits=66, min_split_blocks=2), dict(num_splits=66, min_split_blocks=1, fused_merge=False),
+                dict(num_splits=1, block_n=128, num_warps=8, prefetch=False),
+                dict(num_splits=20, block_n=32, min_split_blocks=3, prefetch=False)]
     for window_left in (127, -1):
-        for splits in (None, 1, 7):
+        for kw in variants:
             case, extra = _decode_case(torch.bfloat16, seed=2, device="cuda", seq_lens=seq_lens, hq=hq, hkv=hkv, d=d)
             case = poisoned(case, None, window_left)
             got = mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
                                             case["req_pool_indices"], case["seq_lens"], extra["sinks"], window_left,
-                                            scale, num_splits=splits)
-            res[f"decode_W{window_left}_splits{splits}"] = _check(
-                got, case, extra["sinks"], window_left, scale, "bfloat16", f"gpu decode W={window_left} {splits}",
+                                            scale, **kw)
+            res[f"decode_W{window_left}_{kw}"] = _check(
+                got, case, extra["sinks"], window_left, scale, "bfloat16", f"gpu decode W={window_left} {kw}",
                 with_loop=False)
         res[f"graph_W{window_left}"] = _graph_check(mod, window_left, seq_lens, hq, hkv, d, scale)
+        # Batch 1 at 32k: the default's many splits, captured and replayed at other lengths.
+        res[f"graph_batch1_W{window_left}"] = _graph_check(mod, window_left, [32768], hq, hkv, d, scale)
     return res
 
 
