@@ -153,8 +153,9 @@ def test_heuristic_configs_are_launchable():
                 assert 1 <= cfg.split_k <= k_blocks and -(-k_blocks // per_split) == cfg.split_k, cfg
                 assert cfg.split_k <= max(1, k // (32 * m)), cfg  # partials <= 1/4 of weight bytes
                 tiles = -(-n // cfg.block_n)
-                if n >= 2880:  # the gpt-oss shapes: >= 2 programs per SM
-                    assert tiles * cfg.split_k >= 2 * mod.H200_SMS, (m, n, k, cfg)
+                if n >= 2880:  # the gpt-oss shapes: every SM streams (at M=16 the partials cap
+                    # on splits leaves 128-wide tiles ~1.5 programs per SM)
+                    assert tiles * cfg.split_k >= mod.H200_SMS, (m, n, k, cfg)
                 continue
             for b in (cfg.block_m, cfg.block_n):
                 assert b >= 16 and b & (b - 1) == 0, cfg
