@@ -388,69 +388,49 @@ class ModelStep:
 
 
 class HarnessProbe:
-    """SingProbe on the harness's cache: the serving runtime's step (sglang_ext/probe_runtime.py)
-    with random weights: taps -> RMS-normalised features -> one q|k|v GEMM -> K|V into a pool
-    indexed by the base model's full-attention slots -> windowed MQA -> fused tail."""
+    """SingProbe on the harness's cache: the serving runtime itself (`ProbeRuntime`, the code a
+    server runs: taps -> RMS-normalised features -> one q|k|v GEMM -> K|V into a pool indexed by
+    the base model's full-attention slots -> windowed MQA -> fused tail) on random weights."""
 
     def __init__(self, model: "ModelStep", window: int = 2048):
         from sglang_ext.probe.config import ProbeConfig
         from sglang_ext.probe.model import SingProbeHead
+        from sglang_ext.probe_runtime import ProbeRuntime
 
         d = model.dims
-        self.cfg = ProbeConfig.from_dict({
+        cfg = ProbeConfig.from_dict({
             "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": d.hidden,
             "base_model_layer_ids": list(d.probe_layers), "num_attention_heads": 8, "head_dim": 64,
             "sliding_window": window, "num_labels": 10, "base_model_name": f"openai/{d.name}",
             "torch_dtype": "bfloat16"})
-        self.head = SingProbeHead(self.cfg).to(model.device, model.dtype).requires_grad_(False)
-        for p in self.head.parameters():
+        head = SingProbeHead(cfg)
+        for p in head.parameters():
             p.data.normal_(0, 0.02)
-        self.head.norm.weight.data.fill_(1.0)
-        h = self.head
-        self.w_qkv = torch.cat([h.proj_q.weight, h.proj_k.weight, h.proj_v.weight])
-        self.tap_slot = {layer: i for i, layer in enumerate(d.probe_layers)}
-        self.hidden = d.hidden
+        head.norm.weight.data.fill_(1.0)
+        self.runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), model.dtype, model.device)
+        self.cfg = cfg
         self.model = model
-        self.allocate()
-        self.features = None
         self.scores = None
+        self.allocate()
+
+    @property
+    def head(self):
+        return self.runtime.head
 
     def allocate(self):
         full = next(kv for kv in self.model.kv_full if kv is not None)
-        self.kv_pool = torch.zeros(full[0].shape[0], 128, device=self.model.device, dtype=self.model.dtype)
+        self.runtime.bind(self.model.req_to_token_full, full[0].shape[0])
 
     def begin(self, tokens: int):
-        width = self.hidden * len(self.tap_slot)
-        if self.features is None or self.features.shape[0] != tokens:
-            self.features = torch.empty(tokens, width, device=self.model.device, dtype=self.model.dtype)
+        self.runtime.begin(tokens, self.model.device)
 
     def capture(self, layer: int, h: torch.Tensor):
-        from sglang_ext.probe.model import rms_normalize
-
-        slot = self.tap_slot.get(layer)
-        if slot is not None:
-            self.features[:, slot * self.hidden:(slot + 1) * self.hidden] = rms_normalize(h).to(self.features.dtype)
+        self.runtime.capture(layer, h)
 
     def step(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
-        from sglang_ext.kernels.probe_attention import probe_attention, probe_attention_ref
-        from sglang_ext.kernels.probe_tail import probe_tail
-
-        cfg = self.cfg
-        qkv = F.linear(self.features, self.w_qkv)
-        q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
-        self.kv_pool[out_full.long()] = qkv[:, cfg.num_attention_heads * cfg.head_dim:]
-        q_rows = q[last_rows.long()]
-        row_req = torch.arange(q_rows.shape[0], device=q.device)
-        row_pos = (seq_lens - 1).long()
-        attend = probe_attention if q.is_cuda else probe_attention_ref
-        ctx = attend(q_rows, self.kv_pool, self.model.req_to_token_full, row_req, row_pos, cfg.sliding_window,
-                     cfg.head_dim ** -0.5)
-        h = self.head
-        if q.is_cuda:
-            self.scores = probe_tail(q_rows, ctx, h.o_proj.weight, h.norm.weight, h.classifier.weight,
-                                     h.classifier.bias)
-        else:
-            self.scores = torch.sigmoid(h.tail(q_rows, ctx).float())
+        req = torch.arange(seq_lens.shape[0], device=seq_lens.device)
+        decode = out_full.shape[0] == seq_lens.shape[0]  # one row per request: each row samples
+        self.scores = self.runtime.step(out_full, req, seq_lens, None if decode else last_rows)
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:

@@ -16,6 +16,7 @@ PATCH_MODULES = (
     "probe_kv_pool",
     "openai_probe_scores",
     "probe_stop",
+    "probe_cuda_graph",
     "harmony_parsers",
     "harmony_prompt",
     "request_isolation",

@@ -8,31 +8,113 @@ token (each request's last row) attend over the last `sliding_window` positions 
 their request and run the tail. The score that arrives with output token k is the row
 of the forward that produced it (position k-1).
 
-Nothing here allocates per request or syncs with the host inside the step except the
-final `.tolist()` that hands scores to SGLang's `customized_info` (the CUDA-graph path
-moves that copy out of the step).
+The step reads nothing back to the host: scores leave the forward as a `ProbeScoreRows`
+(a lazy sequence of `{label: prob}` dicts over a device tensor, read on first use, after
+an event recorded behind the step). Inside a decode CUDA graph the captured output holds
+a `CapturedProbeScores` over the graph's static score tensor instead; the decode graph
+runner's hook (`patches/probe_cuda_graph.py`) turns it into rows of the replayed batch
+after every replay. Buffers a captured graph writes (features, scores) are never freed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
 from sglang_ext.kernels.probe_attention import probe_attention, probe_attention_ref
+from sglang_ext.kernels.probe_step import ProbeStepWorkspace, probe_decode_step, probe_tap_normalize
 from sglang_ext.kernels.probe_tail import probe_tail
 from sglang_ext.probe import SCORES_KEY
 from sglang_ext.probe.checkpoint import load_probe_checkpoint, validate_against_base
+from sglang_ext.probe.config import ProbeConfig
 from sglang_ext.probe.model import SingProbeHead, rms_normalize
 
 logger = logging.getLogger(__name__)
 
+
+def _capturing(device) -> bool:
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class ProbeScoreRows(Sequence):
+    """One forward's score rows, `{label: prob}` per sampling request, read from the device once,
+    on first use. On CUDA an event recorded behind the step orders the read after the kernels
+    that wrote the rows, whichever thread or stream reads them (SGLang's overlap scheduler)."""
+
+    def __init__(self, probs: torch.Tensor, labels: Sequence[str]):
+        self._probs = probs
+        self._labels = list(labels)
+        self._rows: list[dict] | None = None
+        self._ready = None
+        if probs.is_cuda:
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def _materialize(self) -> list[dict]:
+        if self._rows is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            self._rows = [dict(zip(self._labels, row)) for row in self._probs.tolist()]
+            self._probs = self._ready = None
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows) if self._rows is not None else int(self._probs.shape[0])
+
+    def __getitem__(self, i):
+        return self._materialize()[i]
+
+    def __repr__(self) -> str:
+        return f"ProbeScoreRows({self._materialize()!r})"
+
+
+class CapturedProbeScores:
+    """Stands in the captured output of a decode CUDA graph for its scores: `probs` is the graph's
+    static output tensor (rewritten by every replay, padded rows included). `rows_after_replay`
+    copies the first `num_rows` rows out before the next replay can overwrite them."""
+
+    def __init__(self, probs: torch.Tensor, labels: Sequence[str]):
+        self.probs = probs
+        self.labels = list(labels)
+
+    def rows_after_replay(self, num_rows: int) -> ProbeScoreRows:
+        return ProbeScoreRows(self.probs[:num_rows].clone(), self.labels)
+
+    def __len__(self) -> int:  # never read as rows: a replay hook that did not run must not pass
+        raise RuntimeError("sglang-ext: probe scores of a CUDA graph were read without the replay "
+                           "hook (patches/probe_cuda_graph.py); launch with --disable-cuda-graph")
+
+    __getitem__ = __len__
+
+
+def materialize_captured_scores(customized_info, num_rows: int):
+    """customized_info of a replayed graph -> the same with rows of this batch, or unchanged."""
+    if not customized_info:
+        return customized_info
+    captured = customized_info.get(SCORES_KEY)
+    if not isinstance(captured, CapturedProbeScores):
+        return customized_info
+    return {**customized_info, SCORES_KEY: captured.rows_after_replay(num_rows)}
 
 
 class ProbeRuntime:
     def __init__(self, folder: str, base_config, model_dtype: torch.dtype, device="cpu"):
         cfg, tensors = load_probe_checkpoint(folder)
         validate_against_base(cfg, base_config, model_dtype)
+        self._setup(cfg, tensors, model_dtype, device)
+        logger.info("sglang-ext: SingProbe %s loaded: taps %s, window %s, labels %s",
+                    folder, cfg.base_model_layer_ids, cfg.sliding_window, self.labels)
+
+    @classmethod
+    def from_weights(cls, cfg: ProbeConfig, tensors: dict, model_dtype: torch.dtype, device="cpu") -> "ProbeRuntime":
+        """The same runtime on given weights (the benchmarks' random probe at full size)."""
+        runtime = cls.__new__(cls)
+        runtime._setup(cfg, tensors, model_dtype, device)
+        return runtime
+
+    def _setup(self, cfg: ProbeConfig, tensors: dict, model_dtype: torch.dtype, device) -> None:
         self.config = cfg
         self.labels = list(cfg.labels)
         self.model_dtype = model_dtype
@@ -46,13 +128,18 @@ class ProbeRuntime:
         self.kv_pool: torch.Tensor | None = None
         self.req_to_token: torch.Tensor | None = None
         self._features: torch.Tensor | None = None
-        logger.info("sglang-ext: SingProbe %s loaded: taps %s, window %s, labels %s",
-                    folder, cfg.base_model_layer_ids, cfg.sliding_window, self.labels)
+        self._graph_buffers: list[torch.Tensor] = []  # written by captured graphs: kept alive
+        self._num_tokens = 0
+        self._workspace = None
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
         slots = int(token_to_kv_pool.size) + 2 * int(getattr(token_to_kv_pool, "page_size", 1)) + 1
-        device = req_to_token_pool.req_to_token.device
+        self.bind(req_to_token_pool.req_to_token, slots)
+
+    def bind(self, req_to_token: torch.Tensor, num_slots: int) -> None:
+        """K|V pool of `num_slots` slots (the base model's slot ids index it) on req_to_token's device."""
+        device = req_to_token.device
         self.head.to(device)
         # One q|k|v GEMM instead of three (+ a concat) per step: the step is launch-bound. The
         # head's three weights become views of the fused one, so nothing is stored twice.
@@ -62,15 +149,22 @@ class ProbeRuntime:
         h.proj_q.weight.data = self.w_qkv[:q_rows]
         h.proj_k.weight.data = self.w_qkv[q_rows : q_rows + k_rows]
         h.proj_v.weight.data = self.w_qkv[q_rows + k_rows :]
-        self.kv_pool = torch.zeros(slots, 2 * self.config.head_dim, dtype=self.model_dtype, device=device)
-        self.req_to_token = req_to_token_pool.req_to_token
-        logger.info("sglang-ext: probe K/V pool of %d slots x %d values", slots, 2 * self.config.head_dim)
+        self.kv_pool = torch.zeros(num_slots, 2 * self.config.head_dim, dtype=self.model_dtype, device=device)
+        self.req_to_token = req_to_token
+        # The fused decode step's scratch and counters: grown, never freed (graphs hold pointers).
+        self._workspace = ProbeStepWorkspace(device) if device.type == "cuda" else None
+        logger.info("sglang-ext: probe K/V pool of %d slots x %d values", num_slots, 2 * self.config.head_dim)
 
     # -- taps ---------------------------------------------------------------------
     def begin(self, num_tokens: int, device) -> None:
         width = self.hidden_size * len(self.tap_slot)
-        if self._features is None or self._features.shape[0] < num_tokens or self._features.device != device:
+        features = self._features
+        if features is None or features.shape[0] < num_tokens or features.device != torch.device(device):
             self._features = torch.empty(max(num_tokens, 1), width, dtype=self.model_dtype, device=device)
+        if _capturing(device) and not any(b is self._features for b in self._graph_buffers):
+            # A graph replays its writes into this buffer forever: a later, larger eager forward
+            # must not free it (the allocator would hand the memory to someone else).
+            self._graph_buffers.append(self._features)
         self._num_tokens = num_tokens
 
     def capture(self, layer_id: int, hidden: torch.Tensor) -> None:
@@ -78,36 +172,61 @@ class ProbeRuntime:
         slot = self.tap_slot.get(layer_id)
         if slot is None:
             return
-        # The probe's own feature transform, so serving taps equal the reference's.
+        # The probe's own feature transform, so serving taps equal the reference's (CUDA: one
+        # launch instead of torch's five; within 1 ulp of the model dtype, see probe_step.py).
         lo = slot * self.hidden_size
-        self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
+        if hidden.is_cuda:
+            probe_tap_normalize(hidden, self._features, lo)
+        else:
+            self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
 
     # -- the step -------------------------------------------------------------------
     def score(self, forward_batch) -> torch.Tensor:
         """Probabilities [num requests, num_labels] (fp32) for the rows that sample."""
+        if forward_batch.forward_mode.is_decode():
+            sample_rows = None
+        else:
+            sample_rows = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
+        return self.step(forward_batch.out_cache_loc, forward_batch.req_pool_indices,
+                         forward_batch.seq_lens, sample_rows)
+
+    def step(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+             sample_rows: torch.Tensor | None) -> torch.Tensor:
+        """The step on the features `begin`/`capture` collected for this forward's tokens.
+
+        out_cache_loc [T]: each token's KV slot (its probe K|V goes there); req_pool_indices and
+        seq_lens [R]: each sampling request's req_to_token row and length after this forward;
+        sample_rows [R]: the token row that samples for each request (None: every row, decode).
+        Graph-safe: no host reads, no allocation that outlives the step."""
         if self.kv_pool is None:
             raise RuntimeError("probe K/V pool not bound: bind_kv_pools() runs at attention-backend init")
         features = self._features[: self._num_tokens]
         cfg = self.config
+        h = self.head
+        row_pos = (seq_lens - 1).to(torch.int64)
+        if features.is_cuda and sample_rows is None:
+            # Decode: q|k|v GEMV + K|V write, windowed attention, tail: three launches.
+            probs = torch.empty(features.shape[0], len(self.labels), dtype=torch.float32, device=features.device)
+            return probe_decode_step(features, self.w_qkv, self.kv_pool, out_cache_loc, self.req_to_token,
+                                     req_pool_indices, row_pos, self.window, self.scale, h.o_proj.weight,
+                                     h.norm.weight, h.classifier.weight, h.classifier.bias, probs,
+                                     cfg.num_attention_heads, workspace=self._workspace)
         qkv = torch.nn.functional.linear(features, self.w_qkv)
         q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
         kv = qkv[:, cfg.num_attention_heads * cfg.head_dim :]
-        self.kv_pool[forward_batch.out_cache_loc.long()] = kv.to(self.kv_pool.dtype)
-        mode = forward_batch.forward_mode
-        if mode.is_decode():
-            rows = torch.arange(q.shape[0], device=q.device)
-        else:
-            rows = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
-        q_rows = q[rows]
-        row_pos = (forward_batch.seq_lens - 1).to(torch.int64)
+        self.kv_pool[out_cache_loc.long()] = kv.to(self.kv_pool.dtype)
+        q_rows = q if sample_rows is None else q[sample_rows.long()]
         # CUDA: the Triton kernel (graph-safe, no host reads); CPU: its torch reference.
         attend = probe_attention if q_rows.is_cuda else probe_attention_ref
-        ctx = attend(q_rows, self.kv_pool, self.req_to_token,
-                     forward_batch.req_pool_indices, row_pos, self.window, self.scale)
+        ctx = attend(q_rows, self.kv_pool, self.req_to_token, req_pool_indices, row_pos, self.window, self.scale)
         if q_rows.is_cuda:
-            h = self.head
             return probe_tail(q_rows, ctx, h.o_proj.weight, h.norm.weight, h.classifier.weight, h.classifier.bias)
         return torch.sigmoid(self.head.tail(q_rows, ctx).float())
 
     def as_customized_info(self, probs: torch.Tensor) -> dict:
-        return {SCORES_KEY: [dict(zip(self.labels, row)) for row in probs.tolist()]}
+        """SGLang's per-forward `customized_info`: lazy rows, or, while a CUDA graph is being
+        captured, the static score tensor the replay hook reads after each replay."""
+        if _capturing(probs.device):
+            self._graph_buffers.append(probs)
+            return {SCORES_KEY: CapturedProbeScores(probs, self.labels)}
+        return {SCORES_KEY: ProbeScoreRows(probs, self.labels)}

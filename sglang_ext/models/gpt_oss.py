@@ -308,11 +308,12 @@ class GptOssForCausalLM(nn.Module):
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
         probe = self.probe if self.probe is not None and not forward_batch.forward_mode.is_idle() else None
-        if probe is not None and input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            # The scores reach SGLang as Python lists (customized_info): a captured step would
-            # replay the capture-time scores. Until they move to a static buffer read after replay:
-            raise RuntimeError("sglang-ext: --probe-ckpt cannot run inside CUDA graphs yet; "
-                               "launch with --disable-cuda-graph")
+        if (probe is not None and input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
+                and not forward_batch.forward_mode.is_decode()):
+            # Decode graphs carry the scores out through a static tensor (patches/probe_cuda_graph.py);
+            # prefill graphs replay a one-slot body with live metadata, never checked with the probe.
+            raise RuntimeError("sglang-ext: --probe-ckpt cannot run inside prefill CUDA graphs; "
+                               "launch with --disable-prefill-cuda-graph")
         hidden = self.model(input_ids, positions, forward_batch, input_embeds, probe=probe)
         out = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
         if probe is not None:
