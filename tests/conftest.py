@@ -39,6 +39,18 @@ def tiny_checkpoints():
 
 
 @pytest.fixture(scope="session")
+def tiny_calm_checkpoints():
+    """The tiny gpt-oss with the "calm" init (bf16 rounding not amplified), bf16 and fp32."""
+    from pathlib import Path
+
+    from sglang_ext.launch.make_tiny import generate
+
+    root = Path(__file__).resolve().parents[1] / ".cache" / "tiny_calm"
+    return {k: Path(v) for k, v in generate(root, variants=("bf16", "fp32"), log=lambda *_: None,
+                                            init="calm").items()}
+
+
+@pytest.fixture(scope="session")
 def vocab_dir():
     from sglang_ext.launch.tokenizer import ensure_o200k_vocab
 

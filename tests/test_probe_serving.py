@@ -173,24 +173,25 @@ def test_eight_concurrent_streams_equal_each_alone(probe_server):
                                    as_matrix(a["meta_info"]["token_probe_probs"], labels), rtol=0, atol=1e-5)
 
 
-def test_bf16_served_scores_within_bf16_error_of_truth(tiny_checkpoints, tiny_probe, vocab_dir):
+def test_bf16_served_scores_within_2e2_of_hf(tiny_calm_checkpoints, tiny_probe, vocab_dir):
+    """The issue's bf16 criterion: served bf16 scores within 2e-2 of HF transformers' hidden states
+    through the reference head. On the default tiny model HF's own bf16 run is 0.085 off its fp32
+    run (the random weights amplify bf16 rounding ~16 % by the deepest tap), so two correct bf16
+    implementations cannot agree to 2e-2 there; the "calm" init (same architecture, smaller
+    attention/expert weights: ~1 % hidden-state drift) makes the check meaningful. The default
+    model keeps its fp32 checks at 2e-4 above."""
     prompt = random_prompt(PROMPT_LEN, seed=6)
-    with SGLangServer(tiny_checkpoints["bf16"], ["--probe-ckpt", tiny_probe], vocab_dir=vocab_dir) as srv:
+    calm = tiny_calm_checkpoints
+    with SGLangServer(calm["bf16"], ["--probe-ckpt", tiny_probe], vocab_dir=vocab_dir) as srv:
         out = generate(srv.url, prompt)
-    # The oracle in bf16: HF bf16 hidden states through the bf16 reference head (fp32 tail).
-    labels, want = reference_scores(tiny_checkpoints["bf16"], tiny_probe, prompt, out["output_ids"],
-                                    dtype=torch.bfloat16)
+    labels, want = reference_scores(calm["bf16"], tiny_probe, prompt, out["output_ids"], dtype=torch.bfloat16)
+    _, truth = reference_scores(calm["fp32"], tiny_probe, prompt, out["output_ids"])
     got = as_matrix(out["meta_info"]["token_probe_probs"], labels)
-    err = (got - want).abs().max().item()
-    _, truth = reference_scores(tiny_checkpoints["fp32"], tiny_probe, prompt, out["output_ids"])
-    print(f"bf16 served scores: max |error| {err:.4f} vs HF bf16 + reference head; "
-          f"vs the fp32 truth: served {(got - truth).abs().max().item():.4f}, "
-          f"HF bf16 {(want - truth).abs().max().item():.4f}")
-    # The tiny random model amplifies bf16 rounding far more than a trained one (HF's own
-    # bf16 run is 0.049 off the fp32 truth here), so the issue's 2e-2 is checked against
-    # the truth with the oracle's own bf16 error as the bound, and never looser than 5e-2.
-    served_err = (got - truth).abs().max().item()
-    assert served_err <= max(2e-2, min((want - truth).abs().max().item(), 5e-2))
+    err_hf, err_truth = (got - want).abs().max().item(), (got - truth).abs().max().item()
+    print(f"bf16 served scores (calm tiny): max |error| {err_hf:.4f} vs HF bf16 + reference head, "
+          f"{err_truth:.4f} vs the fp32 truth (HF bf16 vs truth {(want - truth).abs().max().item():.4f})")
+    assert got.std() > 0.05
+    assert err_hf <= 2e-2 and err_truth <= 2e-2
 
 
 BAD_CASES = {
