@@ -322,10 +322,18 @@ def _fp8_gemv_kernel(
             else:
                 acc += d * (ws[:, None] * xs[None, :])
         else:
-            if ROWS == 1:  # plain 2D GEMV: no 3D broadcast (and its layout conversion) to pay for
-                d = tl.sum(w.to(tl.float32) * q.to(tl.float32), axis=1)[None, :]
+            wf = w.to(tl.float32)
+            if ROWS == 1:
+                d = tl.sum(wf * q.to(tl.float32), axis=1)[None, :]
             else:
-                d = tl.sum(w.to(tl.float32)[None, :, :] * q.to(tl.float32)[:, None, :], axis=2)  # [ROWS, BLOCK_N]
+                # Row by row over the one converted slab: a [ROWS, BLOCK_N, 128] product would not
+                # fit in registers (255 and spills at 4 x 64 already).
+                qf = q.to(tl.float32)
+                d = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+                for r in tl.static_range(ROWS):
+                    q_r = tl.sum(tl.where(offs_r[:, None] == r, qf, 0.0), axis=0)  # row r, exact
+                    d_r = tl.sum(wf * q_r[None, :], axis=1)
+                    d = tl.where(offs_r[:, None] == r, d_r[None, :], d)
             if BLOCK_N <= 128:
                 acc += d * (xs[:, None] * ws)
             else:
