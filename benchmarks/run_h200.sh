@@ -6,6 +6,8 @@
 #   bash benchmarks/run_h200.sh model     # model-step decode + prefill grid on one H200 (+ modelled configs)
 #   bash benchmarks/run_h200.sh x2        # NCCL calibration + measured 2-GPU configurations (nvidia-h200-x2)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
+#   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
+#                                         # the decode sweeps of fp8_gemm, moe and sink_attention
 #
 # On the device tool: run with carry [".peers/sglang_src"] (bash benchmarks/fetch_sglang_peers.sh here
 # first) so SGLang's own Triton kernels run as peers. Everything lands in $OUT/results.tgz (the tool
@@ -56,6 +58,24 @@ decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the dec
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
     step bench_decode_tp1 240 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --profile --out "$R" --stem bench_decode_tp1
+    ;;
+sweep)  # two independent lanes, one GPU each, so one device call covers tests and tuning
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step gpu_test_fp8_gemm 150 python tests/test_kernel_fp8_gemm.py --gpu
+        step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+        step gpu_test_sink_attention 120 python tests/test_kernel_sink_attention.py --gpu
+        step gpu_test_probe 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_kernel.py \
+            tests/test_probe_tail.py tests/test_probe_step.py tests/test_probe_cuda_graph.py
+        step bench_probe 150 python benchmarks/bench_probe.py --out "$R"
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step sweep_moe 210 python benchmarks/bench_moe.py --out "$R" --sweep-only
+        step sweep_sink_attention 170 python benchmarks/bench_sink_attention.py --decode-sweep --out "$R"
+        step sweep_fp8_gemm 150 python benchmarks/bench_fp8_gemm.py --m 1,4,16 --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head --budget-s 110 --out "$R"
+    ) &
+    wait
     ;;
 x2)
     step nccl 60 python benchmarks/perf_model.py --measure-nccl --nproc 2 --out "$R"

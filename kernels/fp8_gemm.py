@@ -477,12 +477,14 @@ def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None
     stream through cp.async stages (num_stages - 1 in flight, no registers held), where the FMA
     variant holds its slab in registers (fp32 converts: ~120 registers at BLOCK_N 64) and gets
     ~4 programs, ~32 KB, in flight per SM: about what HBM's latency needs, no margin. 128-wide
-    tiles at M > 4 halve the x quantisation redone per N tile (M x K per tile). Starting points
-    for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures the alternatives."""
+    tiles at M > 4 halve the x quantisation redone per N tile (M x K per tile). Picked from the
+    H200 sweep (`benchmarks/results/sweeps/fp8_gemm_decode.md`): at M = 16, 8 warps / 3 stages
+    beat 4 / 4 by 13-17 % (qkv 12.4 vs 14.2 us, o 10.5 vs 12.7, lm_head 177 vs 217); at M <= 4
+    the 64-wide 4-warp blocks are within 1-8 % of the best row."""
     if m <= 4:
         cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=4, use_dot=True)
     else:
-        cfg = Fp8GemvConfig(block_n=128, num_warps=4, num_stages=4, use_dot=True)
+        cfg = Fp8GemvConfig(block_n=128, num_warps=8, num_stages=3, use_dot=True)
     return replace(cfg, split_k=_auto_split_gemv(min(m, 16), n, k, cfg.block_n, num_sms(device)))
 
 
