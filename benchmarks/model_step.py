@@ -305,7 +305,9 @@ class ModelStep:
         cos_sin = self.cos_sin[positions.long()]
         req_idx = torch.arange(seq_lens.shape[0], device=h.device, dtype=torch.int32)
         tokens = h.shape[0]
+        last = q_start + q_len - 1
         if self.probe is not None:
+            self.probe.expect(out_full, seq_lens, last)
             self.probe.begin(tokens)
         for i, lw in enumerate(self.layers):
             if self.probe is not None:
@@ -330,7 +332,6 @@ class ModelStep:
             h = h + o
             x = rms_norm(h, lw.post_norm, d.rms_eps)
             h = h + self._moe(x, lw)
-        last = q_start + q_len - 1
         x = rms_norm(h[last.long()], self.final_norm, d.rms_eps)
         logits = F.linear(x, self.lm_head)
         if self.probe is not None:
@@ -427,10 +428,16 @@ class HarnessProbe:
     def capture(self, layer: int, h: torch.Tensor):
         self.runtime.capture(layer, h)
 
-    def step(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
+    def _batch(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
         req = torch.arange(seq_lens.shape[0], device=seq_lens.device)
         decode = out_full.shape[0] == seq_lens.shape[0]  # one row per request: each row samples
-        self.scores = self.runtime.step(out_full, req, seq_lens, None if decode else last_rows)
+        return out_full, req, seq_lens, None if decode else last_rows
+
+    def expect(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
+        self.runtime.expect_batch(*self._batch(out_full, seq_lens, last_rows))
+
+    def step(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
+        self.scores = self.runtime.finish(*self._batch(out_full, seq_lens, last_rows))
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:

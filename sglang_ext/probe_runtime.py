@@ -19,6 +19,7 @@ after every replay. Buffers a captured graph writes (features, scores) are never
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 import torch
@@ -131,6 +132,13 @@ class ProbeRuntime:
         self._graph_buffers: list[torch.Tensor] = []  # written by captured graphs: kept alive
         self._num_tokens = 0
         self._workspace = None
+        self._side_stream = None
+        self._batch = None  # (out_cache_loc, req_pool_indices, seq_lens, sample_rows) of this forward
+        self._early: torch.Tensor | None = None
+        self._last_slot = len(self.tap_slot) - 1
+        # Decode on CUDA: the step runs on a side stream from the last tap on, beside the base
+        # model's remaining layers (its kernels are latency-bound: hidden, they cost ~nothing).
+        self.overlap = os.environ.get("SGLANG_EXT_PROBE_OVERLAP", "1") != "0"
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
@@ -153,9 +161,17 @@ class ProbeRuntime:
         self.req_to_token = req_to_token
         # The fused decode step's scratch and counters: grown, never freed (graphs hold pointers).
         self._workspace = ProbeStepWorkspace(device) if device.type == "cuda" else None
+        self._side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         logger.info("sglang-ext: probe K/V pool of %d slots x %d values", num_slots, 2 * self.config.head_dim)
 
     # -- taps ---------------------------------------------------------------------
+    def expect_batch(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                     sample_rows: torch.Tensor | None) -> None:
+        """This forward's batch, known before the layers run (see `step` for the arguments): lets
+        a decode step start right after the last tap instead of after the whole model."""
+        self._batch = (out_cache_loc, req_pool_indices, seq_lens, sample_rows)
+        self._early = None
+
     def begin(self, num_tokens: int, device) -> None:
         width = self.hidden_size * len(self.tap_slot)
         features = self._features
@@ -179,6 +195,32 @@ class ProbeRuntime:
             probe_tap_normalize(hidden, self._features, lo)
         else:
             self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
+        if slot == self._last_slot:
+            self._launch_early()
+
+    def _launch_early(self) -> None:
+        batch, self._batch = self._batch, None
+        if (batch is None or not self.overlap or self._side_stream is None or batch[3] is not None
+                or not self._features.is_cuda):
+            return
+        main, side = torch.cuda.current_stream(), self._side_stream
+        side.wait_stream(main)  # the taps, and the batch tensors, are ready on `main`
+        try:
+            with torch.cuda.stream(side):
+                probs = self.step(*batch)
+        except Exception:  # score() runs the step again on `main`, where failures are isolated
+            logger.exception("sglang-ext: probe step on the side stream failed; retrying in order")
+            main.wait_stream(side)
+            return
+        self._early = probs
+
+    def _take_early(self) -> torch.Tensor | None:
+        probs, self._early = self._early, None
+        if probs is not None:
+            main = torch.cuda.current_stream()
+            main.wait_stream(self._side_stream)  # join: the scores (and K|V) are written
+            probs.record_stream(main)  # allocated on the side stream, used on `main` from here
+        return probs
 
     # -- the step -------------------------------------------------------------------
     def score(self, forward_batch) -> torch.Tensor:
@@ -187,8 +229,17 @@ class ProbeRuntime:
             sample_rows = None
         else:
             sample_rows = torch.cumsum(forward_batch.extend_seq_lens, dim=0) - 1
-        return self.step(forward_batch.out_cache_loc, forward_batch.req_pool_indices,
-                         forward_batch.seq_lens, sample_rows)
+        return self.finish(forward_batch.out_cache_loc, forward_batch.req_pool_indices,
+                           forward_batch.seq_lens, sample_rows)
+
+    def finish(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+               sample_rows: torch.Tensor | None) -> torch.Tensor:
+        """The scores of this forward: the side stream's (joined) if the step started at the last
+        tap, else the step run now."""
+        early = self._take_early()
+        if early is not None:
+            return early
+        return self.step(out_cache_loc, req_pool_indices, seq_lens, sample_rows)
 
     def step(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
              sample_rows: torch.Tensor | None) -> torch.Tensor:

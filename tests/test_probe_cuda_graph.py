@@ -4,8 +4,9 @@ batches, and its scores read through the same path SGLang's decode graph runner 
 CPU: the lazy score rows, the captured-scores hand-over (copied out, so a later replay cannot change
 rows already handed over; unreadable if the replay hook did not run), and the launch rule that turns
 prefill graphs off with the probe. GPU (`gpu`): `ProbeRuntime` at gpt-oss-120b probe dims captured
-in a CUDA graph for a padded decode batch, replayed over fresh batches; every replay's rows equal
-the same runtime run eagerly on that batch and the float64 reference head.
+in a CUDA graph for a padded decode batch (its step on the side stream from the last tap), replayed
+over fresh batches; every replay's rows equal the same runtime run eagerly (in order, one stream) on
+that batch, and the float64 reference head within 2e-2.
 """
 
 from __future__ import annotations
@@ -142,11 +143,15 @@ def test_runtime_step_captured_in_a_cuda_graph_replays_fresh_batches():
         seq_lens=torch.ones(padded, dtype=torch.int64, device=device))
 
     def step():
+        # As the model runs it: the batch is announced first, so the step starts on the side
+        # stream at the last tap (a fork/join inside the captured graph) and joins at finish().
+        batch = (static.out_cache_loc, static.req_pool_indices, static.seq_lens, None)
+        runtime.expect_batch(*batch)
         runtime.begin(padded, device)
         for layer, h in zip(taps, static.hidden):
             runtime.capture(layer, h)
-        probs = runtime.step(static.out_cache_loc, static.req_pool_indices, static.seq_lens, None)
-        return runtime.as_customized_info(probs)
+        assert runtime._early is not None
+        return runtime.as_customized_info(runtime.finish(*batch))
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

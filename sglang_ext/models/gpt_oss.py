@@ -314,6 +314,9 @@ class GptOssForCausalLM(nn.Module):
             # prefill graphs replay a one-slot body with live metadata, never checked with the probe.
             raise RuntimeError("sglang-ext: --probe-ckpt cannot run inside prefill CUDA graphs; "
                                "launch with --disable-prefill-cuda-graph")
+        if probe is not None and forward_batch.forward_mode.is_decode():
+            probe.expect_batch(forward_batch.out_cache_loc, forward_batch.req_pool_indices,
+                               forward_batch.seq_lens, None)
         hidden = self.model(input_ids, positions, forward_batch, input_embeds, probe=probe)
         out = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
         if probe is not None:
