@@ -401,8 +401,8 @@ def probe_decode_step(
     block_n_attn: int = 64,
     attn_num_splits: Optional[int] = None,
     qkv_splits: Optional[int] = None,
-    qkv_block_n: int = 64,
-    qkv_block_k: int = 64,
+    qkv_block_n: Optional[int] = None,
+    qkv_block_k: Optional[int] = None,
 ) -> torch.Tensor:
     """One probe decode step for T rows (one per request) in three launches; returns ``out_scores``.
 
@@ -444,6 +444,13 @@ def probe_decode_step(
     ws = workspace if workspace is not None else default_workspace(dev)
 
     # 2. q|k|v + K|V write
+    if qkv_block_n is None or qkv_block_k is None:
+        # H200 sweep (benchmarks/results/probe_decode_h200.md): 32 x 128 tiles (23 splits) beat
+        # 64 x 64 (27) at batch 1 (23.4 vs 24.4 us per step) and 8 (24.7 vs 30.2); larger batches
+        # were not swept and keep 64 x 64.
+        small = t <= 16
+        qkv_block_n = qkv_block_n or (32 if small else 64)
+        qkv_block_k = qkv_block_k or (128 if small else 64)
     cfg = qkv_config(t, n, k, dev, block_k=qkv_block_k, block_n=qkv_block_n, splits=qkv_splits)
     n_tiles, t_tiles = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(t, cfg["BLOCK_T"])
     q_buf = ws.get("q", t * hq, w_qkv.dtype)
