@@ -42,8 +42,8 @@ flip a rare e4m3 rounding of h (tests/test_kernel_moe.py states the tolerances).
 
 Launch configs come from a table by token count (`select_config`) for hidden 2880 on an H200;
 nothing is autotuned at run time. The table was chosen from ptxas resource counts (registers,
-shared memory, no spills) and bandwidth arithmetic; benchmarks/bench_moe.py measures it and
-sweeps the alternatives on the GPU.
+shared memory, no spills) and bandwidth arithmetic, then corrected by the H200 sweep of
+benchmarks/bench_moe.py (benchmarks/results/sweeps/moe.md; see the table's comment).
 """
 
 from __future__ import annotations
@@ -111,11 +111,34 @@ class MoeConfig:
 # mlp1 always spans whole 128-column groups of h (256 W1 rows), so h is requantised once, in its
 # epilogue: quantising fp32 h inside mlp2's K loop instead costs ~30 instructions per element
 # per N tile (an IEEE division among them) and would make decode's mlp2 compute bound.
-# Decode (T <= 128) streams each touched expert's 25 MB once: at T=1, 4 experts x 23 mlp1
-# programs of 737 KB with 4 stages of 32 KB in flight each, and 4 x 90 mlp2 programs of 92 KB.
+# Decode (T <= 128) streams each touched expert's 25 MB once: at T=1, 4 experts x 23 mlp1 tiles
+# of 737 KB, and 4 x 90 mlp2 programs of 92 KB; mlp1 split 2 ways along K (184 programs) fills
+# the 132 SMs, of which 92 programs leave 40 idle.
 # Prefill is compute bound: 64 x 256-row W1 tiles on 8 warps (both accumulators and the dot
 # results fit in registers; 128 rows would spill), 128-wide mlp2 tiles, grouped for L2 reuse.
+#
+# Measured: H200 sweep, benchmarks/results/sweeps/moe.md (+ .json), "Sweep: fastest
+# bit-reproducible config per shape vs the table's" and the full sweep below it (every candidate
+# there ran without error and bit-reproducibly: none had to be excluded), us per layer,
+# 120b / 20b, old table -> new:
+# - T <= 2, split-K 2/1: T=1 63.7 -> 61.4 / 59.1 -> 57.3, T=2 94.5 -> 94.2 / 89.0 -> 87.4.
+#   (20b's T=1 best is 2/2 at 56.5; 120b's, 2/1, is taken.)
+# - T 3..16, split-K 2/2: T=4 156.1 -> 150.0 / 142.1 -> 138.2, T=8 250.1 -> 244.0 /
+#   179.1 -> 177.8, T=16 401.5 -> 385.8 / 239.6 -> 252.3. The models disagree where 120b is
+#   taken: T=16 (20b's best is 2/1 at 231.8: 2/2 costs 20b 5 % vs the old table), T=4 (20b's
+#   best, mlp1 s2 / mlp2 n64 s3 split 4/4 at 136.7, is 165.2 on 120b). At T=8 120b's 2/1 (243.8)
+#   is within noise of 2/2 and 8 % slower on 20b (193.6), so 2/2. T=3 and 9..15 not measured.
+# - T 17..32: unchanged, the sweep's best at T=32 (618.6 / 259.4; every split-K was slower).
+# - T 33..1024: unchanged, not measured by the sweep.
+# - T > 1024: mlp2 4 warps / 3 stages, group 4 (was 8 warps / 4 stages, group 8), measured at
+#   T=8192 only: 5027.8 -> 4677.3 / 4432.3 -> 4047.8 us (1.07x / 1.09x; max rel err vs moe_ref
+#   1.2e-2 / 7.1e-3 at 512 tokens). The 1024 boundary is kept (nothing measured near it); the
+#   new row equals the 129..1024 row except mlp2_stages 3 (that row not re-measured).
+_DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
+                       mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2)
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    (2, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=1)),
+    (16, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=2)),
     (32, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                    mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4)),
     (128, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
@@ -123,7 +146,7 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (1024, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3,
                      mlp2_block_n=128, mlp2_warps=4, mlp2_stages=4, group_m=4)),
     (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3,
-                        mlp2_block_n=128, mlp2_warps=8, mlp2_stages=4, group_m=8)),
+                        mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4)),
 )
 
 

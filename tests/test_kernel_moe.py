@@ -161,6 +161,10 @@ def test_ref_without_activation_quant_is_experts_torch(num_tokens, expert_offset
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
 
 
+# token counts of the full-shape GPU test: at least one in every bucket of the config table
+GPU_TABLE_TOKENS = (1, 4, 32, 37, 512, 1100)
+
+
 def test_config_table_covers_every_token_count():
     mod = _kernel_module()
     bounds = [b for b, _ in mod.H200_HIDDEN_2880_CONFIGS]
@@ -171,6 +175,12 @@ def test_config_table_covers_every_token_count():
         assert cfg is next(c for b, c in mod.H200_HIDDEN_2880_CONFIGS if t <= b)
     # h is requantised once, in mlp1's epilogue, in every bucket (see the table's comment)
     assert all(c.fused_requant for _, c in mod.H200_HIDDEN_2880_CONFIGS)
+    # the GPU test (compiled, CUDA graph, run-to-run bit equality) runs every config the table holds
+    assert {id(mod.select_config(t)) for t in GPU_TABLE_TOKENS} == {id(c) for _, c in mod.H200_HIDDEN_2880_CONFIGS}
+    # the interpreted sweep runs the table's split-K decode rows
+    table_tokens = [t for _, t, config, *_ in moe_cases(mod) if config is None]
+    split = {id(c) for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_split_k > 1 or c.mlp2_split_k > 1}
+    assert split <= {id(mod.select_config(t)) for t in table_tokens}
 
 
 def test_launcher_rejects_bad_shapes():
@@ -263,6 +273,7 @@ def moe_cases(mod):
     C = mod.MoeConfig
     return [
         ("decode table T=1", 1, None, 0, 8, True, False),
+        ("decode table T=4", 4, None, 0, 8, True, False),
         ("narrow fp32-h tiles, EP rank 2..5, no b2", 5, C(16, 32, 4, 2, 32, 4, 2), 2, 4, False, False),
         ("fused requant, grouped, multi-program sort", 64, C(64, 128, 4, 2, 128, 4, 2, group_m=2, align_chunk=32),
          0, 8, True, False),
@@ -409,7 +420,7 @@ def test_small_dims_compiled():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [1, 37, 512])
+@pytest.mark.parametrize("num_tokens", GPU_TABLE_TOKENS)
 def test_full_shapes_and_cuda_graph(num_tokens):
     gpu_full_shapes(num_tokens)
 
@@ -440,7 +451,7 @@ if __name__ == "__main__":
     if "--gpu" in args:
         print(json.dumps(sweep("cuda")), flush=True)
         print(json.dumps(gpu_routing()), flush=True)
-        for t in (1, 37, 512):
+        for t in GPU_TABLE_TOKENS:
             print(json.dumps(gpu_full_shapes(t)), flush=True)
         for config in gpu_split_k_configs():
             for t in (1, 3, 37):
