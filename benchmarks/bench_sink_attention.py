@@ -23,7 +23,7 @@ as ours (not 0.5.23's one-key-short decode window, ``upstream_window``), so both
     python benchmarks/bench_sink_attention.py --out benchmarks/results
 
 Decode launch configurations (``--decode-sweep``, only that): candidate ``DecodeConfig``s beside the
-launcher's default at batch 1/2/4/8/32, context 8192 and 32768 (full layers) and the sliding layer,
+launcher's default at batch 1/2/4/8/16/32, context 8192 and 32768 (full layers) and the sliding layer,
 into bench_sink_attention_decode_sweep.{json,md}:
 
     python benchmarks/bench_sink_attention.py --decode-sweep --out benchmarks/results
@@ -497,7 +497,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--contexts", default="8192,32768")
-    ap.add_argument("--batches", default=None, help="default 1,8,32,128 (--decode-sweep: 1,2,4,8,32)")
+    ap.add_argument("--batches", default=None, help="default 1,8,32,128 (--decode-sweep: 1,2,4,8,16,32)")
     ap.add_argument("--extend-tokens", type=int, default=8192)
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-configuration sweeps")
     ap.add_argument("--decode-sweep", action="store_true",
@@ -518,7 +518,7 @@ def main():
             "command": "python benchmarks/bench_sink_attention.py " + " ".join(sys.argv[1:])}
     contexts = [int(c) for c in args.contexts.split(",")]
     if args.decode_sweep:
-        batches = [int(b) for b in (args.batches or "1,2,4,8,32").split(",")]
+        batches = [int(b) for b in (args.batches or "1,2,4,8,16,32").split(",")]
         errors, rows = [], []
         try:
             rows = bench_decode_sweep(contexts, batches, bw)

@@ -23,9 +23,10 @@ a CUDA graph:
   - decode: flash-decoding; one program per (request, kv head, split) serves the kv head's whole GQA
     group. The grid's split count is a host constant (from the batch and req_to_token's width, so
     CUDA-graph safe); how many splits a request uses, each at least a few key blocks, is decided on the
-    device from its length. The last split of a (request, kv head) to arrive merges the partial results
-    and adds the sink to the denominator there, once: one launch. Sliding layers only read their last
-    window_left + 1 keys, one block in one program.
+    device from its length. The partial results are merged, and the sink added to the denominator
+    once, either by the last split of a (request, kv head) to arrive (fused: one launch) or by a second
+    merge kernel, whichever the configuration measured faster at (decode_config). Sliding layers only
+    read their last window_left + 1 keys, one block in one program.
 
 Precision: scores, softmax and accumulators are fp32. fp32 inputs use IEEE fp32 dots. When q and K/V are
 both bf16 (or both fp16) the dots run on tensor cores: Q.K^T products are exact in the fp32 accumulator;
@@ -374,6 +375,12 @@ def _sink_decode_kernel(
             if FUSED_MERGE:
                 # Every thread's partial store is ordered before the barrier, and the barrier before the
                 # counter's release (acq_rel, gpu scope): the last arriver sees all partials.
+                # Counters return to zero: n_used is a function of (seq_len, window_left, num_splits,
+                # min_split_blocks), the same in every program of the group; n_used <= num_splits, so all
+                # n_used splits exist; each of them, and no other, adds 1 exactly once (splits past n_used
+                # returned above, n_used == 1 took the branch without a counter); the scalar atomic runs
+                # once per program and its old value reaches every thread. So exactly one program reads
+                # n_used - 1, after all n_used adds, and its reset is the counter's last write.
                 tl.debug_barrier()
                 counter = COUNTERS + b * tl.num_programs(1) + kv_head
                 arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
@@ -521,26 +528,61 @@ class DecodeConfig:
 
 
 SHORT_KEYS = 256  # at most this many keys (a gpt-oss sliding layer: 128): one pass, no split
-PROGRAMS_PER_SM = 4
+LONG_KEYS = 8192  # above this max context the batch-1 and batch-4 choices change (sweep below)
+
+
+def _old_config(splits: int) -> DecodeConfig:
+    """The previous launcher's choice: ~2 programs per SM (at most 32 splits), one key block at least
+    per split, the plain key loop, the merge as a second kernel."""
+    return DecodeConfig(num_splits=splits, block_n=64, min_split_blocks=1, num_warps=4, num_stages=3,
+                        fused_merge=False, prefetch=False)
 
 
 def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: int,
                   device: torch.device) -> DecodeConfig:
     """Decode launch choices from host-known values only (CUDA-graph safe): the batch, the window and
-    ``max_context`` (req_to_token's width, an upper bound on any request's length).
+    ``max_context`` (req_to_token's width, an upper bound on any request's length; under SGLang that is
+    the model's context length, so serving takes the "> 8k" rows).
 
     Decode reads every key once and is bound by memory, so the grid must hold enough programs to keep
-    the HBM busy (several per SM: each has one or two K/V blocks in flight), but every split adds a
-    partial write and read. Few keys (a sliding layer's window) are too few to share out: one program
-    per (request, kv head) reads them in one block, and the launch is the whole cost."""
+    the HBM busy, but every split adds a partial write and read. The rule follows the H200 sweep
+    (benchmarks/results/sweeps/bench_sink_attention_decode_sweep.md, gpt-oss 64/8 heads, D 64, bf16,
+    triton 3.6; "p/SM" = splits for p programs per SM, capped by max_context / (64 * m) for m blocks
+    at least per split). Each choice is that sweep's winner at its points (tests check this against the
+    .json):
+
+      sliding (<= 256 keys)   one program per (request, kv head), one 128-key block, 4 warps:
+                              4.5-7.0 us at batch 1-32 (old 2 splits + merge kernel: 7.4-12.2; 8 warps
+                              4.6-7.6)
+      batch 1, ctx <= 8k      old: 2/SM, m1, merge kernel, no prefetch: 21.8 us (4/SM m2 w2: 24.0)
+      batch 1, ctx > 8k       4/SM, m2, 2 warps, fused merge, prefetch: 39.8 us at 32k (old 44.9)
+      batch 2                 same: 23.7 us at 8k (old 25.9), 53.7 at 32k (old 69.6)
+      batch 3-4, ctx <= 8k    same: 32.7 us at batch 4 (old 39.5)
+      batch 3-4, ctx > 8k     4/SM, m2, 4 warps, fused merge, no prefetch: 94.1 us at 32k (old 117.4;
+                              2 warps with prefetch 113.7)
+      batch 5-15              8/SM, m2, 4 warps, fused merge, no prefetch: batch 8: 59.0 us at 8k
+                              (old 61.4), 172.4 at 32k (old 200.4)
+      batch >= 16             old: 164.5 us at batch 32, 8k (best new 174.9), 589.6 at 32k (678.4).
+                              Batch 16 was not measured; it takes the old choice, the safe side.
+    """
     keys = max_context if window_left < 0 else min(max_context, window_left + 1)
     if keys <= SHORT_KEYS:
         block_n = max(16, min(128, triton.next_power_of_2(max(keys, 1))))
-        return DecodeConfig(num_splits=1, block_n=block_n, num_warps=4 if block_n <= 64 else 8, prefetch=False)
-    cfg = DecodeConfig()
-    splits = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), batch * num_kv_heads)
-    splits = min(splits, MAX_SPLITS, triton.cdiv(keys, cfg.block_n * cfg.min_split_blocks))
-    return DecodeConfig(num_splits=max(1, splits), block_n=cfg.block_n, min_split_blocks=cfg.min_split_blocks)
+        return DecodeConfig(num_splits=1, block_n=block_n, num_warps=4, prefetch=False)
+    sms = _num_sms(device)
+
+    def splits(programs_per_sm: int, min_split_blocks: int, cap: int = MAX_SPLITS) -> int:
+        return max(1, min(cap, triton.cdiv(programs_per_sm * sms, batch * num_kv_heads),
+                          triton.cdiv(keys, 64 * min_split_blocks)))
+
+    long = keys > LONG_KEYS
+    if batch >= 16 or (batch == 1 and not long):
+        return _old_config(splits(2, 1, cap=32))
+    if batch <= 2 or (batch <= 4 and not long):
+        return DecodeConfig(num_splits=splits(4, 2), block_n=64, min_split_blocks=2, num_warps=2, num_stages=3,
+                            fused_merge=True, prefetch=True)
+    return DecodeConfig(num_splits=splits(4 if batch <= 4 else 8, 2), block_n=64, min_split_blocks=2, num_warps=4,
+                        num_stages=3, fused_merge=True, prefetch=False)
 
 
 _SPLIT_COUNTERS: dict = {}
@@ -602,6 +644,8 @@ def sink_attention_decode(
     overrides = dict(num_splits=num_splits, block_n=block_n, min_split_blocks=min_split_blocks,
                      num_warps=num_warps, num_stages=num_stages, fused_merge=fused_merge, prefetch=prefetch)
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    if config.num_splits < 1 or config.min_split_blocks < 1:
+        raise ValueError(f"sink_attention_decode: num_splits and min_split_blocks must be >= 1, got {config}")
     splits = config.num_splits
     group = hq // hkv
     counters = None

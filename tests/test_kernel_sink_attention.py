@@ -191,6 +191,29 @@ def test_launchers_reject_bad_shapes():
                                   case["req_pool_indices"], case["seq_lens"], None, -1, 0.25)
 
 
+SWEEP_JSON = os.path.join(HERE, "..", "benchmarks", "results", "sweeps", "bench_sink_attention_decode_sweep.json")
+H200_SMS = 132
+
+
+def test_decode_config_picks_the_sweep_winners(monkeypatch):
+    """decode_config (as on an H200) returns, at every point of the H200 decode sweep, the configuration
+    that measured fastest there."""
+    mod = _kernel_module()
+    if not os.path.exists(SWEEP_JSON):
+        pytest.skip("no decode sweep results in this checkout")
+    with open(SWEEP_JSON) as f:
+        rows = json.load(f)["rows"]
+    monkeypatch.setattr(mod, "_num_sms", lambda device: H200_SMS)
+    fields = list(mod.DecodeConfig.__dataclass_fields__)
+    assert rows
+    for row in rows:
+        window_left = -1 if row["layer"] == "full" else 127
+        got = mod.decode_config(row["batch"], 8, window_left, row["context"], torch.device("cpu"))
+        best = row["configs"][row["best"]]
+        assert {k: getattr(got, k) for k in fields} == {k: best[k] for k in fields}, (
+            f"ctx {row['context']} batch {row['batch']} {row['layer']}: picks {got}, fastest was {row['best']}")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the kernels: interpreted here (subprocess), compiled + CUDA graph on a GPU
 # ---------------------------------------------------------------------------------------------------------
@@ -320,25 +343,41 @@ def paged_case(seq_len, page, dtype, seed, hq=HQ, hkv=HKV, d=D, device="cpu"):
     return {k: v.to(device) for k, v in case.items()}, (torch.randn(hq, generator=g) * 2.0).to(device)
 
 
+def _counters_after(mod, device, label):
+    """The fused merge's arrival counters of ``device`` (a torch.device with its index: "cuda" alone has
+    index None, the launcher keys them by q.device) must all be zero after a launch."""
+    counters = mod._SPLIT_COUNTERS.get((device.type, device.index))
+    assert counters is not None, f"{label}: no arrival counters on {device} (the fused merge never ran)"
+    left = int(counters.count_nonzero())
+    assert left == 0, f"{label}: fused merge left {left} arrival counters set"
+
+
 def decode_paged_batch1(dtype, dtype_name, device, with_loop) -> int:
     """Batch 1 over 64-slot pages: many splits whose boundaries fall inside pages (split runs of
-    5 x 16 and 3 x 32 keys, from a window start that is not page-aligned), both merges, and the launcher's
-    own choice; the fused merge leaves its arrival counters at zero for the next launch."""
+    5 x 16 and 3 x 32 keys, from a window start that is not page-aligned), 64 splits of which 56 have
+    no keys and exit, both merges, and the launcher's own choice. After every fused launch the arrival
+    counters are zero, and a second launch on the same inputs gives the same output (a counter left set
+    would make it merge before all partials are in)."""
     mod = _kernel_module()
     n = 0
     for window_left, kw in ((-1, dict(num_splits=13, block_n=16, min_split_blocks=5)),
                             (-1, dict(num_splits=40, block_n=32, min_split_blocks=3, fused_merge=False)),
                             (300, dict(num_splits=9, block_n=16, min_split_blocks=2, prefetch=False)),
+                            (-1, dict(num_splits=64, block_n=16, min_split_blocks=8)),
                             (-1, {}), (127, {})):
         case, sinks = paged_case(1000, 64, dtype, seed=300 + n, device=device)
         case = poisoned(case, None, window_left)
-        got = mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
-                                        case["req_pool_indices"], case["seq_lens"], sinks, window_left, 0.25, **kw)
-        _check(got, case, sinks, window_left, 0.25, dtype_name, f"decode paged batch 1 W={window_left} {kw}",
-               with_loop=with_loop)
+        label = f"decode paged batch 1 W={window_left} {kw}"
+        args = (case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"], case["req_pool_indices"],
+                case["seq_lens"], sinks, window_left, 0.25)
+        got = mod.sink_attention_decode(*args, **kw)
+        _check(got, case, sinks, window_left, 0.25, dtype_name, label, with_loop=with_loop)
+        if kw.get("fused_merge", True) and kw.get("num_splits", 1) > 1:
+            _counters_after(mod, case["q"].device, label)
+            again = mod.sink_attention_decode(*args, **kw)
+            assert torch.equal(again, got), f"{label}: a second launch differs"
         n += 1
-    counters = mod._SPLIT_COUNTERS.get((torch.device(device).type, torch.device(device).index))
-    assert counters is not None and int(counters.count_nonzero()) == 0, "fused merge left a counter set"
+    _counters_after(mod, case["q"].device, "decode paged batch 1")
     return n
 
 
@@ -444,7 +483,7 @@ def test_kernels_match_reference_interpreted():
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     fp32 = results[0]
     assert fp32["extend_cases"] == 2 * len(WINDOWS) + 2
-    assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS) + 3 + 5
+    assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS) + 3 + 6
     assert all(r["extend_cases"] > 0 and r["decode_cases"] > 0 for r in results)
 
 
@@ -496,6 +535,43 @@ def gpu_full_shapes() -> dict:
         res[f"graph_W{window_left}"] = _graph_check(mod, window_left, seq_lens, hq, hkv, d, scale)
         # Batch 1 at 32k: the default's many splits, captured and replayed at other lengths.
         res[f"graph_batch1_W{window_left}"] = _graph_check(mod, window_left, [32768], hq, hkv, d, scale)
+    # Every branch of decode_config's rule (batch x max context 8k / 32k), eager then captured: fused
+    # merges at batch 1-8, the merge kernel at batch 1 <= 8k and batch >= 16.
+    res.update(gpu_decode_defaults(mod, hq, hkv, d, scale))
+    return res
+
+
+def gpu_decode_defaults(mod, hq, hkv, d, scale) -> dict:
+    res = {}
+    picked = {}
+    for width in (8192, 32768):
+        for batch in (1, 2, 3, 4, 8, 16):
+            # Ragged lengths up to width - 3 (req_to_token is 3 wider than the longest request).
+            seq_lens = ([width - 3, 1, width // 2 + 7, 129, 5000, width - 64, 300, 4097] * 2)[:batch]
+            if batch > 1:
+                seq_lens[1] = 2  # a short request (one split) beside long ones
+            cfg = mod.decode_config(batch, hkv, -1, width, torch.device("cuda"))
+            picked.setdefault(cfg, []).append((width, batch))
+            case, extra = _decode_case(torch.bfloat16, seed=10 + batch, device="cuda", seq_lens=seq_lens, hq=hq,
+                                       hkv=hkv, d=d)
+            case = poisoned(case, None, -1)
+            args = (case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"], case["req_pool_indices"],
+                    case["seq_lens"], extra["sinks"], -1, scale)
+            label = f"gpu decode default width={width} batch={batch} {cfg}"
+            got = mod.sink_attention_decode(*args)
+            res[f"default_w{width}_b{batch}"] = _check(got, case, extra["sinks"], -1, scale, "bfloat16", label,
+                                                       with_loop=False)
+            if cfg.fused_merge and cfg.num_splits > 1:
+                _counters_after(mod, case["q"].device, label)
+                for _ in range(3):
+                    assert torch.equal(mod.sink_attention_decode(*args), got), f"{label}: a later launch differs"
+                _counters_after(mod, case["q"].device, label)
+        res[f"graph_defaults_w{width}_b4"] = _graph_check(mod, -1, [width - 3, 2, width // 2, 700], hq, hkv, d,
+                                                          scale)
+    # The rule's three kinds: old (merge kernel; batch 1 <= 8k, batch >= 16), 2 warps + prefetch + fused
+    # (batch 1 > 8k, 2, 3-4 <= 8k), 4 warps fused without prefetch (batch 3-4 > 8k at 4/SM, 5-15 at 8/SM).
+    kinds = {(c.fused_merge, c.prefetch, c.num_warps, c.min_split_blocks) for c in picked}
+    assert kinds == {(False, False, 4, 1), (True, True, 2, 2), (True, False, 4, 2)}, picked
     return res
 
 
