@@ -135,6 +135,7 @@ class ProbeRuntime:
         self._side_stream = None
         self._batch = None  # (out_cache_loc, req_pool_indices, seq_lens, sample_rows) of this forward
         self._early: torch.Tensor | None = None
+        self._early_inputs = None
         self._last_slot = len(self.tap_slot) - 1
         # Decode on CUDA: the step runs on a side stream from the last tap on, beside the base
         # model's remaining layers (its kernels are latency-bound: hidden, they cost ~nothing).
@@ -213,6 +214,11 @@ class ProbeRuntime:
             main.wait_stream(side)
             return
         self._early = probs
+        # The batch tensors were made on `main` (a caller may hold them only for this call): kept
+        # referenced until the join, or the allocator could hand their memory to a `main` kernel
+        # while the side stream still reads them (seen on the H200 as an illegal address, in and
+        # out of CUDA graphs).
+        self._early_inputs = batch
 
     def _take_early(self) -> torch.Tensor | None:
         probs, self._early = self._early, None
@@ -220,6 +226,7 @@ class ProbeRuntime:
             main = torch.cuda.current_stream()
             main.wait_stream(self._side_stream)  # join: the scores (and K|V) are written
             probs.record_stream(main)  # allocated on the side stream, used on `main` from here
+            self._early_inputs = None  # freed after the join: reuse is ordered behind the side work
         return probs
 
     # -- the step -------------------------------------------------------------------
