@@ -8,6 +8,8 @@
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
+#   bash benchmarks/run_h200.sh grid      # (nvidia-h200-x2) lane 0: gpu tests + the 1-GPU decode grid (+ modelled
+#                                         # configs) + bench_probe; lane 1: prefill grid + the three kernel tables
 #
 # On the device tool: run with carry [".peers/sglang_src"] (bash benchmarks/fetch_sglang_peers.sh here
 # first) so SGLang's own Triton kernels run as peers. Everything lands in $OUT/results.tgz (the tool
@@ -74,6 +76,60 @@ sweep)  # two independent lanes, one GPU each, so one device call covers tests a
         step sweep_moe 210 python benchmarks/bench_moe.py --out "$R" --sweep-only
         step sweep_sink_attention 170 python benchmarks/bench_sink_attention.py --decode-sweep --out "$R"
         step sweep_fp8_gemm 150 python benchmarks/bench_fp8_gemm.py --m 1,4,16 --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head --budget-s 110 --out "$R"
+    ) &
+    wait
+    ;;
+grid)  # the committed tables, one GPU per lane
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step gpu_test_fp8_gemm 120 python tests/test_kernel_fp8_gemm.py --gpu
+        step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+        step gpu_test_sink_attention 120 python tests/test_kernel_sink_attention.py --gpu
+        step gpu_test_probe 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_kernel.py \
+            tests/test_probe_tail.py tests/test_probe_step.py tests/test_probe_cuda_graph.py tests/test_layers.py
+        step bench_decode 300 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+            --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+            --profile --out "$R"
+        step bench_probe 60 python benchmarks/bench_probe.py --out "$R"
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step bench_prefill 150 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+            --lengths 1024,4096,8192,32768 --out "$R"
+        step bench_fp8_gemm 130 python benchmarks/bench_fp8_gemm.py --out "$R" --sweep off
+        step bench_moe 130 python benchmarks/bench_moe.py --out "$R" --no-sweep
+        step bench_sink_attention 130 python benchmarks/bench_sink_attention.py --out "$R" --no-sweep
+    ) &
+    wait
+    ;;
+diag)  # lane 0: where the 120b batch-8 32k step faults (synchronous launches); lane 1: the 8k grid
+    (
+        export CUDA_VISIBLE_DEVICES=0 CUDA_LAUNCH_BLOCKING=1
+        step diag_off 200 python benchmarks/bench_decode.py --models 120b --batches 8 --contexts 32768 \
+            --configs 1:1:1 --probe-configs none --out "$R/diag" --stem diag_off
+        step diag_on 200 python benchmarks/bench_decode.py --models 120b --batches 8 --contexts 32768 \
+            --configs 1:1:1 --probe-configs 1:1:1 --out "$R/diag" --stem diag_on
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step bench_decode_8k 400 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+            --contexts 8192 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+            --profile --out "$R" --stem bench_decode_8k
+    ) &
+    wait
+    ;;
+decode)  # lane 0: the 1-GPU decode grid (+ modelled configs); lane 1: the probe's gpu tests + bench_probe
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step bench_decode 450 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+            --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+            --profile --out "$R"
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step gpu_test_probe 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_kernel.py \
+            tests/test_probe_tail.py tests/test_probe_step.py tests/test_probe_cuda_graph.py
+        step bench_probe 60 python benchmarks/bench_probe.py --out "$R"
     ) &
     wait
     ;;
