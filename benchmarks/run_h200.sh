@@ -133,6 +133,12 @@ decode)  # lane 0: the 1-GPU decode grid (+ modelled configs); lane 1: the probe
     ) &
     wait
     ;;
+probe1)  # one GPU: the probe's gpu tests, then the TP1 decode rows with the probe on/off (ctx 8192)
+    step gpu_test_probe 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_step.py \
+        tests/test_probe_cuda_graph.py
+    step bench_decode_tp1 200 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1
+    ;;
 x2)
     step nccl 60 python benchmarks/perf_model.py --measure-nccl --nproc 2 --out "$R"
     step bench_decode_x2 300 python benchmarks/bench_decode.py --nproc 2 --models 120b,20b --batches 1,8,32,128 \

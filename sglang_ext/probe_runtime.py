@@ -136,7 +136,7 @@ class ProbeRuntime:
         self._batch = None  # (out_cache_loc, req_pool_indices, seq_lens, sample_rows) of this forward
         self._early: torch.Tensor | None = None
         self._early_inputs = None
-        self._last_slot = len(self.tap_slot) - 1
+        self._last_tap_layer = max(self.tap_slot)  # taps may be listed in any order
         # Decode on CUDA: the step runs on a side stream from the last tap on, beside the base
         # model's remaining layers (its kernels are latency-bound: hidden, they cost ~nothing).
         self.overlap = os.environ.get("SGLANG_EXT_PROBE_OVERLAP", "1") != "0"
@@ -170,8 +170,20 @@ class ProbeRuntime:
                      sample_rows: torch.Tensor | None) -> None:
         """This forward's batch, known before the layers run (see `step` for the arguments): lets
         a decode step start right after the last tap instead of after the whole model."""
+        self._drop_unjoined()
         self._batch = (out_cache_loc, req_pool_indices, seq_lens, sample_rows)
-        self._early = None
+
+    def forget_batch(self) -> None:
+        """A forward whose batch is not announced (prefill): the step runs in order at the end, and
+        a batch left by a forward that raised before its last tap is not used."""
+        self._drop_unjoined()
+        self._batch = None
+
+    def _drop_unjoined(self) -> None:
+        # A forward that raised after its early launch never joined: join before its inputs go.
+        if self._early is not None:
+            torch.cuda.current_stream().wait_stream(self._side_stream)
+        self._early = self._early_inputs = None
 
     def begin(self, num_tokens: int, device) -> None:
         width = self.hidden_size * len(self.tap_slot)
@@ -196,7 +208,7 @@ class ProbeRuntime:
             probe_tap_normalize(hidden, self._features, lo)
         else:
             self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
-        if slot == self._last_slot:
+        if layer_id == self._last_tap_layer:
             self._launch_early()
 
     def _launch_early(self) -> None:

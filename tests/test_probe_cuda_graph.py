@@ -198,3 +198,21 @@ def test_runtime_step_captured_in_a_cuda_graph_replays_fresh_batches():
     print(f"graph vs eager max |dp| {worst:.2e}; vs float64 reference {worst_ref:.2e}")
     assert worst == 0.0
     assert worst_ref < 2e-2
+
+
+def test_step_starts_after_the_deepest_tap_whatever_the_config_order():
+    cfg = ProbeConfig.from_dict({
+        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
+        "base_model_layer_ids": [5, 1, 3], "num_attention_heads": 2, "head_dim": 8,
+        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
+    head = SingProbeHead(cfg)
+    runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
+    launched_after = []
+    runtime._launch_early = lambda: launched_after.append(sorted(seen))
+    seen = []
+    runtime.begin(2, "cpu")
+    for layer in range(7):
+        runtime.capture(layer, torch.randn(2, 16))
+        if layer in (5, 1, 3):
+            seen.append(layer)
+    assert launched_after == [[1, 3]]  # called inside capture(5): taps 1 and 3 done, 5 being written

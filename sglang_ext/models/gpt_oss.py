@@ -317,6 +317,8 @@ class GptOssForCausalLM(nn.Module):
         if probe is not None and forward_batch.forward_mode.is_decode():
             probe.expect_batch(forward_batch.out_cache_loc, forward_batch.req_pool_indices,
                                forward_batch.seq_lens, None)
+        elif probe is not None:
+            probe.forget_batch()
         hidden = self.model(input_ids, positions, forward_batch, input_embeds, probe=probe)
         out = self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
         if probe is not None:
