@@ -399,7 +399,15 @@ def write_variant(model, variant, out_dir, tok_dir, init="default"):
 
 def generate(out_root, variants=VARIANTS, cache_dir=None, force=False, log=print, init="default"):
     """Make ``out_root/<variant>`` for each variant (skips up-to-date ones unless ``force``), with
-    the weights of init profile ``init`` (INIT_PROFILES). Returns ``{variant: path}``."""
+    the weights of init profile ``init`` (INIT_PROFILES). Returns ``{variant: path}``. One writer
+    at a time per ``out_root`` (a file lock beside it)."""
+    from sglang_ext.launch.filelock import exclusive
+
+    with exclusive(os.path.abspath(out_root).rstrip(os.sep) + ".lock"):
+        return _generate(out_root, variants, cache_dir, force, log, init)
+
+
+def _generate(out_root, variants, cache_dir, force, log, init):
     if init not in INIT_PROFILES:
         raise ValueError(f"make_tiny: unknown init profile {init!r} (have {sorted(INIT_PROFILES)})")
     tk = _tokenizer_module()

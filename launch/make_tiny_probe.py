@@ -183,7 +183,15 @@ def is_current(out_dir: str, cfg_dict: dict) -> bool:
 
 def generate(out_dir: str, base_dir: "str | None" = None, labels: "list[str] | None" = None,
              layer_ids: "list[int] | None" = None, force: bool = False, log=print) -> str:
-    """Write the tiny probe into ``out_dir`` (skipped when current); returns its absolute path."""
+    """Write the tiny probe into ``out_dir`` (skipped when current); returns its absolute path.
+    One writer at a time per ``out_dir`` (a file lock beside it)."""
+    from sglang_ext.launch.filelock import exclusive
+
+    with exclusive(os.path.abspath(out_dir).rstrip(os.sep) + ".lock"):
+        return _generate(out_dir, base_dir, labels, layer_ids, force, log)
+
+
+def _generate(out_dir, base_dir, labels, layer_ids, force, log) -> str:
     from safetensors.torch import save_file
 
     from sglang_ext.probe.config import ProbeConfig

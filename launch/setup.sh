@@ -48,7 +48,7 @@ installed_ok() {
     # sglang is the pinned release and sglang_ext is this checkout (editable).
     "$VPY" - "$ROOT" <<'EOF' >/dev/null 2>&1
 import importlib.metadata as md, os, sys
-import pytest, pytest_timeout, requests, sglang, sglang_ext  # noqa: F401
+import pytest, pytest_timeout, xdist, requests, sglang, sglang_ext  # noqa: F401
 from sglang_ext import PINNED_SGLANG_VERSION
 assert md.version("sglang") == PINNED_SGLANG_VERSION
 assert os.path.realpath(sglang_ext.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)

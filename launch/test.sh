@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The tests: pytest over tests/ (config in pyproject.toml); GPU tests skip without CUDA.
 #   bash launch/test.sh [pytest args...]
+# Two pytest-xdist workers, one test file each at a time (a file's server fixture stays on one
+# worker): the CPU servers spend much of their time waiting on HTTP, so two files overlap well on
+# two cores. SGLANG_EXT_TEST_WORKERS=0 runs in one process.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash launch/setup.sh && exec .venv/bin/python -m pytest -q "$@"
+bash launch/setup.sh && exec .venv/bin/python -m pytest -q -n "${SGLANG_EXT_TEST_WORKERS:-2}" --dist loadfile "$@"

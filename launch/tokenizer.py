@@ -326,6 +326,13 @@ def ensure_o200k_vocab(cache_dir=None):
     if nothing works.
     """
     cache_dir = os.path.abspath(cache_dir or default_cache_dir())
+    from sglang_ext.launch.filelock import exclusive
+
+    with exclusive(cache_dir.rstrip(os.sep) + ".o200k.lock"):
+        return _ensure_o200k_vocab(cache_dir)
+
+
+def _ensure_o200k_vocab(cache_dir):
     tried = []
     found = _find_offline(cache_dir, tried)
     if found is not None:

@@ -118,13 +118,21 @@ def test_scheduler_received_probe_flag(probe_server, tiny_probe):
 
 
 def test_chunked_prefill_scores_equal_one_shot(probe_server, tiny_checkpoints, tiny_probe, vocab_dir):
+    """Chunked prefill (64-token chunks, no radix cache) vs one shot: the same scores, and greedy
+    tokens equal to transformers' (the server-level chunked-prefill check of the base model too)."""
+    from transformers import AutoModelForCausalLM
+
     prompt = random_prompt(PROMPT_LEN, seed=5)
     requests.post(probe_server.url + "/flush_cache", timeout=60)
     want = generate(probe_server.url, prompt)
-    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--chunked-prefill-size", "64"]
+    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--chunked-prefill-size", "64", "--disable-radix-cache"]
     with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
         got = generate(srv.url, prompt)
-    assert got["output_ids"] == want["output_ids"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoints["fp32"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                            min_new_tokens=NEW_TOKENS)[0, PROMPT_LEN:].tolist()
+    assert got["output_ids"] == want["output_ids"] == hf
     labels = [f"label_{i}" for i in range(10)]
     torch.testing.assert_close(as_matrix(got["meta_info"]["token_probe_probs"], labels),
                                as_matrix(want["meta_info"]["token_probe_probs"], labels), rtol=0, atol=1e-5)
