@@ -131,6 +131,7 @@ class ProbeRuntime:
         self._features: torch.Tensor | None = None
         self._graph_buffers: list[torch.Tensor] = []  # written by captured graphs: kept alive
         self._num_tokens = 0
+        self._tapped = False  # begin() ran since the last finish()
         self._workspace = None
         self._side_stream = None
         self._batch = None  # (out_cache_loc, req_pool_indices, seq_lens, sample_rows) of this forward
@@ -195,6 +196,7 @@ class ProbeRuntime:
             # must not free it (the allocator would hand the memory to someone else).
             self._graph_buffers.append(self._features)
         self._num_tokens = num_tokens
+        self._tapped = True
 
     def capture(self, layer_id: int, hidden: torch.Tensor) -> None:
         """`hidden`: the input residual stream of base layer `layer_id`."""
@@ -256,9 +258,9 @@ class ProbeRuntime:
         """The scores of this forward: the side stream's (joined) if the step started at the last
         tap, else the step run now."""
         early = self._take_early()
-        if early is not None:
-            return early
-        return self.step(out_cache_loc, req_pool_indices, seq_lens, sample_rows)
+        probs = early if early is not None else self.step(out_cache_loc, req_pool_indices, seq_lens, sample_rows)
+        self._tapped = False  # the next forward must tap again before it is scored
+        return probs
 
     def step(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
              sample_rows: torch.Tensor | None) -> torch.Tensor:
@@ -270,6 +272,11 @@ class ProbeRuntime:
         Graph-safe: no host reads, no allocation that outlives the step."""
         if self.kv_pool is None:
             raise RuntimeError("probe K/V pool not bound: bind_kv_pools() runs at attention-backend init")
+        if not self._tapped:
+            # Stale features would score this forward with another's taps (e.g. a replayed
+            # prefill graph body, which runs without them): refuse instead.
+            raise RuntimeError("sglang-ext: the probe's taps did not run in this forward (a prefill CUDA "
+                               "graph replays the model without them); launch with --disable-prefill-cuda-graph")
         features = self._features[: self._num_tokens]
         cfg = self.config
         h = self.head

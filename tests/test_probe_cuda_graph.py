@@ -86,7 +86,7 @@ def test_probe_turns_prefill_graphs_off_and_refuses_an_explicit_prefill_graph():
     assert untouched.disable_prefill_cuda_graph is False
     conflict = argparse.Namespace(probe_ckpt="/p", cuda_graph_backend_prefill="breakable",
                                   disable_prefill_cuda_graph=False)
-    with pytest.raises(ProbePrefillGraphConflict, match="--cuda-graph-backend-prefill breakable"):
+    with pytest.raises(ProbePrefillGraphConflict, match="--cuda-graph-backend-prefill asks for prefill backend .breakable."):
         _no_prefill_graphs_with_probe(None, conflict)
 
 
@@ -216,3 +216,43 @@ def test_step_starts_after_the_deepest_tap_whatever_the_config_order():
         if layer in (5, 1, 3):
             seen.append(layer)
     assert launched_after == [[1, 3]]  # called inside capture(5): taps 1 and 3 done, 5 being written
+
+
+def test_a_forward_whose_taps_did_not_run_is_refused_not_scored_with_stale_features():
+    cfg = ProbeConfig.from_dict({
+        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
+        "base_model_layer_ids": [0, 1, 2], "num_attention_heads": 2, "head_dim": 8,
+        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
+    runtime = ProbeRuntime.from_weights(cfg, SingProbeHead(cfg).state_dict(), torch.float32)
+    req_to_token = torch.arange(1, 9, dtype=torch.int32)[None, :]
+    runtime.bind(req_to_token, 16)
+    batch = (torch.tensor([3]), torch.tensor([0]), torch.tensor([3]), None)
+    runtime.begin(1, "cpu")
+    for layer in range(3):
+        runtime.capture(layer, torch.randn(1, 16))
+    assert runtime.finish(*batch).shape == (1, 10)
+    with pytest.raises(RuntimeError, match="taps did not run in this forward"):
+        runtime.finish(*batch)  # e.g. a replayed prefill graph body: no begin()/capture()
+
+
+def test_prefill_graph_replay_is_declined_for_a_model_with_a_probe():
+    from sglang_ext.patches.probe_cuda_graph import _no_prefill_replay_with_probe
+
+    with_probe = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(probe=object())))
+    without = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(probe=None)))
+    assert _no_prefill_replay_with_probe(True, with_probe, None) is False
+    assert _no_prefill_replay_with_probe(True, without, None) is None  # None: SGLang's answer stands
+    assert _no_prefill_replay_with_probe(False, with_probe, None) is None
+
+
+def test_prefill_backend_asked_in_the_json_config_is_refused_with_the_probe():
+    from sglang_ext.patches.probe_cuda_graph import ProbePrefillGraphConflict, _no_prefill_graphs_with_probe
+
+    args = argparse.Namespace(probe_ckpt="/p", cuda_graph_backend_prefill=None, disable_prefill_cuda_graph=False,
+                              cuda_graph_config='{"prefill": {"backend": "breakable"}}')
+    with pytest.raises(ProbePrefillGraphConflict, match="--cuda-graph-config"):
+        _no_prefill_graphs_with_probe(None, args)
+    ok = argparse.Namespace(probe_ckpt="/p", cuda_graph_backend_prefill=None, disable_prefill_cuda_graph=False,
+                            cuda_graph_config='{"decode": {"max_bs": 8}}')
+    _no_prefill_graphs_with_probe(None, ok)
+    assert ok.disable_prefill_cuda_graph is True

@@ -311,9 +311,11 @@ class GptOssForCausalLM(nn.Module):
         if (probe is not None and input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
                 and not forward_batch.forward_mode.is_decode()):
             # Decode graphs carry the scores out through a static tensor (patches/probe_cuda_graph.py);
-            # prefill graphs replay a one-slot body with live metadata, never checked with the probe.
-            raise RuntimeError("sglang-ext: --probe-ckpt cannot run inside prefill CUDA graphs; "
-                               "launch with --disable-prefill-cuda-graph")
+            # any other captured mode (speculative verify, a whole-model prefill graph) was never
+            # checked with the probe. (SGLang's prefill graph runners capture only GptOssModel; the
+            # patch keeps them from replaying with the probe, and step() refuses untapped features.)
+            raise RuntimeError("sglang-ext: --probe-ckpt runs inside plain decode CUDA graphs only (no "
+                               "prefill graphs, no speculative decoding); launch with --disable-prefill-cuda-graph")
         if probe is not None and forward_batch.forward_mode.is_decode():
             probe.expect_batch(forward_batch.out_cache_loc, forward_batch.req_pool_indices,
                                forward_batch.seq_lens, None)
