@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import time
-import types
 
 import pytest
 import torch
