@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.layers import fp8 as fp8_torch
 
 GROUP = 128  # the scale block along K (activations and weights) and along N (weights)
@@ -563,23 +564,14 @@ def quantize_activation_group128(x: torch.Tensor, out: Optional[torch.Tensor] = 
     return q, scale
 
 
-_SPLIT_COUNTERS: dict = {}
+COUNTERS_OWNER = "fp8_gemm_split_k"
 MAX_SPLIT_TILES = 1 << 14
 
 
 def _split_counters(device: torch.device) -> Optional[torch.Tensor]:
-    """Per-device arrival counters of the inline split-K reduction, all zero between launches
-    (each tile's last split resets its own). Created on first use, never inside a CUDA-graph
-    capture (it would be zeroed only at replay): then None, and the caller uses the sum kernel.
-    Launches on one device share them, so split-K GEMMs must not run concurrently on two streams."""
-    key = (device.type, device.index)
-    counters = _SPLIT_COUNTERS.get(key)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
-        _SPLIT_COUNTERS[key] = counters
-    return counters
+    """The inline split-K reduction's arrival counters (`arrival_counters`); None inside a capture
+    that would need them made, and the caller uses the sum kernel."""
+    return arrival_counters(COUNTERS_OWNER, device, MAX_SPLIT_TILES)
 
 
 def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, quantize_a: bool):

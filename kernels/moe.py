@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.layers.fp8 import (
     BLOCK as QUANT_GROUP,
     dequantize_activation_group128,
@@ -680,23 +681,14 @@ def _experts_pad(num_experts: int) -> int:
     return max(32, _next_pow2(num_experts))
 
 
-_SPLIT_COUNTERS: dict = {}  # device -> int32 zeros; every split-K launch leaves them zero again
+COUNTERS_OWNER = "moe_mlp1_split_k"
 
 
 def _split_counters(n: int, dev: torch.device) -> torch.Tensor:
-    """n arrival counters for mlp1's split-K tiles, all zero. Kept per device and reused, as the
-    last split of each tile resets its counter: no memset per call. Launches on one stream
-    run one after another, so layers share them; grown only outside graph capture (a buffer
-    made during capture is zeroed by the graph itself and not kept)."""
-    key = str(dev)
-    buf = _SPLIT_COUNTERS.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=dev)
-    buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=dev)
-    _SPLIT_COUNTERS[key] = buf
-    return buf
+    """n arrival counters for mlp1's split-K tiles, all zero (`arrival_counters`). Inside a capture
+    that would need them made, the graph gets its own zeroed ones (the zeroing is captured too)."""
+    buf = arrival_counters(COUNTERS_OWNER, dev, max(n, 4096))
+    return buf if buf is not None else torch.zeros(n, dtype=torch.int32, device=dev)
 
 
 def _max_blocks(num_pairs: int, num_local: int, block_m: int) -> int:

@@ -48,6 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_ext.kernels.arrival_counters import arrival_counters
+
 LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp2 is one instruction
 MAX_SPLITS = 256
 
@@ -585,23 +587,14 @@ def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: 
                         num_stages=3, fused_merge=True, prefetch=False)
 
 
-_SPLIT_COUNTERS: dict = {}
+COUNTERS_OWNER = "sink_attention_merge"
 MAX_COUNTERS = 1 << 16  # (request, kv head) pairs of one launch
 
 
 def _split_counters(device: torch.device) -> Optional[torch.Tensor]:
-    """Per-device arrival counters of the fused merge, all zero between launches (each group's last
-    split resets its own). Created on first use, never inside a CUDA-graph capture (it would be zeroed
-    only at replay): then None, and the caller uses the merge kernel. Launches on one device share them,
-    so split decode launches must not run concurrently on two streams."""
-    key = (device.type, device.index)
-    counters = _SPLIT_COUNTERS.get(key)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
-        _SPLIT_COUNTERS[key] = counters
-    return counters
+    """The fused merge's arrival counters (`arrival_counters`); None inside a capture that would
+    need them made, and the caller uses the merge kernel."""
+    return arrival_counters(COUNTERS_OWNER, device, MAX_COUNTERS)
 
 
 def sink_attention_decode(

@@ -31,6 +31,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 M_VALUES = (1, 3, 16, 33, 130)
+
+
+def all_counters(owner):
+    from sglang_ext.kernels.arrival_counters import all_current
+
+    return all_current(owner)
 # (N, K): ragged last blocks on both sides (192 = 1.5 x 128, 320 = 2.5 x 128) and K = 64 + 128 k.
 SMALL_SHAPES = ((320, 192), (192, 320), (128, 576))
 # Relative accumulation bound (x mag): fp32 sums of ceil(K/128) promoted 128-blocks stay within
@@ -279,7 +285,7 @@ def sweep(device: str = "cpu") -> dict:
     empty = mod.fp8_linear(x[:0], w, ws, b)
     assert empty.shape == (0, 192)
     # the inline split-K reduction leaves every arrival counter at zero for the next launch
-    for counters in mod._SPLIT_COUNTERS.values():
+    for counters in all_counters(mod.COUNTERS_OWNER):
         assert int(counters.count_nonzero()) == 0
 
     # 4. gpt-oss's ragged 2880 on K and on N (scaled down on the other side), and 2880 x 2880
@@ -299,7 +305,7 @@ def sweep(device: str = "cpu") -> dict:
             y2 = mod.fp8_gemm(xq, xs, w, ws, b, out_dtype=dt, config=cfg)
             if device == "cpu" and not torch.equal(y, y2):
                 raise AssertionError(f"gemv {cfg.short()}: fp8_gemm differs from fp8_linear")
-    for counters in mod._SPLIT_COUNTERS.values():
+    for counters in all_counters(mod.COUNTERS_OWNER):
         assert int(counters.count_nonzero()) == 0
     return {"device": device, "cases": cases, "max_error_over_bound": worst, "seconds": round(time.time() - t0, 1)}
 

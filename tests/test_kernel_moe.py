@@ -302,7 +302,9 @@ def check_moe(mod, device) -> dict:
             got, weights, ids = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT,
                                                   expert_offset=offset, config=config, return_routing=True)
         assert got.dtype == x.dtype and got.shape == x.shape
-        counters = mod._SPLIT_COUNTERS.get(str(x.device))
+        from sglang_ext.kernels.arrival_counters import current
+
+        counters = current(mod.COUNTERS_OWNER, x.device)
         assert counters is None or not counters.any(), f"{name}: split-K counters not left at zero"
         ref = mod.moe_ref(x, *router, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset)
         errors = compare_to_ref(got, ref, name)

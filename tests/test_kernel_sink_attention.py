@@ -346,7 +346,9 @@ def paged_case(seq_len, page, dtype, seed, hq=HQ, hkv=HKV, d=D, device="cpu"):
 def _counters_after(mod, device, label):
     """The fused merge's arrival counters of ``device`` (a torch.device with its index: "cuda" alone has
     index None, the launcher keys them by q.device) must all be zero after a launch."""
-    counters = mod._SPLIT_COUNTERS.get((device.type, device.index))
+    from sglang_ext.kernels.arrival_counters import current
+
+    counters = current(mod.COUNTERS_OWNER, device)
     assert counters is not None, f"{label}: no arrival counters on {device} (the fused merge never ran)"
     left = int(counters.count_nonzero())
     assert left == 0, f"{label}: fused merge left {left} arrival counters set"
