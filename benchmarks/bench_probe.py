@@ -36,13 +36,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import import_project  # noqa: E402
+import bench_common as bc  # noqa: E402
 
-import_project()
+bc.import_project()
 from sglang_ext.kernels.probe_attention import probe_attention  # noqa: E402
 from sglang_ext.kernels.probe_step import probe_decode_step, probe_tap_normalize, qkv_config  # noqa: E402
 from sglang_ext.kernels.probe_tail import probe_tail  # noqa: E402
@@ -50,53 +47,26 @@ from sglang_ext.probe.config import ProbeConfig  # noqa: E402
 from sglang_ext.probe.model import SingProbeHead, rms_normalize  # noqa: E402
 
 GPT_OSS_120B_DECODE_BYTES_BS1 = 6.03e9  # issue 7: weights + KV read per decode step, batch 1, ctx 8192
-# Measured whole decode step of gpt-oss-120b, TP1, context 8192 (bench_decode.md, 2026-11-29), ms.
-MEASURED_120B_STEP_MS = {1: 4.991, 8: 11.996, 32: 27.308}
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def measured_120b_step_ms() -> dict:
+    """The committed gpt-oss-120b TP1 decode steps at context 8192 (bench_decode.json), by batch."""
+    try:
+        with open(os.path.join(RESULTS, "bench_decode.json")) as f:
+            rows = json.load(f)["rows"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {r["batch"]: r["step_ms"] for r in rows
+            if r.get("model") == "gpt-oss-120b" and r.get("config") == "EP1 DP1 TP1"
+            and r.get("kind") == "measured" and r.get("context") == 8192 and "step_ms" in r}
 HIDDEN, TAPS, HEADS, HEAD_DIM, LABELS, WINDOW = 2880, 3, 8, 64, 10, 2048
 
 
-def copy_bandwidth(nbytes=2 << 30):
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record(); b.copy_(a); e.record(); torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    times.sort()
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * (nbytes // 2) * 2 / times[len(times) // 2]  # read + write
-
-
 def graph_time(calls, iters=40):
-    """Per-call seconds of `calls` captured back to back in one CUDA graph (median of `iters` replays).
-    One graph of one small step would mostly time the graph launch (~15 us), not the step."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls[:3]:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in calls:
-            fn()
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record(); g.replay(); e.record(); torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3 / len(calls))
-    times.sort()
-    del g
-    return times[len(times) // 2]
+    """Per-call seconds of `calls` captured back to back in one CUDA graph: one graph of one small
+    step would mostly time the graph launch (~15 us), not the step."""
+    return bc.graph_time_calls(calls, iters=iters)
 
 
 class Copy:
@@ -158,7 +128,8 @@ def main():
         "sliding_window": WINDOW, "num_labels": LABELS, "base_model_name": "openai/gpt-oss-120b",
         "torch_dtype": "bfloat16"})
     t_start = time.time()
-    bw = copy_bandwidth()
+    measured_steps = measured_120b_step_ms()
+    bw = bc.copy_bandwidth()
     weight_bytes = None
     rows, sweep_rows = [], []
     sweep_batches = {int(b) for b in args.sweep.split(",") if b}
@@ -207,7 +178,7 @@ def main():
         floor_bytes = weight_bytes + kv_bytes + tap_bytes
         kv_per_seq = (18 * 8192 + 18 * 128) * 8 * 64 * 2 * 2  # base model KV read per extra sequence
         modelled_s = (GPT_OSS_120B_DECODE_BYTES_BS1 + (batch - 1) * kv_per_seq) / bw
-        measured_ms = MEASURED_120B_STEP_MS.get(batch)
+        measured_ms = measured_steps.get(batch)
         r.update({
             "bytes_floor": floor_bytes, "floor_us": floor_bytes / bw * 1e6,
             "new_cold_vs_floor": r["new_cold_us"] / (floor_bytes / bw * 1e6),

@@ -517,52 +517,41 @@ def main():
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
             "command": "python benchmarks/bench_sink_attention.py " + " ".join(sys.argv[1:])}
     contexts = [int(c) for c in args.contexts.split(",")]
-    if args.decode_sweep:
-        batches = [int(b) for b in (args.batches or "1,2,4,8,16,32").split(",")]
-        errors, rows = [], []
+    errors = []
+
+    def collect(fn):
+        """fn()'s rows, or [] with its traceback kept: one failing part keeps the others' rows."""
         try:
-            rows = bench_decode_sweep(contexts, batches, bw)
+            return fn()
         except Exception:
             errors.append(traceback.format_exc())
             print(errors[-1], flush=True)
+            return []
+
+    def write(stem, payload, markdown_of):
         meta["seconds"] = round(time.time() - t0, 1)
+        md = markdown_of()
         os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, "bench_sink_attention_decode_sweep")
-        with open(stem + ".json", "w") as f:
-            json.dump({"meta": meta, "rows": rows, "errors": errors}, f, indent=2)
-        md = sweep_markdown(meta, rows) + ("\n## Errors\n\n" + "\n".join(f"```\n{e}\n```" for e in errors)
-                                           if errors else "")
-        with open(stem + ".md", "w") as f:
+        with open(os.path.join(args.out, stem + ".json"), "w") as f:
+            json.dump({"meta": meta, **payload, "errors": errors}, f, indent=2)
+        if errors:
+            md += "\n## Errors\n\n" + "\n".join(f"```\n{e}\n```" for e in errors)
+        with open(os.path.join(args.out, stem + ".md"), "w") as f:
             f.write(md)
         print(md)
+
+    if args.decode_sweep:
+        batches = [int(b) for b in (args.batches or "1,2,4,8,16,32").split(",")]
+        rows = collect(lambda: bench_decode_sweep(contexts, batches, bw))
+        write("bench_sink_attention_decode_sweep", {"rows": rows}, lambda: sweep_markdown(meta, rows))
         return
     batches = [int(b) for b in (args.batches or "1,8,32,128").split(",")]
-    errors = []
-    extend_rows, decode_rows = [], []
-    try:
-        extend_rows = bench_extend(args.extend_tokens, sweep=not args.no_sweep)
-    except Exception:
-        errors.append(traceback.format_exc())
-        print(errors[-1], flush=True)
+    extend_rows = collect(lambda: bench_extend(args.extend_tokens, sweep=not args.no_sweep))
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
-    try:
-        decode_rows = bench_decode(contexts, batches, bw)
-    except Exception:
-        errors.append(traceback.format_exc())
-        print(errors[-1], flush=True)
-    meta["seconds"] = round(time.time() - t0, 1)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "bench_sink_attention")
-    with open(stem + ".json", "w") as f:
-        json.dump({"meta": meta, "decode": decode_rows, "extend": extend_rows, "errors": errors}, f, indent=2)
-    md = markdown(meta, decode_rows, extend_rows)
-    if errors:
-        md += "\n## Errors\n\n" + "\n".join(f"```\n{e}\n```" for e in errors)
-    with open(stem + ".md", "w") as f:
-        f.write(md)
-    print(md)
-
+    decode_rows = collect(lambda: bench_decode(contexts, batches, bw))
+    write("bench_sink_attention", {"decode": decode_rows, "extend": extend_rows},
+          lambda: markdown(meta, decode_rows, extend_rows))
 
 if __name__ == "__main__":
     main()

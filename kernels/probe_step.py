@@ -319,8 +319,10 @@ class ProbeStepWorkspace:
     """Scratch and zeroed counters for :func:`probe_decode_step`, reused across steps and graphs.
 
     Buffers grow on demand but are never freed: a captured graph keeps raw pointers to the buffers it
-    was captured with, so a replaced buffer stays alive (in ``_retired``). Allocate one per device before
-    capturing (or let the first, largest capture size it; SGLang captures the largest batch first).
+    was captured with, so a replaced buffer stays alive (in ``_retired``). Sizes depend on the batch in
+    both directions (smaller batches use narrower q|k|v tiles and more attention splits), so any capture
+    may grow a buffer; run each shape eagerly before capturing it (SGLang's warm-up does): zeroed
+    counters made inside a capture are zeroed only by the graph's replays, not for eager steps.
     Counters are zero between steps (each last arriver resets its own). Steps must not run concurrently
     on two streams with one workspace."""
 
@@ -412,9 +414,10 @@ def probe_decode_step(
     position; < 0 marks a padding row); window None/0 = full causal; wo [HQ, HQ]; norm_w [HQ];
     wc [L, HQ]; bc [L]; out_scores [T, L] fp32, written in place (rows [:T] of a static buffer).
 
-    Side effect: kv_pool[out_cache_loc[i]] = K|V of row i for rows with row_pos >= 0. Padding rows write
-    nothing to the pool (whatever out_cache_loc holds; SGLang pads it with slot 0), attend to no key
-    (ctx = 0) and get finite scores sigmoid(classifier(RMSNorm(q))).
+    Side effect: kv_pool[out_cache_loc[i]] = K|V of row i for rows with row_pos >= 0. Rows with
+    row_pos < 0 write nothing, attend to no key (ctx = 0) and get finite scores
+    sigmoid(classifier(RMSNorm(q))). SGLang's decode graphs pad with seq_len 1 (row_pos 0) and slot 0
+    instead: such rows write slot 0, SGLang's reserved padding slot, and attend to it.
     CUDA-graph safe (grids from shapes; counters/scratch from ``workspace``, default: one per device)."""
     t, k = features.shape
     n = w_qkv.shape[0]

@@ -303,7 +303,6 @@ class ProbeRuntime:
     def as_customized_info(self, probs: torch.Tensor) -> dict:
         """SGLang's per-forward `customized_info`: lazy rows, or, while a CUDA graph is being
         captured, the static score tensor the replay hook reads after each replay."""
-        if _capturing(probs.device):
-            self._graph_buffers.append(probs)
+        if _capturing(probs.device):  # the captured output keeps `probs` alive with the graph
             return {SCORES_KEY: CapturedProbeScores(probs, self.labels)}
         return {SCORES_KEY: ProbeScoreRows(probs, self.labels)}
