@@ -134,9 +134,9 @@ decode)  # lane 0: the 1-GPU decode grid (+ modelled configs); lane 1: the probe
     wait
     ;;
 recheck)  # one GPU: the three kernels' gpu tests (after a launcher-side change) + bench_probe
-    step gpu_test_fp8_gemm 60 python tests/test_kernel_fp8_gemm.py --gpu
+    step gpu_test_fp8_gemm 120 python tests/test_kernel_fp8_gemm.py --gpu
     step gpu_test_moe 70 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
-    step gpu_test_sink_attention 70 python tests/test_kernel_sink_attention.py --gpu
+    step gpu_test_sink_attention 120 python tests/test_kernel_sink_attention.py --gpu
     step bench_probe 40 python benchmarks/bench_probe.py --out "$R" --sweep ""
     ;;
 probe1)  # one GPU: the probe's gpu tests, then the TP1 decode rows with the probe on/off (ctx 8192)
