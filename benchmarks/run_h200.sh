@@ -5,6 +5,7 @@
 #   bash benchmarks/run_h200.sh kernels   # GPU tests of the kernels + the three kernel benchmarks
 #   bash benchmarks/run_h200.sh model     # model-step decode + prefill grid on one H200 (+ modelled configs)
 #   bash benchmarks/run_h200.sh x2        # NCCL calibration + measured 2-GPU configurations (nvidia-h200-x2)
+#   bash benchmarks/run_h200.sh b1        # batch-1 decode: launch floor, GEMV fixed cost, per-kernel times, ncu
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -144,6 +145,14 @@ probe1)  # one GPU: the probe's gpu tests, then the TP1 decode rows with the pro
         tests/test_probe_cuda_graph.py
     step bench_decode_tp1 200 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1
+    ;;
+b1)  # one GPU: where a batch-1 decode step's time goes (launch floor, GEMV fixed cost, per-kernel
+     # device time inside the graph replay) + Nsight Compute on one launch of each batch-1 kernel
+    step diag_decode_b1 240 python benchmarks/diag_decode_b1.py --out "$R"
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+    step ncu_b1 240 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+        --section SchedulerStats python benchmarks/diag_decode_b1.py --ncu-kernels
     ;;
 x2)
     step nccl 60 python benchmarks/perf_model.py --measure-nccl --nproc 2 --out "$R"
