@@ -450,12 +450,19 @@ def main():
         save()
 
     def profile_kernels():
-        layer = layers[models[0]]
-        for label, tokens in (("decode_1", 1), ("decode_128", 128), ("prefill", args.prefill_tokens)):
-            x = torch.randn(tokens, args.hidden, device=DEVICE).to(torch.bfloat16)
-            times = kernel_times(lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layer), top_k=TOP_K, limit=LIMIT))
-            if times:
-                rows["kernel_us"][f"{models[0]}_{label}"] = times
+        # every model at batch 1 and at the decode front's bound (router in Triton up to there);
+        # the first model also above it and in prefill
+        bound = moe_kernels.DECODE_FRONT_MAX_TOKENS
+        for i, model in enumerate(models):
+            shapes = [("decode_1", 1), (f"decode_{bound}", bound)]
+            if i == 0:
+                shapes += [("decode_128", 128), ("prefill", args.prefill_tokens)]
+            for label, tokens in shapes:
+                x = torch.randn(tokens, args.hidden, device=DEVICE).to(torch.bfloat16)
+                times = kernel_times(lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layers[model]), top_k=TOP_K,
+                                                                       limit=LIMIT))
+                if times:
+                    rows["kernel_us"][f"{model}_{label}"] = times
 
     if not args.sweep_only:
         attempt(profile_kernels)

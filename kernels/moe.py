@@ -10,8 +10,16 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
      quantised to e4m3 in 1x128 groups (mlp1's A operand, one group column per program), and
      the (token, slot) pairs sorted by local expert into BLOCK_M-padded segments, stable
      (token order kept), sized for the worst case from T alone, so nothing is read back to
-     the host (CUDA-graph safe). Decode (T <= 128) does all of it in one launch; with more
+     the host (CUDA-graph safe). Up to 128 tokens it does all of it in one launch; with more
      tokens the sort runs after it (`_count_kernel` per chunk of pairs, `_align_kernel`);
+  1.+2. decode (T <= DECODE_FRONT_MAX_TOKENS = 16): `_decode_front_kernel` replaces both in one
+     launch. 96 programs each multiply x by 1-4 router rows over a third of H (a 128-expert
+     router's 737 KB in flight at once; cuBLAS ran 4 CTAs and a split-K reduce launch, ~6 us);
+     the last to arrive (arrival counter, as mlp1's split-K) sums the three fp32 partials in
+     fixed order, adds the bias, rounds once to the router dtype, then does step 2's top-k and
+     softmax and the sort, with [4T, 4T] pair comparisons instead of `_align_body`'s sweeps
+     over the expert axis (whose cost grew with E: 7.6 us at 128 experts vs 3.2 at 32, batch 1,
+     H200). Other programs quantise x meanwhile;
   3. `_mlp1_kernel`: per segment block, x W1^T with FP8 dots promoted to fp32 every 128 of K
      (DeepGEMM's scheme: block scales applied per K step). W1's gate and linear rows are
      interleaved (2c, 2c+1), so the program loads them as two tiles and each (gate, linear)
@@ -36,9 +44,17 @@ the all-reduce, `sglang_ext.layers.moe.add_down_bias`).
 Numerics. Routing equals `route` bit for bit on bf16 logits without ties (the model's routing
 dtype): the kernel reproduces torch's own softmax on the tensors' device (CUDA: expf,
 butterfly sum, IEEE division; CPU: sequential sum, reciprocal multiply); fp32 logits on a CPU
-keep last-ulp differences of exp. x's quantisation equals `quantize_activation_group128`
-bit for bit. The expert GEMMs differ from `moe_ref` only by fp32 summation order, which can
-flip a rare e4m3 rounding of h (tests/test_kernel_moe.py states the tolerances).
+keep last-ulp differences of exp. Tied logits go to the lower expert id first (torch.topk
+leaves the order among equals unspecified; the values picked are the same). The decode
+front's logits are F.linear's maths (bf16 products exact in fp32, fp32 sums, then the bias,
+one rounding to the router dtype) in another summation order than cuBLAS's: where an exact
+logit lies within fp32 rounding noise of a bf16 rounding boundary (rare: the tests allow 1%
+and see ~0) it lands one bf16 ulp from cuBLAS's, which moves that token's weights by an ulp,
+or picks the other of two experts whose logits are within that ulp. The routing from its own
+logits is bit for bit `route`'s top-k + softmax, and fixed run to run (split order, not
+arrival order). x's quantisation equals `quantize_activation_group128` bit for bit. The
+expert GEMMs differ from `moe_ref` only by fp32 summation order, which can flip a rare e4m3
+rounding of h (tests/test_kernel_moe.py states the tolerances).
 
 Launch configs come from a table by token count (`select_config`) for hidden 2880 on an H200;
 nothing is autotuned at run time. The table was chosen from ptxas resource counts (registers,
@@ -325,18 +341,13 @@ def _align_kernel(TOPK_IDS, CHUNK_COUNTS, SORTED_PAIRS, BLOCK_EXPERT, num_pairs,
 
 
 @triton.jit
-def _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
-                TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
-                TORCH_CPU_SOFTMAX: tl.constexpr):
-    """Top-k of BLOCK_T tokens' logits, softmax over those k in the logits' dtype, as `route`."""
-    tokens = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = tokens < num_tokens
-    tokens = tokens.to(tl.int64)
+def _topk_softmax(v, TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                  TORCH_CPU_SOFTMAX: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """fp32 logits [BLOCK_T, E_PAD] (values of the router dtype; -inf past the experts, finite
+    rows past T) -> (weights [BLOCK_T, K_PAD] fp32, ids [BLOCK_T, K_PAD] int32) as `route`: top-k
+    descending, ties to the lower expert id, softmax over those k as torch computes it."""
     offs_e = tl.arange(0, E_PAD)
     offs_k = tl.arange(0, K_PAD)
-    v = tl.load(LOGITS + tokens[:, None] * stride_logits + offs_e[None, :],
-                mask=token_ok[:, None] & (offs_e < num_experts)[None, :], other=float("-inf")).to(tl.float32)
-    v = tl.where(token_ok[:, None], v, 0.0)  # rows past T: finite, so no inf - inf below
     top_v = tl.full([BLOCK_T, K_PAD], float("-inf"), tl.float32)
     top_i = tl.zeros([BLOCK_T, K_PAD], tl.int32)
     for j in tl.static_range(TOP_K):  # descending, like torch.topk(sorted=True)
@@ -364,12 +375,48 @@ def _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_ex
             part = tl.sum(tl.reshape(part, [BLOCK_T, 2, 2]), axis=1)
         total = tl.sum(part, axis=1)
         w = tl.math.div_rn(e, total[:, None])
-    if TOPK_W.dtype.element_ty == tl.bfloat16:
+    if ROUND_BF16:
         w = _round_to_bf16(w)
+    return w, top_i
+
+
+@triton.jit
+def _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
+                TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                TORCH_CPU_SOFTMAX: tl.constexpr):
+    """Top-k of BLOCK_T tokens' logits, softmax over those k in the logits' dtype, as `route`."""
+    tokens = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = tokens < num_tokens
+    tokens = tokens.to(tl.int64)
+    offs_e = tl.arange(0, E_PAD)
+    offs_k = tl.arange(0, K_PAD)
+    v = tl.load(LOGITS + tokens[:, None] * stride_logits + offs_e[None, :],
+                mask=token_ok[:, None] & (offs_e < num_experts)[None, :], other=float("-inf")).to(tl.float32)
+    v = tl.where(token_ok[:, None], v, 0.0)  # rows past T: finite, so no inf - inf below
+    w, top_i = _topk_softmax(v, TOP_K, K_PAD, E_PAD, BLOCK_T, TORCH_CPU_SOFTMAX,
+                             TOPK_W.dtype.element_ty == tl.bfloat16)
     out_offs = tokens[:, None] * TOP_K + offs_k[None, :]
     keep = token_ok[:, None] & (offs_k < TOP_K)[None, :]
     tl.store(TOPK_W + out_offs, w.to(TOPK_W.dtype.element_ty), mask=keep)
     tl.store(TOPK_IDS + out_offs, top_i, mask=keep)
+
+
+@triton.jit
+def _quantize_x_column(q, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T: tl.constexpr):
+    """Program q of the quantisation: one 1x128 group column of QUANT_BLOCK_T tokens, so all its
+    loads are in flight at once (a loop over the 23 groups of one token would pay 23 DRAM
+    latencies)."""
+    num_groups = (hidden + 127) // 128
+    g = q % num_groups
+    tokens = (q // num_groups) * QUANT_BLOCK_T + tl.arange(0, QUANT_BLOCK_T)
+    token_ok = tokens < num_tokens
+    tokens = tokens.to(tl.int64)
+    cols = g * 128 + tl.arange(0, 128)
+    ok = token_ok[:, None] & (cols < hidden)[None, :]
+    xv = tl.load(X + tokens[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    xq, scale = _quantize_e4m3(xv, 1)
+    tl.store(XQ + tokens[:, None] * hidden + cols[None, :], xq, mask=ok)
+    tl.store(XS + tokens * num_groups + g, scale, mask=token_ok)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_heads", "num_chunks", "max_blocks"])
@@ -410,20 +457,143 @@ def _front_kernel(
                         num_local, num_chunks, max_blocks, max_blocks, BLOCK_M, CHUNK, E_LOCAL_PAD, True)
     else:
         if QUANT:
-            # one 1x128 group column of QUANT_BLOCK_T tokens per program: all loads in flight at
-            # once (a loop over the 23 groups of one token would pay 23 DRAM latencies)
-            num_groups = tl.cdiv(hidden, 128)
-            q = pid - num_heads
-            g = q % num_groups
-            tokens = (q // num_groups) * QUANT_BLOCK_T + tl.arange(0, QUANT_BLOCK_T)
-            token_ok = tokens < num_tokens
-            tokens = tokens.to(tl.int64)
-            cols = g * 128 + tl.arange(0, 128)
-            ok = token_ok[:, None] & (cols < hidden)[None, :]
-            xv = tl.load(X + tokens[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            xq, scale = _quantize_e4m3(xv, 1)
-            tl.store(XQ + tokens[:, None] * hidden + cols[None, :], xq, mask=ok)
-            tl.store(XS + tokens * num_groups + g, scale, mask=token_ok)
+            _quantize_x_column(pid - num_heads, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1.+2. for decode: router GEMV, routing, quantisation of x and the sort in one launch
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _sort_few_pairs(top_i, tokens, num_tokens, expert_offset, num_local, max_blocks, SORTED_PAIRS, BLOCK_EXPERT,
+                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, T_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """`_align_body`'s layout from ids in registers [T_PAD, K_PAD], by comparing every pair with
+    every other ([P, P], P = T_PAD * K_PAD <= 64): the work depends on the pair count only,
+    where a sweep over the expert axis ([pairs, E] one-hots and a scan over E) grows with E."""
+    P_PAD: tl.constexpr = T_PAD * K_PAD
+    offs_k = tl.arange(0, K_PAD)
+    num_pairs = num_tokens * TOP_K
+    ok2 = (tokens < num_tokens)[:, None] & (offs_k < TOP_K)[None, :]
+    local2 = tl.where(ok2, top_i - expert_offset, -1)
+    local2 = tl.where((local2 >= 0) & (local2 < num_local), local2, -1)  # -1: no local expert
+    pair = tl.reshape(tokens[:, None] * TOP_K + offs_k[None, :], [P_PAD])
+    local = tl.reshape(local2, [P_PAD])
+    mine = local >= 0
+    same = ((local[:, None] == local[None, :]) & mine[:, None]).to(tl.int32)
+    rank = tl.sum(tl.where(pair[None, :] < pair[:, None], same, 0), axis=1)  # stable: pair order
+    count = tl.sum(same, axis=1)
+    first = mine & (rank == 0)  # one pair stands for each expert's segment
+    padded = tl.where(first, (count + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    start = tl.sum(tl.where(local[None, :] < local[:, None], padded[None, :], 0), axis=1)
+    tl.store(SORTED_PAIRS + start + rank, pair, mask=mine)
+    # Block b belongs to the segment that holds its first row; slots past that segment's pairs
+    # are padding (disjoint from the slots above). max_blocks <= pairs, so P_PAD rows cover all.
+    offs_b = tl.arange(0, P_PAD)
+    row0 = offs_b * BLOCK_M
+    own = first[None, :] & (start[None, :] <= row0[:, None]) & (row0[:, None] < (start + padded)[None, :])
+    used = tl.sum(own.to(tl.int32), axis=1) > 0
+    expert = tl.sum(tl.where(own, local[None, :], 0), axis=1)
+    seg_start = tl.sum(tl.where(own, start[None, :], 0), axis=1)
+    seg_count = tl.sum(tl.where(own, count[None, :], 0), axis=1)
+    in_range = offs_b < max_blocks
+    tl.store(BLOCK_EXPERT + offs_b, tl.where(used, expert, -1), mask=in_range)
+    slots = row0[:, None] + tl.arange(0, BLOCK_M)[None, :]
+    padding = (slots - seg_start[:, None]) >= seg_count[:, None]
+    tl.store(SORTED_PAIRS + slots, tl.zeros_like(slots) + num_pairs, mask=padding & (used & in_range)[:, None])
+
+
+@triton.jit(do_not_specialize=["num_tokens", "max_blocks"])
+def _decode_front_kernel(
+    X,  # [T, H] in the router's dtype
+    RW, RB,  # router weight [E, H], bias [E] (HAS_BIAS)
+    PART,  # [NUM_SPLITS, T, E] fp32: the router programs' partial logits
+    COUNTER,  # one int32 arrival counter, zero between launches
+    LOGITS,  # [T, E] router dtype, out (what F.linear would have returned, up to summation order)
+    TOPK_W, TOPK_IDS,  # [T, TOP_K] router dtype, int32, out
+    XQ, XS,  # x's e4m3 groups, out
+    SORTED_PAIRS, BLOCK_EXPERT,  # the sort's outputs, as `_align_body` leaves them
+    num_tokens, stride_x, stride_rw, num_experts, hidden, expert_offset, num_local, max_blocks,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    T_PAD: tl.constexpr,  # >= T: every token in one tile
+    EXPERTS_PER_PROGRAM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,  # cdiv(H, BLOCK_K)
+    ROW_LOOP: tl.constexpr,  # the dot one router row at a time (else one [T_PAD, EPP, BLOCK_K] product)
+    HAS_BIAS: tl.constexpr,
+    QUANT_BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TORCH_CPU_SOFTMAX: tl.constexpr,
+):
+    # Programs 0 .. R-1 each read EXPERTS_PER_PROGRAM router rows over one BLOCK_K slice of H
+    # (R = 96 for both gpt-oss sizes: the 737 KB of a 128-expert router is in flight at once on
+    # 96 SMs instead of cuBLAS's 4 CTAs + a split-K reduce launch); the last of them to arrive
+    # sums the slices, routes and sorts. The programs after them quantise x meanwhile.
+    pid = tl.program_id(0)
+    num_router = (num_experts + EXPERTS_PER_PROGRAM - 1) // EXPERTS_PER_PROGRAM * NUM_SPLITS
+    if pid < num_router:
+        split = pid % NUM_SPLITS
+        first_expert = (pid // NUM_SPLITS) * EXPERTS_PER_PROGRAM
+        tokens = tl.arange(0, T_PAD)
+        token_ok = tokens < num_tokens
+        cols = split * BLOCK_K + tl.arange(0, BLOCK_K)
+        col_ok = cols < hidden
+        xv = tl.load(X + tokens.to(tl.int64)[:, None] * stride_x + cols[None, :],
+                     mask=token_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        offs_j = tl.arange(0, EXPERTS_PER_PROGRAM)
+        experts = first_expert + offs_j
+        if ROW_LOOP:
+            # a row at a time: [16, EPP, BLOCK_K] products would not fit in registers
+            acc = tl.zeros([T_PAD, EXPERTS_PER_PROGRAM], tl.float32)
+            for j in tl.static_range(EXPERTS_PER_PROGRAM):
+                e = first_expert + j
+                row = tl.load(RW + e.to(tl.int64) * stride_rw + cols, mask=col_ok & (e < num_experts), other=0.0)
+                dot = tl.sum(xv * row.to(tl.float32)[None, :], axis=1)  # bf16 products are exact in fp32
+                acc = tl.where(offs_j[None, :] == j, dot[:, None], acc)
+        else:
+            rows = tl.load(RW + experts.to(tl.int64)[:, None] * stride_rw + cols[None, :],
+                           mask=(experts < num_experts)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            acc = tl.sum(xv[:, None, :] * rows[None, :, :], axis=2)
+        tl.store(PART + (split * num_tokens + tokens[:, None]) * num_experts + experts[None, :], acc,
+                 mask=token_ok[:, None] & (experts < num_experts)[None, :])
+        # last arriver, as mlp1's split-K: partials stored by all threads before the release
+        tl.debug_barrier()
+        arrived = tl.atomic_add(COUNTER, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_router - 1:
+            tl.store(COUNTER, 0)  # for the next launch: no memset per call
+            tl.debug_barrier()  # the acquire above before any thread reads the other partials
+            offs_e = tl.arange(0, E_PAD)
+            e_ok = offs_e < num_experts
+            ok = token_ok[:, None] & e_ok[None, :]
+            part_ptrs = PART + tokens[:, None] * num_experts + offs_e[None, :]
+            # slices summed in split order (bits independent of arrival order), then the bias,
+            # then one rounding to the router dtype, as F.linear's fp32-accumulating GEMM does
+            v = tl.load(part_ptrs, mask=ok, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, NUM_SPLITS):
+                v += tl.load(part_ptrs + s * num_tokens * num_experts, mask=ok, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                v += tl.load(RB + offs_e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+            if LOGITS.dtype.element_ty == tl.bfloat16:
+                v = _round_to_bf16(v)
+            elif LOGITS.dtype.element_ty == tl.float16:
+                v = v.to(tl.float16).to(tl.float32)
+            tl.store(LOGITS + tokens[:, None] * num_experts + offs_e[None, :], v.to(LOGITS.dtype.element_ty),
+                     mask=ok)
+            v = tl.where(ok, v, float("-inf"))
+            v = tl.where(token_ok[:, None], v, 0.0)  # rows past T: finite, so no inf - inf
+            w, top_i = _topk_softmax(v, TOP_K, K_PAD, E_PAD, T_PAD, TORCH_CPU_SOFTMAX,
+                                     TOPK_W.dtype.element_ty == tl.bfloat16)
+            offs_k = tl.arange(0, K_PAD)
+            out_offs = tokens[:, None] * TOP_K + offs_k[None, :]
+            keep = token_ok[:, None] & (offs_k < TOP_K)[None, :]
+            tl.store(TOPK_W + out_offs, w.to(TOPK_W.dtype.element_ty), mask=keep)
+            tl.store(TOPK_IDS + out_offs, top_i, mask=keep)
+            _sort_few_pairs(top_i, tokens, num_tokens, expert_offset, num_local, max_blocks, SORTED_PAIRS,
+                            BLOCK_EXPERT, TOP_K, K_PAD, T_PAD, BLOCK_M)
+    else:
+        _quantize_x_column(pid - num_router, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,6 +835,12 @@ COMBINE_BLOCK_T = 4
 # pair inside the routing launch (decode: one launch instead of three).
 FUSED_SORT_MAX_TOKENS = 128
 SORT_MAX_SINGLE_CHUNKS = 4
+# Up to this many tokens `_decode_front_kernel` computes the router logits too (one launch for
+# router + routing + quantisation + sort, instead of cuBLAS's GEMM and split-K reduce and
+# `_front_kernel`). Its last program sorts with [4T, 4T] comparisons and its router programs
+# hold [16, 1024] x tiles: 16 is where both are still small; above it cuBLAS's router costs
+# the same ~6 us per layer against >= 600 us of experts (120b, T = 32).
+DECODE_FRONT_MAX_TOKENS = 16
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -682,6 +858,7 @@ def _experts_pad(num_experts: int) -> int:
 
 
 COUNTERS_OWNER = "moe_mlp1_split_k"
+ROUTER_COUNTER_OWNER = "moe_decode_router"
 
 
 def _split_counters(n: int, dev: torch.device) -> torch.Tensor:
@@ -811,6 +988,103 @@ def _front(x, logits, topk_ids, top_k, sort=None):
     if sort is not None and not fused_sort:
         _launch_sort(ids, num_pairs, num_local, expert_offset, block_m, chunk, sorted_pairs, block_expert, max_blocks)
     return weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks
+
+
+@dataclass(frozen=True)
+class RouterTiling:
+    """How the decode front splits the router GEMV: `block_k` columns of H per program
+    (`splits` = cdiv(H, block_k) programs per expert group), `experts` router rows per program,
+    `row_loop`: one dot per row (a [T_PAD, experts, block_k] product would take too many
+    registers)."""
+
+    block_k: int
+    splits: int
+    experts: int
+    row_loop: bool
+
+
+def router_tiling(num_experts: int, hidden: int, t_pad: int, interpreted: bool = False) -> RouterTiling:
+    """Three K slices (2880 -> 1024 + 1024 + 832; ragged small dims get three too) and about 32
+    expert groups: both gpt-oss sizes run 96 router programs of 2-8 KB of weight each (all of a
+    128-expert router's 737 KB in flight at once), and the last arriver reads 3 partials per
+    logit. A program holds [T_PAD, experts, block_k] products when that is <= 16K values (64
+    registers a thread at 8 warps), else it loops over its rows. The interpreter pays ~5 ms per
+    program and per reduction, so there a program takes up to 32 rows, in one product."""
+    block_k = min(1024, max(128, _next_pow2(_cdiv(hidden, 3))))
+    experts = 1
+    while experts < 8 and experts * 64 <= num_experts:
+        experts *= 2
+    if interpreted:
+        experts = min(32, _next_pow2(num_experts))
+    row_loop = not interpreted and t_pad * experts * block_k > 16384
+    return RouterTiling(block_k, _cdiv(hidden, block_k), experts, row_loop)
+
+
+def _decode_token_pad(num_tokens: int) -> int:
+    """Token tile of the decode front: three buckets (three compiles), batch 1 on its own."""
+    return 1 if num_tokens == 1 else 4 if num_tokens <= 4 else 16
+
+
+def _uses_decode_front(x, router_weight, router_bias) -> bool:
+    """The decode front takes over where its tile holds every token and the operands are those
+    F.linear would accept (else F.linear raises, as before)."""
+    return (1 <= x.shape[0] <= DECODE_FRONT_MAX_TOKENS and router_weight.dtype == x.dtype
+            and router_weight.stride(-1) == 1 and x.device == router_weight.device
+            and (router_bias is None or (router_bias.dtype == x.dtype and router_bias.dim() == 1
+                                         and router_bias.is_contiguous())))
+
+
+def _decode_front(x, router_weight, router_bias, top_k, sort, tiling=None):
+    """`F.linear` + `_front` for 1 <= T <= DECODE_FRONT_MAX_TOKENS in one launch (no cuBLAS):
+    returns (`_front`'s tuple, logits [T, E] in the router dtype)."""
+    t, hidden = x.shape
+    num_experts = router_weight.shape[0]
+    if not 1 <= top_k <= min(8, num_experts):
+        raise ValueError(f"fused_moe_fp8: top_k must be in 1..min(8, E), got {top_k}")
+    dev, dtype = x.device, router_weight.dtype
+    num_local, expert_offset, block_m, _ = sort
+    num_pairs = t * top_k
+    max_blocks = _max_blocks(num_pairs, num_local, block_m)
+    t_pad = _decode_token_pad(t)
+    tiling = tiling or router_tiling(num_experts, hidden, t_pad, interpreted=dev.type == "cpu")
+    part = torch.empty((tiling.splits, t, num_experts), dtype=torch.float32, device=dev)
+    counter = arrival_counters(ROUTER_COUNTER_OWNER, dev, 1)
+    if counter is None:  # first call inside a capture: the graph zeroes its own
+        counter = torch.zeros(1, dtype=torch.int32, device=dev)
+    logits = torch.empty((t, num_experts), dtype=dtype, device=dev)
+    weights = torch.empty((t, top_k), dtype=dtype, device=dev)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=dev)
+    xq = torch.empty((t, hidden), dtype=FP8, device=dev)
+    xs = torch.empty((t, _cdiv(hidden, QUANT_GROUP)), dtype=torch.float32, device=dev)
+    sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
+    router_programs = _cdiv(num_experts, tiling.experts) * tiling.splits
+    quant_programs = _cdiv(t, QUANT_BLOCK_T) * _cdiv(hidden, QUANT_GROUP)
+    _decode_front_kernel[(router_programs + quant_programs,)](
+        x, router_weight, router_bias if router_bias is not None else router_weight, part, counter, logits,
+        weights, ids, xq, xs, sorted_pairs, block_expert,
+        t, x.stride(0), router_weight.stride(0), num_experts, hidden, expert_offset, num_local, max_blocks,
+        TOP_K=top_k, K_PAD=_next_pow2(top_k), E_PAD=_experts_pad(num_experts), T_PAD=t_pad,
+        EXPERTS_PER_PROGRAM=tiling.experts, BLOCK_K=tiling.block_k, NUM_SPLITS=tiling.splits,
+        ROW_LOOP=tiling.row_loop, HAS_BIAS=router_bias is not None,
+        QUANT_BLOCK_T=QUANT_BLOCK_T, BLOCK_M=block_m, TORCH_CPU_SOFTMAX=dev.type == "cpu",
+        num_warps=8 if t_pad > 4 else 4,
+    )
+    return (weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks), logits
+
+
+def decode_front(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor | None, top_k: int,
+                 num_local: int, expert_offset: int = 0, block_m: int = 16,
+                 tiling: RouterTiling | None = None) -> dict:
+    """The decode front on its own (tests, benchmarks): router logits, routing, x's e4m3
+    groups and the pair sort, as a dict of tensors; `tiling` overrides `router_tiling`."""
+    if not _uses_decode_front(x, router_weight, router_bias):
+        raise ValueError(f"decode_front: needs 1 <= T <= {DECODE_FRONT_MAX_TOKENS} and router operands "
+                         "F.linear accepts (x's dtype, unit last stride)")
+    front, logits = _decode_front(x, router_weight, router_bias, top_k, (num_local, expert_offset, block_m, 0),
+                                  tiling)
+    names = ("topk_weights", "topk_ids", "x_fp8", "x_scale", "sorted_pairs", "block_expert", "max_blocks")
+    return dict(zip(names, front), logits=logits)
 
 
 def route_and_quantize(logits: torch.Tensor | None, x: torch.Tensor | None, top_k: int = 4):
@@ -948,8 +1222,11 @@ def fused_moe_fp8(
     if expert_offset < 0 or expert_offset + num_local > router_weight.shape[0]:
         raise ValueError(f"fused_moe_fp8: experts {expert_offset}..{expert_offset + num_local - 1} "
                          f"outside the router's {router_weight.shape[0]}")
-    logits = F.linear(x, router_weight, router_bias)
-    front = _front(x, logits, None, top_k, (num_local, expert_offset, config.block_m, config.align_chunk))
+    sort = (num_local, expert_offset, config.block_m, config.align_chunk)
+    if _uses_decode_front(x, router_weight, router_bias):
+        front, _ = _decode_front(x, router_weight, router_bias, top_k, sort)
+    else:
+        front = _front(x, F.linear(x, router_weight, router_bias), None, top_k, sort)
     topk_weights, topk_ids = front[0], front[1]
     result = _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
                       limit, expert_offset, num_local, inter, config, out)

@@ -4,7 +4,10 @@ Oracles: `route` (routing, bit for bit), `quantize_activation_group128` (x's e4m
 for bit), a plain-Python sort (the pair layout, exactly), `moe_ref` (the kernel's maths in
 torch: fp32 GEMMs on dequantised weights) and `experts_torch` on dequantised weights (the
 layer's maths without activation quantisation). `moe_ref` itself is checked against
-`experts_torch` with activation quantisation switched off.
+`experts_torch` with activation quantisation switched off. The decode front (T <= 16: router
+logits in Triton) against fp64 and torch's GEMM (one ulp, rarely: another fp32 summation
+order) and, on its own logits, `route`'s top-k + softmax bit for bit; the MoE cases then check
+the experts' maths on the kernel's routing and that routing against `route`.
 
 The kernel checks run under ``TRITON_INTERPRET=1`` in a subprocess (this file run as a script):
 triton decides interpretation when ``@triton.jit`` runs, so the variable must be set before the
@@ -24,6 +27,7 @@ quantisation) the e4m3 rounding of x and h is the whole difference: relative Fro
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -183,6 +187,30 @@ def test_config_table_covers_every_token_count():
     assert split <= {id(mod.select_config(t)) for t in table_tokens}
 
 
+def test_decode_front_takes_decode_batches_only():
+    """The decode front (router in Triton) runs for 1..DECODE_FRONT_MAX_TOKENS tokens whose router
+    operands F.linear accepts; other calls keep F.linear + `_front` (prefill, T = 0, mixed dtypes)."""
+    mod = _kernel_module()
+    rw, rb = make_router(32, HIDDEN, seed=0)
+    bound = mod.DECODE_FRONT_MAX_TOKENS
+    assert bound >= 16
+    for t, want in ((0, False), (1, True), (3, True), (bound, True), (bound + 1, False), (8192, False)):
+        assert mod._uses_decode_front(make_x(t, HIDDEN, seed=0), rw, rb) is want, t
+    x = make_x(2, HIDDEN, seed=0)
+    assert mod._uses_decode_front(x, rw, None)
+    assert not mod._uses_decode_front(x.float(), rw, rb)
+    assert not mod._uses_decode_front(x, rw, rb.float())
+    assert not mod._uses_decode_front(x, rw.t().contiguous().t(), rb)
+    with pytest.raises(ValueError, match="decode_front"):
+        mod.decode_front(make_x(bound + 1, HIDDEN, seed=0), rw, rb, TOP_K, 32)
+    # the launch shapes of both gpt-oss sizes: 96 router programs, 3 partials per logit
+    for num_experts, per_program in ((128, 4), (32, 1)):
+        for t_pad in (1, 4, 16):
+            tiling = mod.router_tiling(num_experts, 2880, t_pad)
+            assert (tiling.block_k, tiling.splits, tiling.experts) == (1024, 3, per_program)
+            assert tiling.row_loop == (t_pad * per_program * 1024 > 16384)
+
+
 def test_launcher_rejects_bad_shapes():
     mod = _kernel_module()
     q1, s1, b1, q2, s2, b2 = make_experts(4, HIDDEN, INTER, seed=0)
@@ -268,31 +296,144 @@ def check_align(mod, device) -> dict:
     return {"align_cases": cases}
 
 
-def moe_cases(mod):
-    """(name, tokens, config, expert_offset, local experts, mlp2 bias, routing given)."""
-    C = mod.MoeConfig
+def route_from_logits(logits, top_k):
+    """`route`'s last two steps on given logits: top-k, then softmax over those k in their dtype."""
+    top_values, top_ids = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(top_values, dim=-1, dtype=top_values.dtype), top_ids
+
+
+def check_router_logits(got, want, what):
+    """Router logits summed in another fp32 order than `want`'s: equal after the rounding to the
+    router dtype except where the exact value sits near a rounding boundary, there one ulp apart
+    (bf16: ~1e-3 of 2880-term logits flip; allow 1% + 2)."""
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=what)
+        return 0
+    ulp = torch.finfo(got.dtype).eps * want.float().abs().clamp_min(torch.finfo(got.dtype).tiny)
+    diff = (got.float() - want.float()).abs()
+    assert (diff <= ulp).all(), f"{what}: router logits more than one ulp from the reference: {diff.max()}"
+    flips = (diff > 0).sum().item()
+    assert flips <= 0.01 * want.numel() + 2, f"{what}: {flips} of {want.numel()} logits one ulp off"
+    return flips
+
+
+def check_routing_vs_route(weights, ids, x, rw, rb, what):
+    """The fused router's (weights, ids) vs `route` (the layer's maths, torch's GEMM). The decode
+    front's logits may sit one ulp (<= eps |l|) from torch's, so: ids must agree on every row
+    whose top k+1 reference logits are more than two such ulps apart, and weights within what
+    one-ulp logit moves allow (softmax: |dw_j| <= w_j (|dl_j| + sum_i w_i |dl_i|) <= 2 w_j eps
+    max|l|, x1.25 for second order) plus one rounding of w on each side. Where no logit moved,
+    the routing is `route`'s bit for bit (check_decode_front, on the kernel's own logits)."""
+    want_w, want_ids = route(x, rw, rb, weights.shape[1])
+    logits = torch.nn.functional.linear(x, rw, rb).float()
+    top = torch.topk(logits, ids.shape[1] + 1, dim=-1).values
+    eps = torch.finfo(rw.dtype).eps
+    margin = 2 * eps * torch.maximum(top[:, :-1].abs(), top[:, 1:].abs())
+    clear = ((top[:, :-1] - top[:, 1:]) > margin).all(dim=-1)
+    assert torch.equal(ids[clear].long(), want_ids[clear]), f"{what}: expert ids differ from route()"
+    w = want_w.float()
+    tol = w * (2.5 * eps * top[:, :-1].abs().amax(dim=-1, keepdim=True) + 2 * torch.finfo(weights.dtype).eps)
+    assert ((weights.float() - w).abs()[clear] <= tol[clear] + 1e-12).all(), \
+        f"{what}: routing weights further from route() than one-ulp logit moves allow"
+
+
+def decode_front_cases(mod):
+    """(router experts, tokens, local experts, expert_offset, router dtype, tiling override):
+    batch 1 / 3 / 16 of both gpt-oss expert counts, EP subsets, an fp32 router; the last two
+    force the GPU's 120b tiling (4 rows per program, and the row loop of T > 4) on small dims."""
+    tile = mod.RouterTiling
     return [
-        ("decode table T=1", 1, None, 0, 8, True, False),
-        ("decode table T=4", 4, None, 0, 8, True, False),
-        ("narrow fp32-h tiles, EP rank 2..5, no b2", 5, C(16, 32, 4, 2, 32, 4, 2), 2, 4, False, False),
+        (128, 1, 128, 0, torch.bfloat16, None),
+        (128, 3, 32, 64, torch.bfloat16, None),
+        (128, 16, 128, 0, torch.bfloat16, None),
+        (32, 1, 32, 0, torch.bfloat16, None),
+        (32, 3, 8, 8, torch.bfloat16, None),
+        (32, 5, 32, 0, torch.float32, None),
+        (32, 16, 8, 24, torch.bfloat16, tile(block_k=128, splits=3, experts=4, row_loop=True)),
+        (8, 4, 8, 0, torch.bfloat16, tile(block_k=128, splits=3, experts=4, row_loop=False)),
+    ]
+
+
+def check_decode_front(mod, device, hidden=HIDDEN, cases=None) -> dict:
+    """Router GEMV + routing + x's e4m3 groups + sort in one launch (T <= 16), each output against
+    its oracle: logits vs exact (fp64) and torch's GEMM, rounded to the router dtype (one ulp,
+    rarely); routing vs `route`'s top-k + softmax on the kernel's own logits, bit for bit on
+    ties-free rows; x's quantisation bit for bit; the sort vs the Python oracle; the arrival
+    counter back at zero. Compiled, also the same bits on a second call."""
+    from sglang_ext.kernels.arrival_counters import current
+
+    flips = 0
+    if cases is None:
+        cases = decode_front_cases(mod)
+        if device != "cpu":  # compiled small dims: EP subset, fp32 router, forced row loop (compile time);
+            cases = [cases[1], cases[5], cases[6]]  # gpu_decode_front runs the H200 tilings at full size
+    for num_experts, num_tokens, num_local, offset, dtype, tiling in cases:
+        what = f"decode front E={num_experts} T={num_tokens} local {offset}..{offset + num_local - 1} {dtype}"
+        rw, rb = make_router(num_experts, hidden, seed=num_experts + num_tokens, device=device, dtype=dtype)
+        x = make_x(num_tokens, hidden, seed=7 * num_tokens, device=device, dtype=dtype)
+        got = mod.decode_front(x, rw, rb, TOP_K, num_local, offset, block_m=16, tiling=tiling)
+        counter = current(mod.ROUTER_COUNTER_OWNER, x.device)
+        assert counter is not None and not counter.any(), f"{what}: arrival counter not left at zero"
+        logits = got["logits"]
+        exact = (x.double() @ rw.double().t() + rb.double()).to(dtype)
+        flips += check_router_logits(logits, exact, what + " vs fp64")
+        check_router_logits(logits, torch.nn.functional.linear(x, rw, rb), what + " vs F.linear")
+        want_w, want_ids = route_from_logits(logits, TOP_K)
+        weights, ids = got["topk_weights"], got["topk_ids"]
+        top = torch.topk(logits.float(), TOP_K + 1, dim=-1).values
+        distinct = (top[:, :-1] != top[:, 1:]).all(dim=-1)
+        assert torch.equal(ids[distinct].long(), want_ids[distinct]), f"{what}: routing ids"
+        if dtype == torch.float32:  # exp's last ulp differs between torch CPU and the kernel
+            torch.testing.assert_close(weights[distinct], want_w[distinct], rtol=2e-6, atol=0)
+        else:
+            assert torch.equal(weights[distinct], want_w[distinct]), f"{what}: routing weights"
+        assert torch.equal(torch.gather(logits, 1, ids.long()), torch.gather(logits, 1, want_ids)), \
+            f"{what}: top-k values differ on tied rows"
+        want_q, want_s = quantize_activation_group128(x)
+        assert torch.equal(got["x_fp8"].view(torch.uint8), want_q.view(torch.uint8)), f"{what}: x_fp8"
+        assert torch.equal(got["x_scale"], want_s), f"{what}: x_scale"
+        slots, experts = align_oracle(ids.cpu(), num_local, offset, 16)
+        max_blocks = got["max_blocks"]
+        assert got["block_expert"].cpu().tolist() == experts + [-1] * (max_blocks - len(experts)), what
+        assert got["sorted_pairs"][: 16 * len(experts)].cpu().tolist() == slots, what
+        if device != "cpu":  # bits independent of which router program arrives last
+            again = mod.decode_front(x, rw, rb, TOP_K, num_local, offset, block_m=16, tiling=tiling)
+            assert all(torch.equal(again[k], got[k]) for k in ("logits", "topk_weights", "topk_ids")), what
+    return {"decode_front_cases": len(cases), "decode_front_logit_flips": flips}
+
+
+def moe_cases(mod):
+    """(name, tokens, config, expert_offset, local experts, mlp2 bias, routing given, router
+    experts). T <= mod.DECODE_FRONT_MAX_TOKENS runs the decode front (router in Triton)."""
+    C = mod.MoeConfig
+    bound = mod.DECODE_FRONT_MAX_TOKENS
+    return [
+        ("decode table T=1", 1, None, 0, 8, True, False, NUM_EXPERTS),
+        (f"decode table T={bound}, 32-expert router, EP rank 8..11, no b2", bound, None, 8, 4, False, False, 32),
+        ("narrow fp32-h tiles, EP rank 2..5, no b2", 5, C(16, 32, 4, 2, 32, 4, 2), 2, 4, False, False, NUM_EXPERTS),
         ("fused requant, grouped, multi-program sort", 64, C(64, 128, 4, 2, 128, 4, 2, group_m=2, align_chunk=32),
-         0, 8, True, False),
-        ("fp32 h, EP rank 4..7, no b2, routing given", 64, C(16, 64, 4, 2, 128, 4, 2), 4, 4, False, True),
+         0, 8, True, False, NUM_EXPERTS),
+        ("fp32 h, EP rank 4..7, no b2, routing given", 64, C(16, 64, 4, 2, 128, 4, 2), 4, 4, False, True,
+         NUM_EXPERTS),
         # split-K: mlp1's last-arriving split sums the partials, mlp2's slabs meet in the combine;
         # hidden 320 has 3 K groups, intermediate 160 has 2: splits 4 leave empty splits
-        ("split-K 4/1 T=1", 1, C(16, 128, 4, 2, 32, 4, 2, mlp1_split_k=4), 0, 8, True, False),
-        ("split-K 3/2 T=2", 2, C(16, 128, 4, 2, 32, 4, 2, mlp1_split_k=3, mlp2_split_k=2), 0, 8, True, False),
+        ("split-K 4/1 T=1", 1, C(16, 128, 4, 2, 32, 4, 2, mlp1_split_k=4), 0, 8, True, False, NUM_EXPERTS),
+        ("split-K 3/2 T=2", 2, C(16, 128, 4, 2, 32, 4, 2, mlp1_split_k=3, mlp2_split_k=2), 0, 8, True, False,
+         NUM_EXPERTS),
         ("split-K 2/4 T=3, EP rank 2..5, no b2", 3, C(16, 128, 4, 2, 64, 4, 2, mlp1_split_k=2, mlp2_split_k=4),
-         2, 4, False, False),
+         2, 4, False, False, NUM_EXPERTS),
         ("split-K 2/2 T=300, grouped", 300, C(64, 128, 4, 2, 128, 4, 2, group_m=2, mlp1_split_k=2, mlp2_split_k=2),
-         0, 8, True, False),
+         0, 8, True, False, NUM_EXPERTS),
+        ("decode front, 128-expert router, T=1, EP rank 96..127", 1, None, 96, 32, True, False, 128),
     ]
 
 
 def check_moe(mod, device) -> dict:
-    router = make_router(NUM_EXPERTS, HIDDEN, seed=11, device=device)
+    routers = {n: make_router(n, HIDDEN, seed=11 + n % NUM_EXPERTS, device=device)
+               for n in {c[-1] for c in moe_cases(mod)}}
     results = []
-    for name, num_tokens, config, offset, num_local, with_b2, given in moe_cases(mod):
+    for name, num_tokens, config, offset, num_local, with_b2, given, router_experts in moe_cases(mod):
+        router = routers[router_experts]
         experts = make_experts(num_local, HIDDEN, INTER, seed=num_tokens + offset, device=device, with_b2=with_b2)
         x = make_x(num_tokens, HIDDEN, seed=100 + num_tokens, device=device)
         if given:
@@ -301,18 +442,23 @@ def check_moe(mod, device) -> dict:
         else:
             got, weights, ids = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT,
                                                   expert_offset=offset, config=config, return_routing=True)
+            check_routing_vs_route(weights, ids, x, *router, name)
         assert got.dtype == x.dtype and got.shape == x.shape
         from sglang_ext.kernels.arrival_counters import current
 
-        counters = current(mod.COUNTERS_OWNER, x.device)
-        assert counters is None or not counters.any(), f"{name}: split-K counters not left at zero"
-        ref = mod.moe_ref(x, *router, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset)
+        for owner in (mod.COUNTERS_OWNER, mod.ROUTER_COUNTER_OWNER):
+            counters = current(owner, x.device)
+            assert counters is None or not counters.any(), f"{name}: {owner} counters not left at zero"
+        # the experts' maths on the kernel's routing (the decode front's logits may sit one ulp
+        # from torch's GEMM: check_routing_vs_route bounds that)
+        ref = mod.moe_ref(x, None, None, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset,
+                          routing=(weights, ids))
         errors = compare_to_ref(got, ref, name)
         w1, b1, w2, b2 = dequantised(*experts)
         want = experts_torch(x.float(), weights, ids, w1, b1, w2, b2, LIMIT, offset)
         errors["rel_fro_vs_torch"] = compare_to_torch(got, want, name)
         results.append({"case": name, **errors})
-    return {"moe": results, "ep_tp": check_expert_parallel_sum(mod, router, device)}
+    return {"moe": results, "ep_tp": check_expert_parallel_sum(mod, routers[NUM_EXPERTS], device)}
 
 
 def check_expert_parallel_sum(mod, router, device) -> float:
@@ -341,6 +487,7 @@ def sweep(device: str = "cpu") -> dict:
     result = {"device": device}
     result.update(check_routing(mod, device))
     result.update(check_align(mod, device))
+    result.update(check_decode_front(mod, device))
     result.update(check_moe(mod, device))
     result["seconds"] = round(time.time() - t0, 1)
     return result
@@ -354,6 +501,8 @@ def test_kernels_interpreted():
     assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     results = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
     assert len(results) == 1 and results[0]["routing_cases"] == 3 and results[0]["align_cases"] == 7
+    assert results[0]["decode_front_cases"] == len(decode_front_cases(_kernel_module()))
+    assert results[0]["decode_front_logit_flips"] <= 2, "fp32 sums one ulp off the exact logits too often"
     assert len(results[0]["moe"]) == len(moe_cases(_kernel_module()))
 
 
@@ -362,36 +511,59 @@ def test_kernels_interpreted():
 # ---------------------------------------------------------------------------------------------
 
 
-def gpu_full_shapes(num_tokens: int, config=None) -> dict:
-    """hidden 2880, intermediate 2880, 32 experts (gpt-oss-20b), top-4, table configs (or
-    `config`); then the same launcher captured in a CUDA graph and replayed on new tokens
-    written in place (a host sync in the launcher would fail the capture; a host-side value
-    would freeze stale results). Two eager calls must agree bit for bit (split-K's reduction
-    order must not depend on which split arrives last)."""
-    mod = _kernel_module()
+@functools.lru_cache(maxsize=2)
+def gpu_layer(num_experts: int):
+    """Full-size experts (all local) and router of one gpt-oss size, made once per session."""
     hidden = inter = 2880
-    experts = make_experts(32, hidden, inter, seed=3, device="cuda")
-    router = make_router(32, hidden, seed=4, device="cuda")
-    x = make_x(num_tokens, hidden, seed=5, device="cuda")
-    first = mod.fused_moe_fp8(x, *router, *experts, config=config)
-    result = {"tokens": num_tokens, "config": config.short() if config else "table",
-              "eager": compare_to_ref(first, mod.moe_ref(x, *router, *experts), f"T={num_tokens}")}
+    return (make_router(num_experts, hidden, seed=4, device="cuda"),
+            make_experts(num_experts, hidden, inter, seed=3, device="cuda"))
+
+
+def gpu_full_shapes(num_tokens: int, config=None, num_experts: int = 32) -> dict:
+    """hidden 2880, intermediate 2880, 32 experts (gpt-oss-20b) or 128 (120b), top-4, table
+    configs (or `config`); then the same launcher captured in a CUDA graph and replayed on new
+    tokens written in place (a host sync in the launcher would fail the capture; a host-side
+    value would freeze stale results). Two eager calls must agree bit for bit (split-K's and the
+    decode router's reduction order must not depend on which program arrives last). The
+    experts' maths is checked on the kernel's routing, the routing against `route`
+    (`check_routing_vs_route`: T <= 16 computes the router logits in Triton)."""
+    mod = _kernel_module()
+    router, experts = gpu_layer(num_experts)
+    x = make_x(num_tokens, 2880, seed=5, device="cuda")
+    first, weights, ids = mod.fused_moe_fp8(x, *router, *experts, config=config, return_routing=True)
+    what = f"E={num_experts} T={num_tokens}"
+    check_routing_vs_route(weights, ids, x, *router, what)
+    ref = mod.moe_ref(x, None, None, *experts, routing=(weights, ids))
+    result = {"tokens": num_tokens, "experts": num_experts, "config": config.short() if config else "table",
+              "eager": compare_to_ref(first, ref, what)}
     for _ in range(3):
         assert torch.equal(mod.fused_moe_fp8(x, *router, *experts, config=config), first), \
-            f"T={num_tokens}: results differ run to run"
+            f"{what}: results differ run to run"
     out = torch.empty_like(x)
     mod.fused_moe_fp8(x, *router, *experts, out=out, config=config)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mod.fused_moe_fp8(x, *router, *experts, out=out, config=config)
+        _, weights, ids = mod.fused_moe_fp8(x, *router, *experts, out=out, config=config, return_routing=True)
     for seed in (6, 7):
-        x.copy_(make_x(num_tokens, hidden, seed=seed, device="cuda"))
+        x.copy_(make_x(num_tokens, 2880, seed=seed, device="cuda"))
         graph.replay()
         torch.cuda.synchronize()
-        result[f"replay_{seed}"] = compare_to_ref(out, mod.moe_ref(x, *router, *experts),
-                                                  f"graph replay T={num_tokens}")
+        check_routing_vs_route(weights, ids, x, *router, f"graph replay {what}")
+        ref = mod.moe_ref(x, None, None, *experts, routing=(weights, ids))
+        result[f"replay_{seed}"] = compare_to_ref(out, ref, f"graph replay {what}")
     return result
+
+
+def gpu_decode_front() -> dict:
+    """The decode front at full size (hidden 2880, both gpt-oss router sizes, T = 1, 3, 16, the
+    H200 tilings: 4 rows per program and the row loop at T = 16 for 128 experts): logits within
+    one ulp of fp64 and of cuBLAS's F.linear, routing bit for bit from its own logits (torch's
+    CUDA top-k + softmax), x's groups and the sort exact, same bits on a second call."""
+    bf16 = torch.bfloat16
+    cases = [(128, 1, 128, 0, bf16, None), (128, 3, 32, 64, bf16, None), (128, 16, 128, 0, bf16, None),
+             (32, 1, 32, 0, bf16, None), (32, 16, 8, 24, bf16, None)]
+    return check_decode_front(_kernel_module(), "cuda", hidden=2880, cases=cases)
 
 
 def gpu_routing() -> dict:
@@ -427,6 +599,21 @@ def test_full_shapes_and_cuda_graph(num_tokens):
     gpu_full_shapes(num_tokens)
 
 
+# gpt-oss-120b's 128 experts: decode batch 1 and the decode front's bound (router in Triton)
+GPU_120B_TOKENS = (1, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", GPU_120B_TOKENS)
+def test_full_shapes_120b_and_cuda_graph(num_tokens):
+    gpu_full_shapes(num_tokens, num_experts=128)
+
+
+@pytest.mark.gpu
+def test_decode_front_full_shapes():
+    gpu_decode_front()
+
+
 def gpu_split_k_configs():
     """Decode split-K configs at full shapes (mlp1 4 ways, mlp2 2 ways; and 2/4)."""
     C = _kernel_module().MoeConfig
@@ -453,8 +640,11 @@ if __name__ == "__main__":
     if "--gpu" in args:
         print(json.dumps(sweep("cuda")), flush=True)
         print(json.dumps(gpu_routing()), flush=True)
+        print(json.dumps(gpu_decode_front()), flush=True)
         for t in GPU_TABLE_TOKENS:
             print(json.dumps(gpu_full_shapes(t)), flush=True)
+        for t in GPU_120B_TOKENS:
+            print(json.dumps(gpu_full_shapes(t, num_experts=128)), flush=True)
         for config in gpu_split_k_configs():
             for t in (1, 3, 37):
                 print(json.dumps(gpu_full_shapes(t, config)), flush=True)
