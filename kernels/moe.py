@@ -837,9 +837,10 @@ FUSED_SORT_MAX_TOKENS = 128
 SORT_MAX_SINGLE_CHUNKS = 4
 # Up to this many tokens `_decode_front_kernel` computes the router logits too (one launch for
 # router + routing + quantisation + sort, instead of cuBLAS's GEMM and split-K reduce and
-# `_front_kernel`). Its last program sorts with [4T, 4T] comparisons and its router programs
-# hold [16, 1024] x tiles: 16 is where both are still small; above it cuBLAS's router costs
-# the same ~6 us per layer against >= 600 us of experts (120b, T = 32).
+# `_front_kernel`). At 16 its last program's sort compares [64, 64] pairs and its router
+# programs hold [16, 1024] x tiles (<= 128 registers, no spills, ptxas sm_90a); a 32-token
+# tile would need narrower K slices, so more partials for the last arriver to read. Batches
+# above 16 keep F.linear + `_front_kernel` unchanged (not measured against this path).
 DECODE_FRONT_MAX_TOKENS = 16
 
 
