@@ -7,6 +7,8 @@ per-kernel device time of the whole gpt-oss step replayed as a CUDA graph.
 Parts (JSON + Markdown `diag_decode_b1.*`):
   floor   an empty Triton kernel and a 2880-element torch add, 200 back to back in one graph:
           the per-launch cost every extra kernel in the step pays;
+  fork    a side-stream fork/join inside a graph (how the probe's step runs), empty and with one
+          kernel, against the same chain without it: the branch's structural cost;
   gemv    `fp8_linear` at M = 1, K = 2880 over N = 256 .. 11520 (weight copies rotated past L2):
           a straight-line fit time = fixed + bytes / rate splits each call into a fixed part and
           a streaming part;
@@ -50,6 +52,39 @@ def part_floor() -> list[dict]:
         {"what": "empty Triton kernel (132 programs)", "us": _per_call_graph(lambda: _empty_kernel[(132,)](x)) * 1e6},
         {"what": "torch add, 2880 bf16", "us": _per_call_graph(lambda: torch.add(x, x, out=y)) * 1e6},
     ]
+    return rows
+
+
+def part_fork_join() -> list[dict]:
+    """What a side-stream branch (the probe's) costs a graph by its structure alone: a chain of
+    600 small kernels captured plain, with an empty fork/join at launch 500, and with one small
+    kernel on the side branch; the paired median difference, as bench_decode times the probe."""
+    x = torch.randn(2880, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    side = torch.cuda.Stream()
+
+    def chain(fork: bool, side_work: bool):
+        for i in range(600):
+            if fork and i == 500:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    if side_work:
+                        _empty_kernel[(132,)](x)
+            torch.add(x, x, out=y)
+        if fork:
+            torch.cuda.current_stream().wait_stream(side)
+
+    graphs = {name: bc.capture_graph(lambda f=f, w=w: chain(f, w))
+              for name, f, w in (("plain", False, False), ("fork", True, False), ("fork+kernel", True, True))}
+    times = {name: [] for name in graphs}
+    for _ in range(30):
+        for name, g in graphs.items():
+            times[name].append(bc.graph_time(g, iters=3))
+    base = times["plain"]
+    rows = []
+    for name, ts in times.items():
+        diff = statistics.median(b - a for a, b in zip(base, ts))
+        rows.append({"what": name, "step_us": statistics.median(ts) * 1e6, "vs_plain_us": diff * 1e6})
     return rows
 
 
@@ -193,6 +228,8 @@ def main():
                        {"ceilings": bc.measure_ceilings()})
     floor = part_floor()
     print(floor, flush=True)
+    fork = part_fork_join()
+    print(fork, flush=True)
     gemv = part_gemv()
     print(gemv, flush=True)
     steps = []
@@ -202,6 +239,9 @@ def main():
     lines = [f"# Batch-1 decode: where the time goes ({meta.get('gpu', 'GPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "", "## Launch floor (200 launches in one graph)", "",
              bc.md_table(floor, [("what", "what", None), ("us per launch", "us", "{:.2f}")]), "",
+             "## A side-stream branch in a graph (600 small kernels, fork at 500; paired medians)", "",
+             bc.md_table(fork, [("graph", "what", None), ("us per replay", "step_us", "{:.1f}"),
+                                ("vs plain, us", "vs_plain_us", "{:.2f}")]), "",
              "## FP8 GEMV at M = 1, K = 2880 (fit: time = fixed + bytes / rate)", "",
              bc.md_table(gemv, [("N", "n", None), ("weight MB", "weight_MB", "{:.1f}"), ("config", "config", None),
                                 ("us", "us", "{:.2f}"), ("TB/s", "TBps", "{:.2f}")]), "",
@@ -217,7 +257,8 @@ def main():
                                                        ("us per call", "us_per_call", "{:.2f}"),
                                                        ("us per step", "us_per_step", "{:.1f}"), ("part", "part", None)]),
                   ""]
-    bc.write_results(args.out, "diag_decode_b1", meta, {"floor": floor, "gemv": gemv, "steps": steps},
+    bc.write_results(args.out, "diag_decode_b1", meta, {"floor": floor, "fork_join": fork, "gemv": gemv,
+                                                        "steps": steps},
                      "\n".join(lines))
 
 

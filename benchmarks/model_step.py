@@ -40,9 +40,11 @@ from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
 from sglang_ext.layers.parallel import block_granular_ranges  # noqa: E402
 from sglang_ext.layers.linear import Linear  # noqa: E402
 from sglang_ext.layers.moe import moe_forward  # noqa: E402
-from sglang_ext.layers.norm import rms_norm  # noqa: E402
+from sglang_ext.layers.norm import residual_rms_norm, rms_norm  # noqa: E402
 from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
 from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
+from sglang_ext.kernel_select import use_triton  # noqa: E402
+from sglang_ext.kernels.rope_kv import rope_store_kv  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -309,29 +311,35 @@ class ModelStep:
         if self.probe is not None:
             self.probe.expect(out_full, seq_lens, last)
             self.probe.begin(tokens)
+        pending = None  # the previous layer's MoE output, added inside this layer's first norm
         for i, lw in enumerate(self.layers):
-            if self.probe is not None:
-                self.probe.capture(i, h)
-            x = rms_norm(h, lw.input_norm, d.rms_eps)
+            # The server's order (models/gpt_oss.py): residual add + norm (+ the probe's tap) in one launch.
+            tap = self.probe.tap_target(i) if self.probe is not None else None
+            h, x = residual_rms_norm(h, pending, lw.input_norm, d.rms_eps, tap)
+            if tap is not None:
+                self.probe.tapped(i)
             qkv = lw.qkv(x)
             q = qkv[:, : self.num_heads * hd].view(tokens, self.num_heads, hd)
             k = qkv[:, self.num_heads * hd: (self.num_heads + self.num_kv_heads) * hd].view(tokens, self.num_kv_heads, hd)
             v = qkv[:, (self.num_heads + self.num_kv_heads) * hd:].view(tokens, self.num_kv_heads, hd)
-            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             sliding = d.is_sliding(i)
             k_buf, v_buf = self.kv_swa[i] if sliding else self.kv_full[i]
-            loc = (out_swa if sliding else out_full).long()
-            k_buf[loc] = k
-            v_buf[loc] = v
+            loc = out_swa if sliding else out_full
+            if use_triton(h.device):  # one launch for both RoPEs and the cache write, as the server
+                q = rope_store_kv(q, k, v, cos_sin, k_buf, v_buf, loc)
+            else:
+                q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+                k_buf[loc.long()] = k
+                v_buf[loc.long()] = v
             o = paged_sink_attention(
                 q, k_buf, v_buf, self.req_to_token_swa if sliding else self.req_to_token_full, req_idx,
                 seq_lens, q_start, q_len, lw.sinks, d.sliding_window - 1 if sliding else -1, hd ** -0.5)
             o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
             if s.attn_tp > 1:
                 o = self._all_reduce(o) + lw.o.bias
-            h = h + o
-            x = rms_norm(h, lw.post_norm, d.rms_eps)
-            h = h + self._moe(x, lw)
+            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)
+            pending = self._moe(x, lw)
+        h = h + pending
         x = rms_norm(h[last.long()], self.final_norm, d.rms_eps)
         logits = F.linear(x, self.lm_head)
         if self.probe is not None:
@@ -425,8 +433,11 @@ class HarnessProbe:
     def begin(self, tokens: int):
         self.runtime.begin(tokens, self.model.device)
 
-    def capture(self, layer: int, h: torch.Tensor):
-        self.runtime.capture(layer, h)
+    def tap_target(self, layer: int):
+        return self.runtime.tap_target(layer)
+
+    def tapped(self, layer: int):
+        self.runtime.tapped(layer)
 
     def _batch(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
         req = torch.arange(seq_lens.shape[0], device=seq_lens.device)

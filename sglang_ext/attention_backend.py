@@ -154,11 +154,39 @@ class SinkAttnBackend(AttentionBackend):
         return 1
 
     # -- forward --------------------------------------------------------------
+    # gpt-oss may hand q and k over unrotated with `rope_cos_sin=` rows: RoPE then runs here, in
+    # the same launch as the KV write where the pool allows (models/gpt_oss.py checks this flag).
+    applies_rope_kv = True
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"))
+        return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"),
+                             kwargs.get("rope_cos_sin"))
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"))
+        return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"),
+                             kwargs.get("rope_cos_sin"))
+
+    def _rope_and_write(self, q, k, v, layer, forward_batch, cos_sin, in_swa_pool, save_kv_cache):
+        """(roped q [T, Hq, D], written): RoPE on q and k; `written` when k and v are already in
+        the pool (one launch, `kernels/rope_kv.py`), else roped k is returned for set_kv_buffer."""
+        from sglang_ext.layers.rope import apply_rope
+
+        q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
+        if save_kv_cache and self.kernel_path == "triton":
+            k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+            v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+            v3 = v.view(-1, layer.tp_v_head_num, layer.v_head_dim)
+            plain = (k_cache.dtype == k3.dtype and v_cache.dtype == v3.dtype and k_cache.dim() == 3
+                     and k_cache.shape[1:] == k3.shape[1:] and v_cache.shape == k_cache.shape
+                     and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+                     and getattr(layer, "k_scale", None) is None and getattr(layer, "v_scale", None) is None)
+            if plain:
+                from sglang_ext.kernels.rope_kv import rope_store_kv
+
+                loc = self.swa_out_cache_loc if in_swa_pool else forward_batch.out_cache_loc
+                return rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc), True
+        return apply_rope(q3, cos_sin), apply_rope(k3, cos_sin)
 
     def _forward(
         self,
@@ -169,9 +197,18 @@ class SinkAttnBackend(AttentionBackend):
         forward_batch: "ForwardBatch",
         save_kv_cache: bool,
         sinks: Optional[torch.Tensor],
+        rope_cos_sin: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         if layer.is_cross_attention:
             raise NotImplementedError(f"{BACKEND_NAME} has no cross attention")
+        in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+        if rope_cos_sin is not None:
+            q, k_or_written = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool,
+                                                   save_kv_cache)
+            if k_or_written is True:
+                save_kv_cache = False  # already in the pool
+            else:
+                k, v = k_or_written, v.contiguous()  # v: a strided view of the GEMM output
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
                 layer,
@@ -187,7 +224,6 @@ class SinkAttnBackend(AttentionBackend):
         v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         window_left = layer.sliding_window_size
         window_left = -1 if window_left is None else int(window_left)
-        in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
         req_to_token = self.req_to_token_pool.req_to_token
 
         if self.kernel_path == "triton":

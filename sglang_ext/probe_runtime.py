@@ -30,7 +30,7 @@ from sglang_ext.kernels.probe_tail import probe_tail
 from sglang_ext.probe import SCORES_KEY
 from sglang_ext.probe.checkpoint import load_probe_checkpoint, validate_against_base
 from sglang_ext.probe.config import ProbeConfig
-from sglang_ext.probe.model import SingProbeHead, rms_normalize
+from sglang_ext.probe.model import RMS_EPS, SingProbeHead, rms_normalize
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +210,20 @@ class ProbeRuntime:
             probe_tap_normalize(hidden, self._features, lo)
         else:
             self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
+        if layer_id == self._last_tap_layer:
+            self._launch_early()
+
+    def tap_target(self, layer_id: int):
+        """(features, column, eps) where a fused residual-norm kernel writes layer `layer_id`'s tap
+        itself (`sglang_ext.layers.norm.residual_rms_norm`), or None if the layer is not tapped.
+        The writer then calls `tapped(layer_id)`."""
+        slot = self.tap_slot.get(layer_id)
+        if slot is None or self._features is None:
+            return None
+        return self._features, slot * self.hidden_size, RMS_EPS
+
+    def tapped(self, layer_id: int) -> None:
+        """Layer `layer_id`'s tap is in the features (written through `tap_target`)."""
         if layer_id == self._last_tap_layer:
             self._launch_early()
 

@@ -14,3 +14,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if weight is not None:
         xf = weight.float() * xf
     return xf.to(x.dtype)
+
+
+def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                      tap: tuple[torch.Tensor, int, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, rms_norm(s, weight)) for the residual sum s = h + delta (delta None: s = h).
+
+    `tap` = (features, column, tap_eps): also writes the probe's weight-less normalisation of s,
+    s * rsqrt(mean(s^2) + tap_eps), into features[:T, column:column + C]. On the kernel path one
+    launch does all of it (`sglang_ext.kernels.residual_norm`); elsewhere the unfused ops."""
+    from sglang_ext.kernel_select import use_triton
+
+    if use_triton(h.device):
+        from sglang_ext.kernels.residual_norm import residual_rms_norm as fused
+
+        return fused(h, delta, weight, eps, tap)
+    s = h + delta if delta is not None else h
+    if tap is not None:
+        features, col0, tap_eps = tap
+        sf = s.float()
+        features[: s.shape[0], col0 : col0 + s.shape[1]] = (
+            sf * torch.rsqrt(sf.pow(2).mean(dim=-1, keepdim=True) + tap_eps)).to(features.dtype)
+    return s, rms_norm(s, weight, eps)

@@ -37,14 +37,15 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
 
 from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128
-from sglang_ext.layers.linear import Linear
+from sglang_ext.layers.linear import FusedLinear, Linear
 from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, route
 from sglang_ext.layers.parallel import BlockShard, ParallelLayout, attention_head_shard, moe_shard
 from sglang_ext.layers.mxfp4 import dequantize_mxfp4
-from sglang_ext.layers.norm import rms_norm
+from sglang_ext.layers.norm import residual_rms_norm, rms_norm
 from sglang_ext.layers.rope import YarnRope, apply_rope
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class GptOssAttention(nn.Module):
         self.k_proj = Linear(hidden, self.kv_shard.local_len, fp8=fp8)
         self.v_proj = Linear(hidden, self.kv_shard.local_len, fp8=fp8)
         self.o_proj = Linear(self.q_shard.local_len, hidden, fp8=fp8)
+        self.qkv: Optional[FusedLinear] = None  # built after loading (fuse_qkv)
         self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
         sliding = config.layer_types[layer_id] == "sliding_attention"
         self.attn = RadixAttention(
@@ -144,14 +146,32 @@ class GptOssAttention(nn.Module):
             sliding_window_size=config.sliding_window - 1 if sliding else -1,
         )
 
+    def fuse_qkv(self):
+        """q/k/v as one GEMM on the kernel path (their parameters become views of it)."""
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
+
+    def _project_qkv(self, x):
+        if self.qkv is not None and use_triton(x.device):
+            if not self.qkv.is_current():  # a parameter's storage was replaced since the fusion
+                self.fuse_qkv()
+            return self.qkv(x)
+        # The torch path keeps three products: the same numbers as before the fusion, bit for bit.
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x, cos_sin, forward_batch):
         tokens = x.shape[0]
+        q, k, v = self._project_qkv(x)
         # reshape, not view: a padded head shard's slice is not contiguous
-        q = self.q_shard.drop_padding(self.q_proj(x)).reshape(tokens, self.num_heads, self.head_dim)
-        k = self.kv_shard.drop_padding(self.k_proj(x)).reshape(tokens, self.num_kv_heads, self.head_dim)
-        v = self.kv_shard.drop_padding(self.v_proj(x)).contiguous()
-        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-        o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v, forward_batch, sinks=self.sinks)
+        q = self.q_shard.drop_padding(q).reshape(tokens, self.num_heads, self.head_dim)
+        k = self.kv_shard.drop_padding(k).reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = self.kv_shard.drop_padding(v)
+        if has_forward_context() and getattr(get_attn_backend(), "applies_rope_kv", False):
+            # RoPE in the backend, in the KV write's launch (unrotated q/k, strided views of the GEMM).
+            o = self.attn(q, k, v, forward_batch, sinks=self.sinks, rope_cos_sin=cos_sin)
+        else:
+            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+            o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.contiguous(), forward_batch,
+                          sinks=self.sinks)
         o = self.q_shard.pad_activation(o)
         if self.tp.size == 1:
             return self.o_proj(o)
@@ -243,9 +263,12 @@ class GptOssDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GptOssMLP(config, tp)
 
-    def forward(self, h, cos_sin, forward_batch):
-        h = h + self.self_attn(self.input_layernorm(h), cos_sin, forward_batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, x, cos_sin, forward_batch):
+        """h: the residual stream entering the layer, x: its input norm. Returns (residual after
+        attention, MLP output): the caller adds the MLP output inside the next norm's launch."""
+        post = self.post_attention_layernorm
+        h, x = residual_rms_norm(h, self.self_attn(x, cos_sin, forward_batch), post.weight, post.eps)
+        return h, self.mlp(x)
 
 
 class GptOssModel(nn.Module):
@@ -270,11 +293,16 @@ class GptOssModel(nn.Module):
         cos_sin = self.cos_sin(positions)
         if probe is not None:
             probe.begin(h.shape[0], h.device)
+        pending = None  # the previous layer's MLP output, added in this layer's first norm launch
         for i, layer in enumerate(self.layers):
-            if probe is not None:
-                probe.capture(i, h)  # the input residual stream of layer i
-            h = layer(h, cos_sin, forward_batch)
-        return self.norm(h)
+            norm = layer.input_layernorm
+            # The probe taps the input residual stream of layer i, in the same launch as its norm.
+            tap = probe.tap_target(i) if probe is not None else None
+            h, x = residual_rms_norm(h, pending, norm.weight, norm.eps, tap)
+            if tap is not None:
+                probe.tapped(i)
+            h, pending = layer(h, x, cos_sin, forward_batch)
+        return residual_rms_norm(h, pending, self.norm.weight, self.norm.eps)[1]
 
 
 class GptOssForCausalLM(nn.Module):
@@ -364,6 +392,8 @@ class GptOssForCausalLM(nn.Module):
         missing = sorted(set(params) - loaded)
         if missing:
             raise KeyError(f"tensors missing from the gpt-oss checkpoint: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        for layer in self.model.layers:
+            layer.self_attn.fuse_qkv()
 
     def _load_one(self, params, name: str, tensor: torch.Tensor, layout: str):
         param = params[name]

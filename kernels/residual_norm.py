@@ -1,0 +1,110 @@
+"""Residual add + RMSNorm (+ the probe's weight-less tap) in one launch.
+
+Between the big kernels a gpt-oss layer adds a branch output to the residual stream and
+normalises the sum twice per layer; as separate launches that is an add (1.5 us) and a norm
+(2.5 us) each time on the H200 at batch 1 (benchmarks/results/diag_decode_b1.md). Here one
+program per row reads h and the branch output once, writes the new residual and the normed
+input of the next sub-layer, and, at a SingProbe tapped layer, the weight-less normalisation
+of the same residual (its own eps) into the probe's feature buffer.
+
+The numbers equal the unfused ops: the sum is rounded to the residual's dtype (as the bf16
+add) before the statistics, which are fp32; the weight multiplies in fp32; one rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fp8_gemm import _interpreted, _round_to_bf16_grid
+
+
+@triton.jit
+def _residual_rms_norm_kernel(
+    H, DELTA, W, H_OUT, X_OUT, TAP,
+    n_cols, eps, tap_eps, tap_col0,
+    stride_h, stride_d, stride_ho, stride_xo, stride_tap,
+    HAS_DELTA: tl.constexpr, HAS_TAP: tl.constexpr, BLOCK: tl.constexpr,
+    ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n_cols
+    h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(DELTA + row * stride_d + offs, mask=ok, other=0.0)
+        s = h.to(tl.float32) + d.to(tl.float32)
+        if ROUND_BF16:
+            s = _round_to_bf16_grid(s)
+        h = s.to(H_OUT.dtype.element_ty)
+        tl.store(H_OUT + row * stride_ho + offs, h, mask=ok)
+    hf = h.to(tl.float32)
+    mean_sq = tl.sum(hf * hf, axis=0) / n_cols
+    w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+    x = w * (hf * tl.math.rsqrt(mean_sq + eps))
+    if ROUND_BF16:
+        x = _round_to_bf16_grid(x)
+    tl.store(X_OUT + row * stride_xo + offs, x.to(X_OUT.dtype.element_ty), mask=ok)
+    if HAS_TAP:
+        tap = hf * tl.math.rsqrt(mean_sq + tap_eps)
+        if ROUND_BF16:
+            tap = _round_to_bf16_grid(tap)
+        tl.store(TAP + row * stride_tap + tap_col0 + offs, tap.to(TAP.dtype.element_ty), mask=ok)
+
+
+def _check(h, delta, weight, tap):
+    if h.dim() != 2:
+        raise ValueError(f"residual_rms_norm: h must be [T, C], got {tuple(h.shape)}")
+    if delta is not None and delta.shape != h.shape:
+        raise ValueError(f"residual_rms_norm: delta must be {tuple(h.shape)}, got {tuple(delta.shape)}")
+    if weight.shape != (h.shape[1],):
+        raise ValueError(f"residual_rms_norm: weight must be [{h.shape[1]}], got {tuple(weight.shape)}")
+    if tap is not None:
+        features, col0, _ = tap
+        if features.dim() != 2 or features.shape[0] < h.shape[0] or not 0 <= col0 <= features.shape[1] - h.shape[1]:
+            raise ValueError(f"residual_rms_norm: h {tuple(h.shape)} does not fit the tap buffer "
+                             f"{tuple(features.shape)} at column {col0}")
+
+
+def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                      tap: tuple[torch.Tensor, int, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + delta rounded to h's dtype, rms_norm of it with `weight`), both [T, C] in h's dtype.
+
+    `delta` None: no add (the first layer); the first result is `h` itself. `tap` = (features,
+    column, tap_eps): also features[:T, column:column+C] = h_sum * rsqrt(mean(h_sum^2) + tap_eps)
+    in features' dtype. No host reads: graph-safe."""
+    _check(h, delta, weight, tap)
+    t, c = h.shape
+    h_out = torch.empty_like(h) if delta is not None else h
+    x_out = torch.empty_like(h)
+    if t == 0:
+        return h_out, x_out
+    for name, x in (("h", h), ("delta", delta), ("features", tap[0] if tap else None)):
+        if x is not None and x.stride(-1) != 1:
+            raise ValueError(f"residual_rms_norm: {name} needs a unit last stride")
+    features, col0, tap_eps = tap if tap is not None else (x_out, 0, 0.0)
+    block = triton.next_power_of_2(c)
+    _residual_rms_norm_kernel[(t,)](
+        h, delta if delta is not None else h, weight, h_out, x_out, features,
+        c, float(eps), float(tap_eps), col0,
+        h.stride(0), delta.stride(0) if delta is not None else 0, h_out.stride(0), x_out.stride(0),
+        features.stride(0),
+        HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block,
+        ROUND_BF16=_interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
+        num_warps=8 if block >= 4096 else 4,
+    )
+    return h_out, x_out
+
+
+def residual_rms_norm_ref(h, delta, weight, eps, tap=None):
+    """Plain torch, the unfused ops: `h + delta`, then the norm in fp32 (and the tap)."""
+    _check(h, delta, weight, tap)
+    s = h + delta if delta is not None else h
+    sf = s.float()
+    mean_sq = sf.pow(2).mean(dim=-1, keepdim=True)
+    x = (weight.float() * (sf * torch.rsqrt(mean_sq + eps))).to(h.dtype)
+    if tap is not None:
+        features, col0, tap_eps = tap
+        features[: h.shape[0], col0 : col0 + h.shape[1]] = (sf * torch.rsqrt(mean_sq + tap_eps)).to(features.dtype)
+    return s, x

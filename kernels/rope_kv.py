@@ -1,0 +1,142 @@
+"""RoPE on q and k and the KV-cache write, in one launch.
+
+A decode step otherwise spends five launches per layer between the qkv GEMM and attention
+(RoPE on q, RoPE on k, a contiguous copy of v, two indexed stores into the cache: 9.6 us of
+a gpt-oss-120b batch-1 layer on the H200, benchmarks/results/diag_decode_b1.md); this kernel
+reads q, k, v once from the GEMM output (any row stride), writes roped q for attention, and
+roped k and v straight into their cache slots.
+
+RoPE is gpt-oss's (`sglang_ext.layers.rope.apply_rope`): halves, not interleaved pairs;
+cos_sin rows hold cos in the first half and sin in the second (fp32); maths in fp32, one
+rounding to the output dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fp8_gemm import _interpreted, _round_to_bf16_grid
+
+
+@triton.jit
+def _rotate(x1, x2, cos, sin, ROUND_BF16: tl.constexpr):
+    a = x1 * cos[None, :] - x2 * sin[None, :]
+    b = x2 * cos[None, :] + x1 * sin[None, :]
+    if ROUND_BF16:
+        a, b = _round_to_bf16_grid(a), _round_to_bf16_grid(b)
+    return a, b
+
+
+@triton.jit
+def _rope_kv_kernel(
+    Q, K, V, COS_SIN, LOC, Q_OUT, K_CACHE, V_CACHE,
+    num_q_heads, num_kv_heads,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+    stride_ot, stride_oh, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
+):
+    """grid (tokens, cdiv(Hq, BLOCK_H) + cdiv(Hkv, BLOCK_H)): BLOCK_H heads of one token per
+    program; the first programs rotate q heads, the rest rotate k heads and copy v heads."""
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    q_blocks = tl.cdiv(num_q_heads, BLOCK_H)
+    offs_d = tl.arange(0, HALF)
+    cos = tl.load(COS_SIN + t * stride_cs + offs_d)
+    sin = tl.load(COS_SIN + t * stride_cs + HALF + offs_d)
+    if hb < q_blocks:
+        heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask = (heads < num_q_heads)[:, None]
+        src = Q + t * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        a, b = _rotate(x1, x2, cos, sin, ROUND_BF16)
+        dst = Q_OUT + t * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(dst, a.to(Q_OUT.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, b.to(Q_OUT.dtype.element_ty), mask=mask)
+    else:
+        heads = (hb - q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask = (heads < num_kv_heads)[:, None]
+        slot = tl.load(LOC + t).to(tl.int64)
+        src = K + t * stride_kt + heads[:, None] * stride_kh + offs_d[None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        a, b = _rotate(x1, x2, cos, sin, ROUND_BF16)
+        dst = K_CACHE + slot * stride_kc_s + heads[:, None] * stride_kc_h + offs_d[None, :]
+        tl.store(dst, a.to(K_CACHE.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, b.to(K_CACHE.dtype.element_ty), mask=mask)
+        vsrc = V + t * stride_vt + heads[:, None] * stride_vh + offs_d[None, :]
+        vdst = V_CACHE + slot * stride_vc_s + heads[:, None] * stride_vc_h + offs_d[None, :]
+        tl.store(vdst, tl.load(vsrc, mask=mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=mask)
+        tl.store(vdst + HALF, tl.load(vsrc + HALF, mask=mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=mask)
+
+
+def _check(q, k, v, cos_sin, k_cache, v_cache, loc):
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"rope_kv: q, k, v must be [tokens, heads, head_dim], got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    t, _, d = q.shape
+    if k.shape != v.shape or k.shape[0] != t or k.shape[2] != d or d % 2:
+        raise ValueError(f"rope_kv: k and v must be [{t}, Hkv, {d}] (even head_dim), got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if tuple(cos_sin.shape) != (t, d):
+        raise ValueError(f"rope_kv: cos_sin must be [{t}, {d}], got {tuple(cos_sin.shape)}")
+    if k_cache.dim() != 3 or k_cache.shape[1:] != k.shape[1:] or v_cache.shape != k_cache.shape:
+        raise ValueError(f"rope_kv: caches must be [slots, {k.shape[1]}, {d}], got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
+    if tuple(loc.shape) != (t,):
+        raise ValueError(f"rope_kv: loc must be [{t}], got {tuple(loc.shape)}")
+
+
+def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
+                  q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Roped q [T, Hq, D] (into `q_out` if given); roped k and v stored at k_cache[loc[t]],
+    v_cache[loc[t]] ([slots, Hkv, D], their dtype). q, k, v may be strided views (the last dim
+    contiguous); cos_sin [T, D] fp32 rows of the RoPE cache. No host reads: graph-safe."""
+    _check(q, k, v, cos_sin, k_cache, v_cache, loc)
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    if q_out is None:
+        q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    if t == 0:
+        return q_out
+    for name, x in (("q", q), ("k", k), ("v", v), ("cos_sin", cos_sin), ("q_out", q_out),
+                    ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"rope_kv: {name} must be contiguous in its last dim")
+    block_h = 8
+    grid = (t, triton.cdiv(hq, block_h) + triton.cdiv(hkv, block_h))
+    _rope_kv_kernel[grid](
+        q, k, v, cos_sin, loc, q_out, k_cache, v_cache, hq, hkv,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
+        q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+        v_cache.stride(1),
+        HALF=d // 2, BLOCK_H=block_h, num_warps=1 if d * block_h <= 1024 else 4,
+        ROUND_BF16=_interpreted() and torch.bfloat16 in (q_out.dtype, k_cache.dtype),
+    )
+    return q_out
+
+
+def _rope_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    cos, sin = cos_sin[:, None, :half].float(), cos_sin[:, None, half:].float()
+    xf = x.float()
+    a, b = xf[..., :half], xf[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def rope_store_kv_ref(q, k, v, cos_sin, k_cache, v_cache, loc, q_out=None):
+    """Plain torch: the same contract (q_out returned; the caches written in place)."""
+    _check(q, k, v, cos_sin, k_cache, v_cache, loc)
+    roped_q = _rope_ref(q, cos_sin).to(q.dtype)
+    idx = loc.long()
+    k_cache[idx] = _rope_ref(k, cos_sin).to(k_cache.dtype)
+    v_cache[idx] = v.to(v_cache.dtype)
+    if q_out is not None:
+        q_out.copy_(roped_q)
+        return q_out
+    return roped_q

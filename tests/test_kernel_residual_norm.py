@@ -1,0 +1,82 @@
+"""Residual add + RMSNorm (+ probe tap) in one launch (kernels/residual_norm.py) vs the unfused ops.
+
+Oracle: what the model ran before the fusion, `h + delta` in the model dtype, then
+`sglang_ext.layers.norm.rms_norm` (eager) and the probe's own feature transform
+(`sglang_ext.probe.model.rms_normalize`), all on CPU.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CHECK = r"""
+import torch
+from sglang_ext.kernels.residual_norm import residual_rms_norm, residual_rms_norm_ref
+from sglang_ext.layers.norm import rms_norm
+from sglang_ext.probe.model import rms_normalize
+
+torch.manual_seed(0)
+worst = 0.0
+for dtype in (torch.float32, torch.bfloat16):
+    for t, c, with_delta, with_tap in ((1, 320, True, True), (5, 320, False, True), (3, 100, True, False)):
+        h = torch.randn(t, c).to(dtype) * 3
+        delta = torch.randn(t, c).to(dtype) if with_delta else None
+        w = (torch.rand(c) + 0.5).to(dtype)
+        feats = torch.full((t + 2, 3 * c), float("nan"), dtype=dtype)
+        tap = (feats, c, 1e-6) if with_tap else None
+        s, x = residual_rms_norm(h, delta, w, 1e-5, tap)
+        want_s = h + delta if with_delta else h
+        assert torch.equal(s, want_s), "the residual sum must be the unfused add, bit for bit"
+        want_x = rms_norm(want_s, w, 1e-5)
+        ref_s, ref_x = residual_rms_norm_ref(h, delta, w, 1e-5, None)
+        assert torch.equal(ref_x, want_x)
+        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -21
+        rel = lambda a, b: ((a.float() - b.float()).abs() / b.float().abs().clamp_min(1.0)).max().item() / ulp
+        worst = max(worst, rel(x, want_x))
+        if with_tap:
+            assert torch.isnan(feats[:, :c].float()).all() and torch.isnan(feats[:, 2 * c:].float()).all()
+            assert torch.isnan(feats[t:].float()).all(), "rows past T untouched"
+            worst = max(worst, rel(feats[:t, c:2 * c], rms_normalize(want_s).to(dtype)))
+print(worst)
+"""
+
+
+def test_residual_norm_matches_unfused_ops_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # In ulps of the dtype: the fp32 statistics are summed in another order, which can move the last bit.
+    assert float(out.stdout.strip().splitlines()[-1]) <= 1.0
+
+
+def test_residual_norm_rejects_a_tap_that_does_not_fit():
+    from sglang_ext.kernels.residual_norm import residual_rms_norm
+
+    h = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="does not fit the tap buffer"):
+        residual_rms_norm(h, None, torch.ones(8), 1e-5, (torch.zeros(2, 12), 6, 1e-6))
+    with pytest.raises(ValueError, match="delta must be"):
+        residual_rms_norm(h, torch.randn(2, 7), torch.ones(8), 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 128, 8192])
+def test_residual_norm_gpu_full_width(tokens):
+    from sglang_ext.kernels.residual_norm import residual_rms_norm
+
+    torch.manual_seed(tokens)
+    c = 2880
+    h = torch.randn(tokens, c, device="cuda", dtype=torch.bfloat16) * 3
+    delta = torch.randn(tokens, c, device="cuda", dtype=torch.bfloat16)
+    w = (torch.rand(c, device="cuda") + 0.5).to(torch.bfloat16)
+    feats = torch.full((tokens, 3 * c), float("nan"), device="cuda", dtype=torch.bfloat16)
+    s, x = residual_rms_norm(h, delta, w, 1e-5, (feats, 2 * c, 1e-6))
+    assert torch.equal(s, h + delta)
+    sd = s.double()
+    inv = torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-5)
+    for got, want in ((x, w.double() * sd * inv), (feats[:, 2 * c:], sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-6))):
+        assert ((got.double() - want).abs() / want.abs().clamp_min(1.0)).max().item() <= 2.0 ** -8
+    assert torch.isnan(feats[:, :2 * c].float()).all()
