@@ -26,6 +26,10 @@ alternative launch configs at a few M, to calibrate `gemm_config`.
     # decode only (M <= 16): the decode kernel's candidates beside the tl.dot tile path, < 150 s
     python benchmarks/bench_fp8_gemm.py --m 1,4,16 --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head \
         --budget-s 120 --out $OUT
+    # the GEMV's fixed cost: `fixed_cost_variants` at M = 1, 4 (lm_head at 1), no main table,
+    # kernels compiled in 12 processes first
+    python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,4 --sweep-lm-head-m 1 \
+        --sweep-shapes qkv,o,lm_head --decode-sweep fixed-cost --compile-workers 12 --budget-s 100 --out $OUT
     # the sweep's plan, no GPU needed
     python benchmarks/bench_fp8_gemm.py --list-sweep --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head
 """
@@ -70,6 +74,13 @@ def parse_args(argv=None):
     ap.add_argument("--sweep", default="on", choices=("on", "off"), help="time alternative launch configs")
     ap.add_argument("--sweep-m", default="1,16,64,256,4096", help="token counts the sweep times")
     ap.add_argument("--sweep-shapes", default="qkv,o", help="shapes the sweep times (of --shapes)")
+    ap.add_argument("--sweep-lm-head-m", default="",
+                    help="token counts the sweep times on lm_head (default: --sweep-m)")
+    ap.add_argument("--decode-sweep", default="all", choices=("all", "configs", "fixed-cost"),
+                    help="decode (M <= 16) candidates: launch-config variants, the fixed-cost variants "
+                         "(x once per program, vector split sum, no split-K, pre-quantised x), or both")
+    ap.add_argument("--compile-workers", type=int, default=0,
+                    help="compile the sweep's kernels first in this many processes (0: as they come)")
     ap.add_argument("--budget-s", type=float, default=110.0,
                     help="skip remaining sweep entries once the whole run is this old")
     ap.add_argument("--list-sweep", action="store_true",
@@ -79,6 +90,7 @@ def parse_args(argv=None):
     args.m_values = [int(v) for v in args.m.split(",") if v]
     args.shape_names = [s for s in args.shapes.split(",") if s]
     args.sweep_m_values = [int(v) for v in args.sweep_m.split(",") if v]
+    args.sweep_lm_head_m_values = [int(v) for v in args.sweep_lm_head_m.split(",") if v]
     args.sweep_shape_names = [s for s in args.sweep_shapes.split(",") if s in args.shape_names]
     unknown = [s for s in args.shape_names + args.sweep_shapes.split(",") if s and s not in SHAPES]
     if unknown:
@@ -270,11 +282,26 @@ def fp8_blockwise_ceiling(n=8192) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None):
+def fixed_cost_candidates(mod, m: int, n: int, k: int, device=None) -> list:
+    """`fixed_cost_variants` (the heuristic's pick first, then the split-K tail alone (`vr`), x
+    quantised once per program (`xo`, `xob`, FMA) at 1-8 K blocks per program, no split-K),
+    plus (config, "prequant") rows: `fp8_gemm` on x quantised beforehand (that kernel not timed),
+    what taking the quantisation out of the GEMV would buy, for the heuristic and the x_once
+    default."""
+    variants = mod.fixed_cost_variants(m, n, k, device)
+    if n > 100_000:
+        return variants
+    x_once = next(c for c in variants if c.x_once and c.use_dot and not c.batched_dot and c.vector_reduce)
+    return variants[:1] + [(variants[0], "prequant")] + variants[1:] + [(x_once, "prequant")]
+
+
+def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None, decode_set: str = "all"):
     """Launch configs to time against the heuristic's pick (short names: m/n tile, s split-K
     (k: summed by a second kernel), w warps, st stages, fq x quantised inside the GEMM; `gv...`
-    the decode kernel: fma/dot block maths, n BLOCK_N). Decode (M <= 16): the tl.dot tile path
-    it replaced first, then decode-kernel variants around the heuristic (split 0 = auto)."""
+    the decode kernel: fma/dot block maths, n BLOCK_N, xo x once per program, vr vector split
+    sum). Decode (M <= 16): `decode_set` "configs" = the tl.dot tile path it replaced, then launch-config
+    variants around the heuristic (split 0 = auto); "fixed-cost" = `fixed_cost_candidates`;
+    "all" = both, fixed-cost first. Lists hold configs or (config, "prequant")."""
     Cfg = mod.Fp8GemmConfig
     if m <= 16:
         G = mod.Fp8GemvConfig
@@ -290,16 +317,23 @@ def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None):
                G(64, more, num_stages=4), G(64, 0, num_stages=4, hw_round=False)]
         if m > 4:  # 5+ FMAs per weight byte: CUDA cores fall behind HBM; keep two for the record
             fma = fma[:2]
-        tile = [mod.dot_tile_decode_config(m, n, k, device)]
+        entries = []
+        if decode_set in ("fixed-cost", "all"):
+            entries += fixed_cost_candidates(mod, m, n, k, device)
+        if decode_set in ("configs", "all"):
+            entries += [mod.dot_tile_decode_config(m, n, k, device)] + fma + dot
         resolved = []
-        for c in fma + dot:  # show the split each one actually runs
-            c = c if c.split_k else dataclasses.replace(
-                c, split_k=mod._auto_split_gemv(m, n, k, c.block_n, mod.num_sms(device)))
-            if c.split_k == 1:  # nothing to reduce: the reduction style is moot
-                c = dataclasses.replace(c, inline_reduce=True)
-            if c not in resolved:
-                resolved.append(c)
-        return tile + resolved
+        for e in entries:  # show the split each one actually runs
+            cfg, how = e if isinstance(e, tuple) else (e, "linear")
+            if isinstance(cfg, G):
+                split = mod.gemv_splits(cfg, min(m, 16), n, k, mod.num_sms(device))[0]
+                cfg = dataclasses.replace(cfg, split_k=split)
+                if split == 1:  # nothing to reduce: the reduction style is moot
+                    cfg = dataclasses.replace(cfg, inline_reduce=True, vector_reduce=False)
+            e = (cfg, how) if how != "linear" else cfg
+            if e not in resolved:
+                resolved.append(e)
+        return resolved
     if m <= 256:
         return [Cfg(bm, bn, split_k=s, num_warps=w, num_stages=st)
                 for bm, bn, s, w, st in ((32, 64, 1, 4, 4), (32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (64, 128, 1, 4, 3),
@@ -312,19 +346,22 @@ def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None):
                                      (64, 128, 4, 3, 8), (64, 128, 4, 4, 8))]
 
 
-def prepare_shape(fp8, shape: str, dev, l2: int) -> dict:
-    """Random weights of one layer, quantised, in enough distinct copies to defeat L2 reuse."""
+def prepare_shape(fp8, shape: str, dev, l2: int, with_bf16: bool = True) -> dict:
+    """Random weights of one layer, quantised, in enough distinct copies to defeat L2 reuse
+    (`with_bf16`: their bf16 dequantisations too, for the bf16 peer; the sweep needs none)."""
     n, k = SHAPES[shape]
     w_master = torch.randn(n, k, device=dev) * 0.02
     w_fp8, w_scale_inv = fp8.quantize_weight_block128(w_master)
     del w_master
     w_bytes = w_fp8.numel() + 4 * w_scale_inv.numel()
     copies = int(max(1, min(16, math.ceil(2 * l2 / w_bytes))))
-    w_bf16 = fp8.dequantize_weight_block128(w_fp8, w_scale_inv, torch.bfloat16)
-    return {"n": n, "k": k, "w_bytes": w_bytes, "copies": copies,
-            "bias": (torch.randn(n, device=dev) * 0.1).to(torch.bfloat16),
-            "w": [(w_fp8, w_scale_inv)] + [(w_fp8.clone(), w_scale_inv.clone()) for _ in range(copies - 1)],
-            "w_bf16": [w_bf16] + [w_bf16.clone() for _ in range(copies - 1)]}
+    layer = {"n": n, "k": k, "w_bytes": w_bytes, "copies": copies,
+             "bias": (torch.randn(n, device=dev) * 0.1).to(torch.bfloat16),
+             "w": [(w_fp8, w_scale_inv)] + [(w_fp8.clone(), w_scale_inv.clone()) for _ in range(copies - 1)]}
+    if with_bf16:
+        w_bf16 = fp8.dequantize_weight_block128(w_fp8, w_scale_inv, torch.bfloat16)
+        layer["w_bf16"] = [w_bf16] + [w_bf16.clone() for _ in range(copies - 1)]
+    return layer
 
 
 def measure_row(mod, fp8, shape, layer, m, bw, iters) -> dict:
@@ -373,31 +410,55 @@ def measure_row(mod, fp8, shape, layer, m, bw, iters) -> dict:
     return row
 
 
-def sweep_shape(mod, shape, layer, m, iters, deadline, bw) -> list:
+def _entry(cand):
+    """(config, how): how = "linear" (fp8_linear from bf16 x) or "prequant" (fp8_gemm on x
+    quantised beforehand)."""
+    return cand if isinstance(cand, tuple) else (cand, "linear")
+
+
+def _label(cand) -> str:
+    cfg, how = _entry(cand)
+    return cfg.short() + (" (x pre-quantised)" if how == "prequant" else "")
+
+
+def sweep_shape(mod, fp8, shape, layer, m, iters, deadline, bw, decode_set="all") -> list:
     n, k, bias, w_list = layer["n"], layer["k"], layer["bias"], layer["w"]
     dev = w_list[0][0].device
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    x_q, x_s = mod.quantize_activation_group128(x)
     y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
     heuristic = mod.gemm_config(m, n, k, dev)
-    cands = sweep_candidates(mod, m, n, k, dev)
+    cands = sweep_candidates(mod, m, n, k, dev, decode_set)
     if heuristic not in cands:
         cands = [heuristic] + cands
-    out, base = [], None
+    # every candidate's output against fp32 torch maths on the same quantised operands (first copy)
+    w0, s0 = w_list[0]
+    want = fp8.dequantize_activation_group128(x_q, x_s) @ fp8.dequantize_weight_block128(w0, s0).t()
+    want += bias.float()
+    scale = want.abs().max().item()
+    out = []
     for cand in cands:
-        r = {"shape": shape, "M": m, "config": cand.short(), "heuristic": cand == heuristic,
-             "kernel": "decode" if isinstance(cand, mod.Fp8GemvConfig) else "tile"}
+        cfg, how = _entry(cand)
+        r = {"shape": shape, "M": m, "config": _label(cand), "heuristic": cand == heuristic,
+             "kernel": "decode" if isinstance(cfg, mod.Fp8GemvConfig) else "tile", "x": how}
+        if how == "prequant":
+            call = lambda w, s: mod.fp8_gemm(x_q, x_s, w, s, bias, out=y, config=cfg)  # noqa: E731
+        else:
+            call = lambda w, s: mod.fp8_linear(x, w, s, bias, out=y, config=cfg)  # noqa: E731
         if time.time() > deadline:
             r["skipped"] = "time budget"
         else:
             try:
-                t, _ = graph_time([lambda w=w, s=s: mod.fp8_linear(x, w, s, bias, out=y, config=cand)
-                                   for w, s in w_list], iters)
+                call(w0, s0)
+                r["max_rel_err_vs_torch"] = (y.float() - want).abs().max().item() / scale
+                t, _ = graph_time([lambda w=w, s=s: call(w, s) for w, s in w_list], iters)
                 r["linear_us"] = t * 1e6
                 r["weight_TBps"] = layer["w_bytes"] / t / 1e12
                 r["pct_copy_bw"] = 100 * r["weight_TBps"] * 1e12 / bw
             except Exception as exc:  # noqa: BLE001
                 r["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         out.append(r)
+    del want
     base = next((r.get("linear_us") for r in out if r["heuristic"]), None)
     for r in out:
         if base and r.get("linear_us"):
@@ -405,16 +466,88 @@ def sweep_shape(mod, shape, layer, m, iters, deadline, bw) -> list:
     return out
 
 
+class _Warmup:
+    """Stands in for a jit kernel in a precompile worker: `kernel[grid](...)` compiles (into
+    Triton's on-disk cache) without launching."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.fn.warmup(*args, grid=grid, **kwargs)
+
+
+def _precompile_worker(tasks, device="cuda") -> int:
+    """Spawned worker: every (shape, M, config, how) through the launchers with empty full-size
+    tensors (the same specialisations the timed calls get), kernels compiled, none launched."""
+    mod, _ = import_project()
+    for name in ("_fp8_gemv_kernel", "_fp8_gemv_kernel_xonce", "_splitk_sum_kernel", "_fp8_gemm_kernel",
+                 "_quantize_group128_kernel"):
+        setattr(mod, name, _Warmup(getattr(mod, name)))
+    dev = torch.device(device)
+    for shape, m, cfg, how in tasks:
+        n, k = SHAPES[shape]
+        kb = -(-k // 128)
+        w = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=dev)
+        ws = torch.empty(-(-n // 128), kb, dtype=torch.float32, device=dev)
+        b = torch.empty(n, dtype=torch.bfloat16, device=dev)
+        y = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+        if how == "prequant":
+            xq = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=dev)
+            xs = torch.empty(kb, m, dtype=torch.float32, device=dev).t()  # MN-major, as the quantiser's
+            mod.fp8_gemm(xq, xs, w, ws, b, out=y, config=cfg)
+        else:
+            mod.fp8_linear(torch.empty(m, k, dtype=torch.bfloat16, device=dev), w, ws, b, out=y, config=cfg)
+        del w
+    return len(tasks)
+
+
+def precompile(mod, args, workers: int) -> float:
+    """Compile every sweep candidate's kernels in `workers` spawned processes (Triton compiles
+    one kernel at a time per process; the sweep's ~35 specialisations took most of a serial
+    run). The timed calls then load them from Triton's cache. Returns the seconds taken."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    t0 = time.time()
+    groups: dict = {}
+    for shape in args.sweep_shape_names:
+        n, k = SHAPES[shape]
+        for m in _sweep_m_values(args, shape):
+            heuristic = mod.gemm_config(m, n, k)
+            for cand in [heuristic] + sweep_candidates(mod, m, n, k, decode_set=args.decode_sweep):
+                cfg, how = _entry(cand)
+                key = (m, how, type(cfg).__name__, cfg.short())  # one worker per kernel, roughly
+                if isinstance(cfg, mod.Fp8GemvConfig):
+                    split, per = mod.gemv_splits(cfg, min(m, 16), n, k)
+                    key = (m, how, dataclasses.replace(cfg, split_k=0), per, split > 1)
+                groups.setdefault(key, []).append((shape, m, cfg, how))
+    buckets = [[] for _ in range(max(1, workers))]
+    for i, tasks in enumerate(groups.values()):
+        buckets[i % len(buckets)] += tasks
+    with cf.ProcessPoolExecutor(len(buckets), mp_context=mp.get_context("spawn")) as pool:
+        for f in [pool.submit(_precompile_worker, b) for b in buckets if b]:
+            f.result()
+    return time.time() - t0
+
+
+def _sweep_m_values(args, shape) -> list:
+    if shape == "lm_head":
+        ms = args.sweep_lm_head_m_values or args.sweep_m_values
+        return [m for m in ms if m <= args.lm_head_max_m]
+    return args.sweep_m_values
+
+
 def list_sweep(mod, args) -> list:
     """The sweep's plan without a GPU: shape, M, the heuristic's config and each candidate."""
     plan = []
     for shape in args.sweep_shape_names:
         n, k = SHAPES[shape]
-        for m in args.sweep_m_values:
+        for m in _sweep_m_values(args, shape):
             heuristic = mod.gemm_config(m, n, k)
-            cands = sweep_candidates(mod, m, n, k)
+            cands = sweep_candidates(mod, m, n, k, decode_set=args.decode_sweep)
             plan.append({"shape": shape, "M": m, "heuristic": heuristic.short(),
-                         "candidates": [c.short() for c in cands]})
+                         "candidates": [_label(c) for c in cands]})
             print(json.dumps(plan[-1]), flush=True)
     return plan
 
@@ -433,23 +566,31 @@ def main(argv=None):
     rows, sweep_rows = [], []
     l2 = l2_bytes()
     for shape in args.shape_names:
+        ms = [m for m in args.m_values if shape != "lm_head" or m <= args.lm_head_max_m]
+        if not ms:
+            continue
         layer = prepare_shape(fp8, shape, dev, l2)
-        for m in args.m_values:
-            if shape == "lm_head" and m > args.lm_head_max_m:
-                continue
+        for m in ms:
             rows.append(measure_row(mod, fp8, shape, layer, m, bw, args.iters))
             print(json.dumps(rows[-1]), flush=True)
         del layer
         torch.cuda.empty_cache()
     # Sweep last, under the time budget, so the main table is always complete.
     if args.sweep == "on":
+        if args.compile_workers > 0:
+            try:
+                ceilings["precompile_s"] = precompile(mod, args, args.compile_workers)
+            except Exception as exc:  # noqa: BLE001  (the sweep then compiles as it goes)
+                ceilings["precompile_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            print(json.dumps({k: v for k, v in ceilings.items() if k.startswith("precompile")}), flush=True)
         deadline = t_start + args.budget_s
         for shape in args.sweep_shape_names:
-            layer = prepare_shape(fp8, shape, dev, l2)
-            for m in args.sweep_m_values:
-                if shape == "lm_head" and m > args.lm_head_max_m:
-                    continue
-                sweep_rows += sweep_shape(mod, shape, layer, m, args.iters, deadline, bw)
+            ms = _sweep_m_values(args, shape)
+            if not ms:
+                continue
+            layer = prepare_shape(fp8, shape, dev, l2, with_bf16=False)
+            for m in ms:
+                sweep_rows += sweep_shape(mod, fp8, shape, layer, m, args.iters, deadline, bw, args.decode_sweep)
                 print(json.dumps(sweep_rows[-1]), flush=True)
             del layer
             torch.cuda.empty_cache()
@@ -520,14 +661,21 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
     if sweep_rows:
         lines += ["", "## Launch-config sweep (fp8_linear, us; * = the heuristic's pick)", "",
                   "`gv…` = the decode kernel (`fma`/`dot` block maths, `n` BLOCK_N, `s` K splits, `k` = "
-                  "summed by a second kernel); `m16…fq` = the 16-row tl.dot tile path decode used before. "
-                  "% copy BW: weight bytes over the time.", "",
-                  "| shape | M | config | us | % copy BW | heuristic / this |", "|---|---:|---|---:|---:|---:|"]
+                  "summed by a second kernel, `w` warps, `st` pipeline stages; `xo` = `_fp8_gemv_kernel_xonce`, "
+                  "x quantised once per program for its K blocks (K/128 / splits, rounded up to a power of "
+                  "two), then a tensor-core K loop over the weight, or `xob` one batched dot, or FMAs; `vr` = "
+                  "the last arriver sums the split partials in one load); `m16…fq` = the 16-row tl.dot tile "
+                  "path decode used before; `(x pre-quantised)` = `fp8_gemm` on x quantised beforehand "
+                  "(quantisation not timed). % copy BW: weight bytes over the time. rel err: max |y - torch "
+                  "fp32 maths| / max |y| on the same quantised operands.", "",
+                  "| shape | M | config | us | % copy BW | heuristic / this | rel err |",
+                  "|---|---:|---|---:|---:|---:|---:|"]
         for r in sweep_rows:
             us = r.get("linear_us")
             lines.append(f"| {r['shape']} | {r['M']} | {r['config']}{' *' if r.get('heuristic') else ''} | "
                          f"{fmt(us, '.1f') if us else r.get('error', r.get('skipped', ''))} | "
-                         f"{fmt(r.get('pct_copy_bw'), '.0f')} | {fmt(r.get('heuristic_over_this'), '.2f')} |")
+                         f"{fmt(r.get('pct_copy_bw'), '.0f')} | {fmt(r.get('heuristic_over_this'), '.2f')} | "
+                         f"{fmt(r.get('max_rel_err_vs_torch'), '.1e')} |")
     lines += ["", f"Command: `{meta['command']}` ({elapsed:.0f} s)"]
     with open(os.path.join(args.out, f"{STEM}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

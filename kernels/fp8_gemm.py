@@ -22,7 +22,13 @@ Kernels:
   - `_fp8_gemv_kernel`, decode (M <= 16, `Fp8GemvConfig`): a grid of N tiles x K splits sized
     to keep every SM streaming weight slabs, all token rows in each program, each x group
     quantised once per N tile for the real rows only, tensor-core (swap-AB) or FMA blocks,
-    the same split-K reductions;
+    the same split-K reductions (the last arriver loads one split or, `vector_reduce`, many
+    splits per load: `_gemv_epilogue`);
+  - `_fp8_gemv_kernel_xonce`, decode with `Fp8GemvConfig.x_once`: each program loads x and the
+    scales for all its K blocks and quantises them in one pass, so only the weight stream is
+    left between it and its MMAs (the K loop above waits a memory latency per block, the bulk
+    of the GEMV's ~6 us fixed cost at decode sizes); `fixed_cost_variants` lists the configs
+    the decode sweep and the GPU test compare;
   - launch parameters come from `gemm_config(M, N, K)`, a heuristic by M bucket (no runtime
     autotune, so the interpreter stays fast and a CUDA graph sees one fixed kernel).
 
@@ -259,6 +265,7 @@ def _fp8_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,  # grid[1] > 1: fp32 partials in PART [SPLIT, M, N]
     INLINE_REDUCE: tl.constexpr,
+    RED_CHUNK: tl.constexpr,  # the last arriver's splits per load (see _gemv_epilogue)
     ROUND_BF16: tl.constexpr,
 ):
     """Decode (M <= 16): C[M, N] = X[M, K] W[N, K]^T, one program per (BLOCK_N columns, K split).
@@ -347,6 +354,192 @@ def _fp8_gemv_kernel(
 
     if USE_DOT:
         acc = tl.trans(acc)  # [16, BLOCK_N]; rows < M are x rows 0..M-1 (M <= ROWS)
+    _gemv_epilogue(acc, C, PART, COUNTERS, pid_n, split, num_splits, M, N, offs_n, cols, stride_cm, stride_cn,
+                   OUT_ROWS, ROWS, BLOCK_N, SPLIT_K, INLINE_REDUCE, RED_CHUNK, ROUND_BF16)
+
+
+@triton.jit
+def _x_groups(x, xs, ROWS: tl.constexpr, KBP: tl.constexpr, QUANTIZE_X: tl.constexpr, HW_ROUND: tl.constexpr):
+    """x [ROWS, KBP, 128] -> (e4m3 codes [ROWS, KBP, 128], scales [ROWS, KBP]): quantised here, or
+    x already codes and `xs` its scales."""
+    if QUANTIZE_X:
+        q, s = _quantize_tile(tl.reshape(x.to(tl.float32), (ROWS * KBP, 128)), HW_ROUND)
+        q = tl.reshape(q, (ROWS, KBP, 128))
+        s = tl.reshape(s, (ROWS, KBP))
+    else:
+        q = x
+        s = xs
+    return q, s
+
+
+@triton.jit
+def _fp8_gemv_kernel_xonce(
+    X, X_SCALE, W, W_SCALE, BIAS, C, PART, COUNTERS,
+    M, N, K,
+    stride_xm, stride_xk, stride_xsm, stride_xsk,
+    stride_wn, stride_wk, stride_wsn, stride_wsk,
+    stride_cm, stride_cn,
+    ROWS: tl.constexpr,  # a power of two >= M, <= 16
+    BLOCK_N: tl.constexpr,
+    KBP: tl.constexpr,  # K blocks per program (a power of two): all of this program's K range
+    USE_DOT: tl.constexpr,  # tensor cores, else FMA
+    BATCHED: tl.constexpr,  # USE_DOT: one dot batched over the KBP blocks, not a K loop
+    NCOL: tl.constexpr,  # the K loop's x-side MMA columns: max(16, KBP * ROWS)
+    QUANTIZE_X: tl.constexpr,
+    HW_ROUND: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    INLINE_REDUCE: tl.constexpr,
+    RED_CHUNK: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """Decode (M <= 16), x once per program: program (n tile, split) owns K blocks
+    [split * KBP, split * KBP + KBP); it loads x, both scales and the bias for all of them and
+    quantises every x group in one pass before any weight work, so nothing but the weight
+    stream stands between it and its MMAs.
+
+    Why: in `_fp8_gemv_kernel` each K block is a dependent chain: x and the scales are too narrow
+    for Triton to pipeline, so every iteration waits a memory latency, then quantises (a
+    cross-thread max), stages x in shared memory and waits its MMA; at decode sizes (~4 blocks
+    per program) that chain, not bandwidth, sets the time.
+
+    Block maths, all exact per-block sums of e4m3 products scaled by a_scale * w_scale in fp32,
+    summed over the blocks, the bias added once (split 0), one rounding:
+      - tensor cores (default): a K loop over the KBP weight blocks (cp.async stages: with
+        num_stages > KBP the whole slab is in flight at once) against one loop-invariant x tile:
+        MMA column (rep, kb, r) holds x row r of block kb, and iteration i zeroes the columns of
+        the other blocks, so column c of dot_i is block i's sum for its row (the same wgmma
+        chain as `_fp8_gemv_kernel`'s per-block dot) and every other column an exact 0; one
+        fp32 multiply by the per-column a_scale * w_scale then adds it to its own column;
+        rep > 0 columns (padding to the MMA's 16) stay 0. No per-iteration loads but the weight.
+      - BATCHED: no loop at all, the [KBP, BLOCK_N, 128] slab in one load and one dot batched
+        over the blocks (Triton lowers it to mma.sync on f16 operands, exact for e4m3).
+      - FMA: no loop, the slab in one load (registers, no shared memory), per-block fp32 sums."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    KLOOP: tl.constexpr = USE_DOT and not BATCHED
+    OUT_ROWS: tl.constexpr = 16 if BATCHED and USE_DOT else ROWS
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)  # past the N edge: reload a real row, dropped at the store
+    offs_r = tl.arange(0, ROWS)
+    r_ok = offs_r < M
+    offs_b = tl.arange(0, KBP)
+    offs_k = tl.arange(0, 128)
+    kb = split * KBP + offs_b
+    kk = kb[:, None] * 128 + offs_k[None, :]  # [KBP, 128]
+    k_ok = kk < K  # false past K: the ragged last block and blocks past the last one
+
+    # Everything but the weight first, in one go (x, the scales and the bias issued after the
+    # weight loads would wait behind them).
+    x = tl.load(X + offs_r.to(tl.int64)[:, None, None] * stride_xm + kk[None, :, :] * stride_xk,
+                mask=r_ok[:, None, None] & k_ok[None, :, :], other=0.0)  # [ROWS, KBP, 128]
+    kb_ok = kb < tl.cdiv(K, 128)
+    if BLOCK_N <= 128:  # a power of two <= 128 never straddles a 128-row scale block of W
+        ws = tl.load(W_SCALE + (pid_n * BLOCK_N // 128) * stride_wsn + kb * stride_wsk, mask=kb_ok, other=0.0)
+    else:
+        ws = tl.load(W_SCALE + (cols // 128)[None, :] * stride_wsn + kb[:, None] * stride_wsk,
+                     mask=kb_ok[:, None], other=0.0)  # [KBP, BLOCK_N]
+    if HAS_BIAS:
+        bias = tl.load(BIAS + cols, mask=split == 0, other=0.0).to(tl.float32)
+    if QUANTIZE_X:
+        xs = tl.zeros((ROWS, KBP), dtype=tl.float32)  # computed from x by _x_groups
+    else:
+        xs = tl.load(X_SCALE + offs_r[:, None] * stride_xsm + kb[None, :] * stride_xsk,
+                     mask=r_ok[:, None] & kb_ok[None, :], other=0.0)
+    if not KLOOP:  # [KBP, BLOCK_N, 128] in one load
+        w = tl.load(W + cols[None, :, None] * stride_wn + kk[:, None, :] * stride_wk,
+                    mask=k_ok[:, None, :], other=0.0)
+
+    if KLOOP:
+        REP: tl.constexpr = NCOL // (KBP * ROWS)
+        CB: tl.constexpr = NCOL // ROWS  # column blocks (rep, kb)
+        offs_c = tl.arange(0, NCOL)
+        col_kb = tl.where(offs_c < KBP * ROWS, offs_c // ROWS, -1)  # the block of each column
+        w_ptrs = W + cols[:, None] * stride_wn + (split * (KBP * 128) + offs_k)[None, :] * stride_wk
+        k_left = K - split * (KBP * 128)
+        acc_c = tl.zeros((BLOCK_N, NCOL), dtype=tl.float32)
+        xcols = tl.zeros((NCOL, 128), dtype=tl.uint8)
+        if BLOCK_N <= 128:
+            sc = tl.zeros((NCOL,), dtype=tl.float32)
+        else:
+            sc = tl.zeros((BLOCK_N, NCOL), dtype=tl.float32)
+        for i in range(0, tl.minimum(KBP, tl.cdiv(k_left, 128))):  # the last split may have fewer
+            if i == 0:
+                # x's quantisation and MMA tile in the first iteration rather than before the loop:
+                # Triton issues the weight stages' cp.async (the pipeline prologue) just ahead of
+                # the loop, and anything there that waits on x would hold them back a latency
+                q, xs = _x_groups(x, xs, ROWS, KBP, QUANTIZE_X, HW_ROUND)
+                xs_t = tl.permute(xs, (1, 0))  # [KBP, ROWS]
+                qbits = tl.permute(q.to(tl.uint8, bitcast=True), (1, 0, 2))  # [KBP, ROWS, 128]
+                xcols = tl.reshape(tl.broadcast_to(qbits[None, :, :, :], (REP, KBP, ROWS, 128)), (NCOL, 128))
+                if BLOCK_N <= 128:
+                    sc = tl.reshape(tl.broadcast_to((xs_t * ws[:, None])[None, :, :], (REP, KBP, ROWS)), (NCOL,))
+                else:
+                    sc = tl.permute(xs_t[:, :, None] * ws[:, None, :], (2, 0, 1))  # [BLOCK_N, KBP, ROWS]
+                    sc = tl.reshape(tl.broadcast_to(sc[:, None, :, :], (BLOCK_N, REP, KBP, ROWS)), (BLOCK_N, NCOL))
+            w = tl.load(w_ptrs, mask=(offs_k < k_left)[None, :], other=0.0)
+            xi = tl.where((col_kb == i)[:, None], xcols, tl.zeros_like(xcols)).to(tl.float8e4nv, bitcast=True)
+            d = tl.dot(w, tl.trans(xi))  # [BLOCK_N, NCOL]: block i's sums in its columns, 0 elsewhere
+            if BLOCK_N <= 128:
+                acc_c += d * sc[None, :]
+            else:
+                acc_c += d * sc
+            w_ptrs += 128 * stride_wk
+            k_left -= 128
+        acc = tl.trans(tl.sum(tl.reshape(acc_c, (BLOCK_N, CB, ROWS)), axis=1))  # [ROWS, BLOCK_N]
+    elif USE_DOT:
+        # swap-AB per K block: W [BLOCK_N, 128] x x^T [128, 16] (rows repeated up to 16, as in
+        # _fp8_gemv_kernel), batched over the KBP blocks
+        q, xs = _x_groups(x, xs, ROWS, KBP, QUANTIZE_X, HW_ROUND)
+        qb = tl.permute(q, (1, 0, 2))  # [KBP, ROWS, 128]
+        xsb = tl.permute(xs, (1, 0))  # [KBP, ROWS]
+        if ROWS < 16:
+            qb = tl.reshape(tl.broadcast_to(qb[:, None, :, :], (KBP, 16 // ROWS, ROWS, 128)), (KBP, 16, 128))
+            xsb = tl.reshape(tl.broadcast_to(xsb[:, None, :], (KBP, 16 // ROWS, ROWS)), (KBP, 16))
+        d = tl.dot(w, tl.permute(qb, (0, 2, 1)))  # [KBP, BLOCK_N, 16]
+        if BLOCK_N <= 128:
+            d = d * (xsb * ws[:, None])[:, None, :]
+        else:
+            d = d * (ws[:, :, None] * xsb[:, None, :])
+        acc = tl.trans(tl.sum(d, axis=0))  # [16, BLOCK_N]
+    else:
+        q, xs = _x_groups(x, xs, ROWS, KBP, QUANTIZE_X, HW_ROUND)
+        wf = w.to(tl.float32)
+        qf = q.to(tl.float32)
+        acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+        for r in tl.static_range(ROWS):
+            if ROWS == 1:
+                q_r = tl.reshape(qf, (KBP, 128))
+                xs_r = tl.reshape(xs, (KBP,))
+            else:  # row r, exactly (the other rows add zeros)
+                q_r = tl.sum(tl.where(offs_r[:, None, None] == r, qf, 0.0), axis=0)
+                xs_r = tl.sum(tl.where(offs_r[:, None] == r, xs, 0.0), axis=0)
+            d_r = tl.sum(wf * q_r[:, None, :], axis=2)  # [KBP, BLOCK_N]: exact products, fp32 sums
+            if BLOCK_N <= 128:
+                d_r = d_r * (xs_r * ws)[:, None]
+            else:
+                d_r = d_r * (xs_r[:, None] * ws)
+            acc = tl.where(offs_r[:, None] == r, tl.sum(d_r, axis=0)[None, :], acc)
+    if HAS_BIAS:
+        acc += bias[None, :]
+    _gemv_epilogue(acc, C, PART, COUNTERS, pid_n, split, num_splits, M, N, offs_n, cols, stride_cm, stride_cn,
+                   OUT_ROWS, ROWS, BLOCK_N, SPLIT_K, INLINE_REDUCE, RED_CHUNK, ROUND_BF16)
+
+
+@triton.jit
+def _gemv_epilogue(
+    acc, C, PART, COUNTERS, pid_n, split, num_splits, M, N, offs_n, cols, stride_cm, stride_cn,
+    OUT_ROWS: tl.constexpr,  # acc is [OUT_ROWS, BLOCK_N]; rows < M are the output rows
+    ROWS: tl.constexpr,  # a power of two >= M: the rows the chunked reduction loads
+    BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    INLINE_REDUCE: tl.constexpr,
+    RED_CHUNK: tl.constexpr,  # splits summed per load by the last arriver (1: one load per split)
+    ROUND_BF16: tl.constexpr,
+):
+    """The decode kernels' store: C directly, or this split's fp32 partial in PART [SPLIT, M, N]
+    and, with INLINE_REDUCE, the tile's last arriver sums every split's partial into C."""
     out_r = tl.arange(0, OUT_ROWS)
     rows = out_r.to(tl.int64)
     c_mask = (out_r < M)[:, None] & (offs_n < N)[None, :]
@@ -359,13 +552,33 @@ def _fp8_gemv_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(COUNTERS + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == num_splits - 1:
-                total = tl.zeros((OUT_ROWS, BLOCK_N), dtype=tl.float32)
-                for _ in range(0, num_splits):
-                    total += tl.load(part_ptrs, mask=c_mask, other=0.0, cache_modifier=".cg")
-                    part_ptrs += M * N
-                if ROUND_BF16:
-                    total = _round_to_bf16_grid(total)
-                tl.store(c_ptrs, total.to(C.dtype.element_ty), mask=c_mask)
+                if RED_CHUNK == 1:
+                    total = tl.zeros((OUT_ROWS, BLOCK_N), dtype=tl.float32)
+                    for _ in range(0, num_splits):
+                        total += tl.load(part_ptrs, mask=c_mask, other=0.0, cache_modifier=".cg")
+                        part_ptrs += M * N
+                    if ROUND_BF16:
+                        total = _round_to_bf16_grid(total)
+                    tl.store(c_ptrs, total.to(C.dtype.element_ty), mask=c_mask)
+                else:
+                    # One masked [RED_CHUNK, ROWS, BLOCK_N] load per RED_CHUNK splits: the serial
+                    # loop pays one L2 round trip per split (o's 11 splits: ~11 x 0.3 us on the
+                    # critical path of the last program); a fixed-shape tree sum stays deterministic.
+                    offs_s = tl.arange(0, RED_CHUNK)
+                    red_r = tl.arange(0, ROWS)
+                    red_mask = (red_r < M)[:, None] & (offs_n < N)[None, :]
+                    red_ptrs = PART + red_r.to(tl.int64)[:, None] * N + cols[None, :]
+                    total = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+                    for s0 in range(0, num_splits, RED_CHUNK):
+                        s = s0 + offs_s
+                        p = tl.load(red_ptrs[None, :, :] + (s.to(tl.int64) * M * N)[:, None, None],
+                                    mask=(s < num_splits)[:, None, None] & red_mask[None, :, :], other=0.0,
+                                    cache_modifier=".cg")
+                        total += tl.sum(p, axis=0)
+                    if ROUND_BF16:
+                        total = _round_to_bf16_grid(total)
+                    tl.store(C + red_r.to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn,
+                             total.to(C.dtype.element_ty), mask=red_mask)
                 tl.atomic_xchg(COUNTERS + pid_n, 0)
     else:
         if ROUND_BF16:
@@ -421,8 +634,10 @@ class Fp8GemmConfig:
 
 @dataclass(frozen=True)
 class Fp8GemvConfig:
-    """The decode path (`_fp8_gemv_kernel`, M <= 16 rows per launch): BLOCK_N weight rows per
-    program, K split into `split_k` ranges (0: `_auto_split_gemv`), FMA or tensor-core blocks."""
+    """The decode path (M <= 16 rows per launch): BLOCK_N weight rows per program, K split into
+    `split_k` ranges (0: `_auto_split_gemv`), FMA or tensor-core blocks; `_fp8_gemv_kernel`, or
+    `_fp8_gemv_kernel_xonce` with `x_once` (its tensor-core K loop keeps num_stages - 1 weight
+    blocks in flight: num_stages > K blocks per program puts the whole slab in flight at once)."""
     block_n: int = 64
     split_k: int = 0
     num_warps: int = 4
@@ -430,11 +645,21 @@ class Fp8GemvConfig:
     use_dot: bool = True
     inline_reduce: bool = True  # split-K: last split sums the partials (else a second kernel)
     hw_round: bool = True  # x's e4m3 rounding by the cast (bit-equal; the grid rounding when False)
+    # `_fp8_gemv_kernel_xonce`: x, its quantisation and the scales once per program for all its K
+    # blocks (a power of two of them; split_k is rounded to fit), then only the weight streams
+    x_once: bool = False
+    # x_once with tensor cores: no K loop, one load and a dot batched over the blocks (mma.sync),
+    # at most `XONCE_MAX_SLAB` weight bytes per thread (as FMA x_once)
+    batched_dot: bool = False
+    # the last arriver loads many splits' partials per load (`_gemv_epilogue`), not one per split
+    vector_reduce: bool = False
 
     def short(self) -> str:
         split = f"s{self.split_k}" + ("" if self.split_k <= 1 or self.inline_reduce else "k")
-        return (f"gv{'dot' if self.use_dot else 'fma'}n{self.block_n}{split}w{self.num_warps}st{self.num_stages}"
-                + ("" if self.hw_round else "gr"))
+        return (f"gv{'dot' if self.use_dot else 'fma'}n{self.block_n}{split}w{self.num_warps}"
+                + ("xob" if self.x_once and self.use_dot and self.batched_dot else "xo" if self.x_once else "")
+                + ("" if self.x_once and (self.batched_dot or not self.use_dot) else f"st{self.num_stages}")
+                + ("" if self.hw_round else "gr") + ("vr" if self.vector_reduce else ""))
 
 
 @lru_cache(maxsize=None)
@@ -495,6 +720,55 @@ def dot_tile_decode_config(m: int, n: int, k: int, device: torch.device | str | 
     cfg = Fp8GemmConfig(block_m=16, block_n=64, num_warps=4, num_stages=4, fuse_quant=True)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     return replace(cfg, split_k=_auto_split(m, k, tiles, num_sms(device)))
+
+
+def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | None = None) -> list[Fp8GemvConfig]:
+    """Decode-kernel variants aimed at the GEMV's fixed cost (~6 us per call at M = 1, whatever
+    the bytes: benchmarks/results/diag_decode_b1.md), for the benchmark sweep and the GPU test;
+    splits resolved (`gemv_splits`), so each short name says what runs. x_once tensor-core
+    programs get num_stages = K blocks + 1: the whole slab in flight from the start."""
+    kb = triton.cdiv(k, GROUP)
+    sms = num_sms(device)
+    G = Fp8GemvConfig
+
+    def xo(block_n, per, **kw):  # x_once with `per` K blocks per program (split = K blocks / per)
+        per = min(per, max(1, 64 // triton.next_power_of_2(min(m, GEMV_MAX_ROWS))))  # gemv_splits' cap
+        kw.setdefault("num_stages", min(per, 8) + 1)
+        return G(block_n, triton.cdiv(kb, per), x_once=True, **kw)
+
+    base = gemv_config(m, n, k, device)
+    if n > 100_000:  # lm_head: thousands of N tiles, split-K is moot: does x_once still stream?
+        cands = [xo(64, 4, vector_reduce=True)]
+        if m <= 4:
+            cands.append(xo(32, 4, use_dot=False, vector_reduce=True))
+        if m == 1:
+            cands.append(xo(64, 1 << (kb - 1).bit_length(), num_stages=6))
+    else:
+        all_k = 1 << (kb - 1).bit_length()  # every K block in one program: no split
+        cands = [
+            replace(base, vector_reduce=True),  # the split-K tail alone
+            xo(64, 4), xo(64, 4, vector_reduce=True), xo(64, 1, vector_reduce=True),
+            xo(64, 2, vector_reduce=True), xo(64, 8, vector_reduce=True),
+            xo(128, 4, num_warps=8, vector_reduce=True),
+            xo(64, 4, batched_dot=True, vector_reduce=True),
+            G(16, 1, num_stages=8),  # the loop kernel without split-K, for comparison
+        ]
+        if m <= 4:  # past 4 rows the FMA slab spills (M = 16: 2 KB of stack, 25 s to compile)
+            cands.append(xo(32, 4, use_dot=False, vector_reduce=True))
+        if m == 1:  # at M = 4 these hold 4 x tiles of K or 4 FMAs per byte: 230-255 registers
+            cands += [
+                # no split-K at all: no partials, no counters, no tail; narrow tiles for enough programs
+                xo(16, all_k, num_stages=8), xo(32, all_k, num_stages=6),
+                xo(64, 4, num_warps=8, use_dot=False, vector_reduce=True), xo(16, 8, use_dot=False, vector_reduce=True)]
+    out = []
+    for c in [base] + cands:
+        split = gemv_splits(c, min(m, GEMV_MAX_ROWS), n, k, sms)[0]
+        c = replace(c, split_k=split)
+        if split == 1:  # nothing to reduce: the reduction style is moot
+            c = replace(c, inline_reduce=True, vector_reduce=False)
+        if c not in out:
+            out.append(c)
+    return out
 
 
 def gemm_config(m: int, n: int, k: int,
@@ -609,6 +883,38 @@ def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, 
 
 
 GEMV_MAX_ROWS = 16
+# x_once programs without a K loop (FMA, batched dot) hold their weight slab in registers: at
+# most this many bytes per thread, 64 registers of packed e4m3.
+XONCE_MAX_SLAB = 256
+# The vectorised split-K sum loads at most this many fp32 partials per thread at once.
+VECTOR_REDUCE_MAX_REGS = 64
+
+
+def gemv_splits(cfg: Fp8GemvConfig, rows: int, n: int, k: int, sms: int = H200_SMS) -> tuple[int, int]:
+    """(splits, K blocks per split) the decode launcher runs for `cfg`: the auto or given split,
+    no empty trailing split; x_once programs take a power-of-two number of K blocks, at most
+    64 / rows of them, and at most `XONCE_MAX_SLAB` weight bytes per thread where the slab is
+    one load (FMA, batched dot)."""
+    k_blocks = triton.cdiv(k, GROUP)
+    split = cfg.split_k or _auto_split_gemv(rows, n, k, cfg.block_n, sms)
+    per_split = triton.cdiv(k_blocks, max(1, min(split, k_blocks)))
+    if cfg.x_once:
+        # the x tile [rows, K blocks, 128] stays <= 64 groups (64 registers a thread at 4 warps;
+        # 128 spilled at M = 4) and the MMA's x columns (K blocks x rows) <= 64
+        per_split = min(triton.next_power_of_2(per_split), max(1, 64 // triton.next_power_of_2(rows)))
+        if cfg.batched_dot or not cfg.use_dot:
+            cap = max(1, XONCE_MAX_SLAB * 32 * cfg.num_warps // (cfg.block_n * GROUP))
+            per_split = min(per_split, 1 << (cap.bit_length() - 1))
+    return triton.cdiv(k_blocks, per_split), per_split
+
+
+def _red_chunk(cfg: Fp8GemvConfig, split: int, rows_p2: int) -> int:
+    """Splits per load in the last arriver's sum: 1 (the serial loop) or, with `vector_reduce`,
+    as many as fit `VECTOR_REDUCE_MAX_REGS` registers per thread (all of them at M <= 4)."""
+    if not cfg.vector_reduce or split <= 1:
+        return 1
+    cap = max(2, VECTOR_REDUCE_MAX_REGS * 32 * cfg.num_warps // (rows_p2 * cfg.block_n))
+    return min(triton.next_power_of_2(split), 1 << (cap.bit_length() - 1))
 
 
 def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, quantize_x: bool):
@@ -616,35 +922,37 @@ def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, 
     m, k = x.shape
     n = w_fp8.shape[0]
     round_bf16 = _interpreted() and out.dtype == torch.bfloat16
-    k_blocks = triton.cdiv(k, GROUP)
     for r0 in range(0, m, GEMV_MAX_ROWS):
         rows = min(GEMV_MAX_ROWS, m - r0)
         xc, oc = x[r0:r0 + rows], out[r0:r0 + rows]
         xsc = x_scale[r0:r0 + rows] if x_scale is not None else None
-        split = cfg.split_k or _auto_split_gemv(rows, n, k, cfg.block_n, num_sms(x.device))
-        per_split = triton.cdiv(k_blocks, max(1, min(split, k_blocks)))
-        split = triton.cdiv(k_blocks, per_split)
+        split, per_split = gemv_splits(cfg, rows, n, k, num_sms(x.device))
         tiles = triton.cdiv(n, cfg.block_n)
+        rows_p2 = triton.next_power_of_2(rows)
         part = counters = None
         if split > 1:
             part = torch.empty((split, rows, n), dtype=torch.float32, device=x.device)
             if cfg.inline_reduce and tiles <= MAX_SPLIT_TILES:
                 counters = _split_counters(x.device)
         xs_strides = (0, 0) if xsc is None else (xsc.stride(0), xsc.stride(1))
-        _fp8_gemv_kernel[(tiles, split)](
-            xc, xsc if xsc is not None else xc, w_fp8, w_scale_inv,
-            bias if bias is not None else w_scale_inv, oc,
-            part if part is not None else oc, counters if counters is not None else w_scale_inv,
-            rows, n, k, per_split,
-            xc.stride(0), xc.stride(1), *xs_strides,
-            w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
-            oc.stride(0), oc.stride(1),
-            ROWS=triton.next_power_of_2(rows), BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
-            QUANTIZE_X=quantize_x, HW_ROUND=cfg.hw_round and not _interpreted(),
-            HAS_BIAS=bias is not None, SPLIT_K=split > 1,
-            INLINE_REDUCE=counters is not None, ROUND_BF16=round_bf16,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        args = (xc, xsc if xsc is not None else xc, w_fp8, w_scale_inv,
+                bias if bias is not None else w_scale_inv, oc,
+                part if part is not None else oc, counters if counters is not None else w_scale_inv,
+                rows, n, k)
+        strides = (xc.stride(0), xc.stride(1), *xs_strides,
+                   w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
+                   oc.stride(0), oc.stride(1))
+        flags = dict(ROWS=rows_p2, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
+                     QUANTIZE_X=quantize_x, HW_ROUND=cfg.hw_round and not _interpreted(),
+                     HAS_BIAS=bias is not None, SPLIT_K=split > 1, INLINE_REDUCE=counters is not None,
+                     RED_CHUNK=_red_chunk(cfg, split, rows_p2), ROUND_BF16=round_bf16,
+                     num_warps=cfg.num_warps)
+        if cfg.x_once:
+            _fp8_gemv_kernel_xonce[(tiles, split)](
+                *args, *strides, KBP=per_split, BATCHED=cfg.batched_dot,
+                NCOL=max(16, per_split * rows_p2), num_stages=cfg.num_stages, **flags)
+        else:
+            _fp8_gemv_kernel[(tiles, split)](*args, per_split, *strides, num_stages=cfg.num_stages, **flags)
         if split > 1 and counters is None:
             _splitk_sum_kernel[(triton.cdiv(rows, 16), triton.cdiv(n, 128))](
                 part, oc, rows, n, split, oc.stride(0), oc.stride(1),

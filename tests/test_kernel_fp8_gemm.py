@@ -10,8 +10,9 @@ the two-step result.
 
 Kernel checks run under ``TRITON_INTERPRET=1`` in a subprocess (this file run as a script),
 as in test_probe_kernel.py: the variable must be set before triton is imported. On a CUDA
-machine the ``gpu`` test runs the full gpt-oss shapes compiled and inside a CUDA graph:
-    python tests/test_kernel_fp8_gemm.py --gpu
+machine the ``gpu`` tests run the full gpt-oss shapes compiled and inside a CUDA graph:
+    python tests/test_kernel_fp8_gemm.py --gpu           # all of it
+    python tests/test_kernel_fp8_gemm.py --gpu-decode    # the fixed-cost decode variants only
 """
 
 from __future__ import annotations
@@ -213,10 +214,23 @@ def _gemv_cases():
         (3, 200, 320, f16, G(64, 3, inline_reduce=False), False),
         (8, 320, 192, f32, G(256, 2), True),
         (8, 200, 320, bf16, G(16, 1, use_dot=False), False),
-        (16, 200, 320, f16, G(64, 2), True),
+        (16, 200, 320, f16, G(64, 2, vector_reduce=True), True),
         (16, 320, 192, f32, G(32, 2, use_dot=False, inline_reduce=False), True),
         (16, 320, 192, bf16, G(64, 1), False),
         (19, 200, 320, f32, G(64, 3), True),
+        # x quantised once per program (`_fp8_gemv_kernel_xonce`): the tensor-core K loop against
+        # a block-diagonal x (KBP 2 with a one-block last split; no split with a masked 4th block;
+        # 16 rows, per-column weight scales, the split sum chunked 2 splits per load), the FMA
+        # slab (one row; four rows with per-column weight scales), the batched dot (2 and 16 rows,
+        # the second-kernel sum), row chunks past 16 without split-K
+        (1, 200, 320, bf16, G(64, 2, x_once=True), True),
+        (1, 200, 320, f32, G(64, 2, x_once=True, use_dot=False, vector_reduce=True), False),
+        (3, 200, 320, f16, G(128, 1, x_once=True), True),
+        (3, 200, 192, f32, G(256, 2, x_once=True, use_dot=False), True),
+        (15, 200, 320, bf16, G(256, 3, x_once=True, vector_reduce=True), True),
+        (2, 72, 320, bf16, G(64, 2, x_once=True, batched_dot=True, vector_reduce=True), True),
+        (15, 72, 192, f32, G(64, 2, x_once=True, batched_dot=True, inline_reduce=False), True),
+        (19, 72, 192, f16, G(64, 1, x_once=True, num_stages=2), False),
     )
 
 
@@ -225,6 +239,7 @@ def sweep(device: str = "cpu") -> dict:
     configs for the paths the heuristic does not pick at these sizes. Raises on a miss."""
     mod = _kernel_module()
     Cfg = mod.Fp8GemmConfig
+    G = mod.Fp8GemvConfig
     GEMV_CASES = _gemv_cases()
     acc_rel = ACC_REL_INTERPRETED if device == "cpu" else ACC_REL_GPU
     worst, cases = 0.0, 0
@@ -293,10 +308,11 @@ def sweep(device: str = "cpu") -> dict:
         x, w, ws, b = make_case(m, n, k, torch.float16, seed=n + k, device=device)
         run(f"ragged M={m} N={n} K={k}", x, w, ws, b, cfg)
 
-    # 5. the decode kernel (M <= 16) explicitly: FMA and tensor-core blocks, BLOCK_N below/at/above
-    #    a scale block, 1/2/odd splits summed inline or by the second kernel, ragged N (200 =
-    #    3 x 64 + 8) and K (320 = 2.5 x 128, 192 = 1.5 x 128), every x dtype, with/without bias,
-    #    M past 16 (row chunks); the pre-quantised entry (fp8_gemm) must give the same bits
+    # 5. the decode kernels (M <= 16) explicitly: FMA and tensor-core blocks, BLOCK_N below/at/above
+    #    a scale block, 1/2/odd splits summed inline (a load per split, or vectorised) or by the
+    #    second kernel, ragged N (200 = 3 x 64 + 8, 72) and K (320 = 2.5 x 128, 192 = 1.5 x 128),
+    #    every x dtype, with/without bias, M past 16 (row chunks), the x_once kernel's three block
+    #    maths; the pre-quantised entry (fp8_gemm) must give the same bits
     for m, n, k, dt, cfg, with_bias in GEMV_CASES:
         x, w, ws, b = make_case(m, n, k, dt, seed=31 * m + n + k, device=device, with_bias=with_bias)
         y = run(f"gemv M={m} N={n} K={k} {dt} {cfg.short()} bias={with_bias}", x, w, ws, b, cfg)
@@ -305,6 +321,12 @@ def sweep(device: str = "cpu") -> dict:
             y2 = mod.fp8_gemm(xq, xs, w, ws, b, out_dtype=dt, config=cfg)
             if device == "cpu" and not torch.equal(y, y2):
                 raise AssertionError(f"gemv {cfg.short()}: fp8_gemm differs from fp8_linear")
+    # one K block per program: x_once's block-diagonal MMA column is the loop kernel's per-block
+    # dot, scaled and summed in the same order, so the two agree bit for bit
+    x, w, ws, b = make_case(4, 72, 320, torch.bfloat16, seed=9, device=device)
+    ys = [run(f"x_once vs loop {c.short()}", x, w, ws, b, c) for c in (G(64, 3), G(64, 3, x_once=True))]
+    if not torch.equal(*ys):
+        raise AssertionError("x_once with one K block per program differs from the loop kernel")
     for counters in all_counters(mod.COUNTERS_OWNER):
         assert int(counters.count_nonzero()) == 0
     return {"device": device, "cases": cases, "max_error_over_bound": worst, "seconds": round(time.time() - t0, 1)}
@@ -316,7 +338,7 @@ def test_kernels_match_oracle_interpreted():
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
-    n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (10 + 4) + 3 + len(_gemv_cases())
+    n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (10 + 4) + 3 + len(_gemv_cases()) + 2
     assert result["cases"] == n_expected, result
     assert result["max_error_over_bound"] <= 1, result
 
@@ -343,12 +365,18 @@ def gpu_check() -> list[dict]:
             y = mod.fp8_linear(x, w, ws, b)
             err = max_excess(y, want, mag, ACC_REL_GPU)
             if isinstance(cfg, mod.Fp8GemvConfig):
-                # decode: the other block maths (FMA <-> tensor cores), the other split-K sum, the
-                # pre-quantised entry, and the tl.dot tile kernel it replaced
+                # decode: the other block maths (FMA <-> tensor cores), the other split-K sums, the
+                # pre-quantised entry, the tl.dot tile kernel it replaced, and the x_once kernel's
+                # three block maths (gpu_decode_check runs all the fixed-cost variants at M <= 4)
                 variants = [dataclasses.replace(cfg, use_dot=not cfg.use_dot),
                             mod.dot_tile_decode_config(m, n, k, x.device)]
                 if cfg.split_k > 1:
                     variants.append(dataclasses.replace(cfg, inline_reduce=not cfg.inline_reduce))
+                    variants.append(dataclasses.replace(cfg, vector_reduce=True))
+                x_once = [c for c in mod.fixed_cost_variants(m, n, k, x.device) if c.x_once]
+                for pick in (lambda c: c.use_dot and not c.batched_dot, lambda c: c.batched_dot,
+                             lambda c: not c.use_dot):
+                    variants += [c for c in x_once if pick(c)][:1]
             else:
                 # the other quantisation path (fused <-> two-step) and split-K reduction on the same tile
                 variants = [dataclasses.replace(cfg, fuse_quant=not cfg.fuse_quant)]
@@ -392,16 +420,99 @@ def gpu_check() -> list[dict]:
     return rows
 
 
+GPU_DECODE_M = {"qkv": (1, 4), "o": (1, 4), "lm_head": (1,)}
+
+
+def gpu_decode_check(shapes=tuple(GPU_DECODE_M)) -> list[dict]:
+    """The fixed-cost decode variants (`fixed_cost_variants`: what bench_fp8_gemm's decode sweep
+    times) at full gpt-oss shapes, compiled: each within the float64 oracle's bound; `fp8_gemm`
+    on pre-quantised x bit-equal to `fp8_linear` (the heuristic's pick, x_once); x_once with one
+    K block per program bit-equal to the loop kernel at that split (each block's MMA column is
+    that kernel's per-block dot: the zero columns change nothing); x_once configs captured in a
+    CUDA graph and replayed on new x (their arrival counters must reset); no counter left set."""
+    mod = _kernel_module()
+    G = mod.Fp8GemvConfig
+    rows = []
+    for name in shapes:
+        n, k = GPU_SHAPES[name]
+        kb = -(-k // 128)
+        for m in GPU_DECODE_M[name]:
+            t0 = time.time()
+            x, w, ws, b = make_case(m, n, k, torch.bfloat16, seed=7 * m + n, device="cuda",
+                                    generate_on_device=name == "lm_head")
+            b = b.to(torch.bfloat16)
+            want, mag = oracle(x, w, ws, b)
+            variants = mod.fixed_cost_variants(m, n, k, x.device)
+            errs, ys = {}, {}
+            for cfg in variants:
+                ys[cfg] = mod.fp8_linear(x, w, ws, b, config=cfg)
+                errs[cfg.short()] = max_excess(ys[cfg], want, mag, ACC_REL_GPU)
+            xq, xs = mod.quantize_activation_group128(x)
+            default_xo = next(c for c in variants if c.x_once and c.use_dot and not c.batched_dot)
+            for cfg in (variants[0], default_xo):
+                if not torch.equal(mod.fp8_gemm(xq, xs, w, ws, b, config=cfg), ys[cfg]):
+                    raise AssertionError(f"{name} M={m} {cfg.short()}: fp8_gemm differs from fp8_linear")
+            bit_equal = None
+            if kb <= 32:  # qkv, o: a split per K block (lm_head: thousands of partials, skip)
+                loop = mod.fp8_linear(x, w, ws, b, config=G(64, kb, num_stages=4))
+                once = mod.fp8_linear(x, w, ws, b, config=G(64, kb, x_once=True, num_stages=2))
+                bit_equal = bool(torch.equal(loop, once))
+                if not bit_equal:
+                    d = float((loop.float() - once.float()).abs().max())
+                    raise AssertionError(f"{name} M={m}: x_once, one K block per program, differs from "
+                                         f"the loop kernel at split {kb} (max abs diff {d})")
+            err_graph = 0.0
+            graphed = [default_xo] + [c for c in variants if c.x_once and c.split_k == 1 and c != default_xo][:1]
+            for cfg in graphed:
+                out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+                mod.fp8_linear(x, w, ws, b, out=out, config=cfg)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    mod.fp8_linear(x, w, ws, b, out=out, config=cfg)
+                for seed in (11, 12):
+                    x.copy_(make_case(m, 8, k, torch.bfloat16, seed=seed + m, device="cuda")[0])
+                    g.replay()
+                    torch.cuda.synchronize()
+                    want_g, mag_g = oracle(x, w, ws, b)
+                    err_graph = max(err_graph, max_excess(out, want_g, mag_g, ACC_REL_GPU))
+                del g, out
+            for counters in all_counters(mod.COUNTERS_OWNER):
+                assert int(counters.count_nonzero()) == 0, f"{name} M={m}: an arrival counter was left set"
+            worst = max(errs, key=errs.get)
+            row = {"layer": name, "M": m, "N": n, "K": k, "variants": len(variants),
+                   "max_err_over_bound": errs[worst], "worst": worst, "graphed": [c.short() for c in graphed],
+                   "graph_err_over_bound": err_graph, "x_once_1block_bit_equal_loop": bit_equal,
+                   "seconds": round(time.time() - t0, 1)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            bad = {c: e for c, e in errs.items() if not e <= 1}
+            assert not bad and err_graph <= 1, (row, bad)
+            del x, w, ws, b, want, mag, ys
+            torch.cuda.empty_cache()
+    return rows
+
+
 @pytest.mark.gpu
 def test_full_shapes_compiled_and_graph_captured():
     gpu_check()
 
 
+@pytest.mark.gpu
+def test_decode_fixed_cost_variants_full_shapes():
+    gpu_decode_check()
+
+
 if __name__ == "__main__":
     # python tests/test_kernel_fp8_gemm.py --sweep        (run under TRITON_INTERPRET=1)
-    # python tests/test_kernel_fp8_gemm.py --gpu          (on a CUDA machine)
-    if "--gpu" in sys.argv:
+    # python tests/test_kernel_fp8_gemm.py --gpu          (on a CUDA machine: everything)
+    # python tests/test_kernel_fp8_gemm.py --gpu-decode   (on a CUDA machine: the fixed-cost decode
+    #                                                      variants at full shapes only)
+    if "--gpu-decode" in sys.argv:
+        gpu_decode_check()
+    elif "--gpu" in sys.argv:
         gpu_check()
+        gpu_decode_check()
         print(json.dumps(sweep(device="cuda")), flush=True)
     else:
         print(json.dumps(sweep()), flush=True)
