@@ -27,11 +27,18 @@ launcher's default at batch 1/2/4/8/16/32, context 8192 and 32768 (full layers) 
 into bench_sink_attention_decode_sweep.{json,md}:
 
     python benchmarks/bench_sink_attention.py --decode-sweep --out benchmarks/results
+
+The split merge (``--decode-merge``, only that): at batch 1/8/32/128, context 8192 and 32768, the whole
+decode, the decode kernel alone and the merge kernel alone, for the default, the default with the other
+merge, and (batch 1) more splits with either merge, into bench_sink_attention_merge.{json,md}:
+
+    python benchmarks/bench_sink_attention.py --decode-merge --out benchmarks/results
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -369,6 +376,135 @@ def sweep_markdown(meta, rows) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# the split merge alone (--decode-merge)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def merge_candidates(batch: int, ctx: int, sms: int) -> dict:
+    """name -> DecodeConfig for the merge comparison: the default, the default with its merge moved
+    (fused <-> merge kernel), and at batch 1 more splits with the merge kernel: with a merge that no longer
+    loops over the splits, they may now beat decode_config's batch-1 choice (2/SM m1 at <= 8k)."""
+    C = sa.DecodeConfig
+    default = sa.decode_config(batch, HKV, -1, ctx, torch.device(DEVICE))
+    out = {"default": default}
+    if default.num_splits > 1:
+        out["default, " + ("merge kernel" if default.fused_merge else "fused")] = dataclasses.replace(
+            default, fused_merge=not default.fused_merge)
+    if batch == 1:
+        for p, m, warps in ((2, 1, 4), (4, 1, 4), (4, 2, 2), (8, 1, 4)):
+            for fused in (False, True):
+                name = f"{p}/SM m{m} w{warps} prefetch" + (" fused" if fused else " merge kernel")
+                out[name] = C(num_splits=_splits(p, batch, ctx, 64, m, sms), block_n=64, min_split_blocks=m,
+                              num_warps=warps, num_stages=3, fused_merge=fused, prefetch=True)
+    return out
+
+
+def bench_decode_merge(contexts, batches, bw):
+    """Full layers, random slots, as bench_decode. Per config: the whole decode (graph of back-to-back calls
+    on distinct requests); the decode kernel alone (the merge launch stubbed out, output not checked);
+    and, for the merge kernel, the merge alone: back-to-back launches on one set of partials (L2-resident,
+    as right after the decode kernel), at 4 and 2 warps. For a fused config, whole - kernel alone is the
+    merge tail the last split adds."""
+    max_ctx = max(contexts)
+    num_slots = max(batches) * max_ctx + 1
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    k_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
+    v_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
+    sinks = torch.randn(HQ, device=DEVICE, generator=g)
+    sms = sa._num_sms(k_buffer.device)
+    real_launch_merge = sa.launch_merge
+    rows = []
+    for ctx in contexts:
+        n_rows = (num_slots - 1) // ctx
+        req_to_token = (torch.randperm(num_slots - 1, device=DEVICE, generator=g)[: n_rows * ctx] + 1).view(
+            n_rows, ctx).to(torch.int32)
+        for batch in batches:
+            kv_bytes = batch * ctx * KV_BYTES_PER_KEY
+            n_sets = max(1, min(n_rows // batch, math.ceil(L2_DEFEAT_BYTES / kv_bytes), 256))
+            q = torch.randn(n_sets, batch, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
+            out = torch.empty_like(q)
+            seq_lens = torch.full((batch,), ctx, device=DEVICE, dtype=torch.int64)
+            sets = [torch.arange(s * batch, (s + 1) * batch, device=DEVICE) for s in range(n_sets)]
+            ref = sa.sink_attention_ref(q[0], k_buffer, v_buffer, req_to_token, sets[0], seq_lens, None,
+                                        torch.ones_like(seq_lens), sinks, -1, SCALE)
+            for name, cfg in merge_candidates(batch, ctx, sms).items():
+                row = {"context": ctx, "batch": batch, "config": name, "num_splits": cfg.num_splits,
+                       "fused_merge": cfg.fused_merge, "kv_bytes": kv_bytes,
+                       "distinct_MB_per_replay": n_sets * kv_bytes / 1e6}
+
+                def calls():
+                    return [(lambda s=s: sa.sink_attention_decode(
+                        q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, -1, SCALE, out=out[s],
+                        config=cfg)) for s in range(n_sets)]
+
+                try:
+                    t = graph_time(calls())
+                    row.update(time_us=t * 1e6, fraction_of_copy_bw=kv_bytes / t / bw,
+                               max_abs_err_vs_ref=(out[0].float() - ref.float()).abs().max().item())
+                    if cfg.num_splits > 1:
+                        kernel_cfg = dataclasses.replace(cfg, fused_merge=False)
+                        sa.launch_merge = lambda *a, **k: None
+                        try:
+                            tk = graph_time([(lambda s=s: sa.sink_attention_decode(
+                                q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, -1, SCALE,
+                                out=out[s], config=kernel_cfg)) for s in range(n_sets)])
+                        finally:
+                            sa.launch_merge = real_launch_merge
+                        row["decode_kernel_alone_us"] = tk * 1e6
+                    if cfg.num_splits > 1 and not cfg.fused_merge:
+                        group = HQ // HKV
+                        part_o = torch.randn(batch, HKV, cfg.num_splits, group, D, device=DEVICE, generator=g)
+                        part_lse = torch.randn(batch, HKV, cfg.num_splits, group, device=DEVICE, generator=g) * 4
+                        merged = torch.empty(batch, HQ, D, device=DEVICE, dtype=DTYPE)
+                        for warps in (4, 2):
+                            tm = graph_time([lambda: sa.launch_merge(part_o, part_lse, sinks, merged, seq_lens, -1,
+                                                                     cfg, num_warps=warps)] * 20)
+                            row[f"merge_alone_w{warps}_us"] = tm * 1e6
+                        row["merge_bytes"] = part_o.numel() * 4 + part_lse.numel() * 4
+                        row["merge_tile_heads_splits"] = sa._merge_tile(cfg, group, D, 4, fused=False)
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del q, out, ref
+        del req_to_token
+    return rows
+
+
+def merge_markdown(meta, rows) -> str:
+    lines = [
+        "# Sink attention decode: the split merge (H200, gpt-oss full layer: 64 q / 8 kv heads, D 64, bf16 KV)", "",
+        f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}, {meta['seconds']} s. "
+        f"Copy bandwidth in this run: {meta['copy_bandwidth_TBps']:.2f} TB/s. `decode` is the whole decode "
+        "attention per call (graph of back-to-back calls on distinct requests, random slots); `kernel alone` "
+        "the decode kernel with the merge launch stubbed out (for a fused config, decode - kernel alone is the "
+        "merge tail of the last split); `merge alone` back-to-back merge-kernel launches on L2-resident "
+        "partials. `default` is what decode_config picks.", "",
+        "| context | batch | config | splits | decode (us) | kernel alone (us) | merge alone w4 (us) | "
+        "merge alone w2 (us) | merge tile (heads, splits) | of copy BW | max err |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['context']} | {r['batch']} | {r['config']} | {r['num_splits']} | error: "
+                         f"{r['error'][:80].replace('|', '/')} | | | | | | |")
+            continue
+        tile = r.get("merge_tile_heads_splits")
+        name = "**default**" if r["config"] == "default" else r["config"]
+        lines.append(f"| {r['context']} | {r['batch']} | {name} | "
+                     f"{r['num_splits']} | {f(r['time_us'])} | {f(r.get('decode_kernel_alone_us'))} | "
+                     f"{f(r.get('merge_alone_w4_us'))} | {f(r.get('merge_alone_w2_us'))} | "
+                     f"{'-' if tile is None else tuple(tile)} | {100 * r['fraction_of_copy_bw']:.0f}% | "
+                     f"{r['max_abs_err_vs_ref']:.1e} |")
+    lines += ["", f"Command: `{meta['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
 # extend
 # ---------------------------------------------------------------------------------------------------------
 
@@ -503,6 +639,9 @@ def main():
     ap.add_argument("--decode-sweep", action="store_true",
                     help="only the decode config sweep (batches 1,2,4,8,32 unless --batches is given), written to "
                          "bench_sink_attention_decode_sweep.{json,md}")
+    ap.add_argument("--decode-merge", action="store_true",
+                    help="only the split-merge comparison (batches 1,8,32,128 unless --batches is given), written to "
+                         "bench_sink_attention_merge.{json,md}")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -540,6 +679,11 @@ def main():
             f.write(md)
         print(md)
 
+    if args.decode_merge:
+        batches = [int(b) for b in (args.batches or "1,8,32,128").split(",")]
+        rows = collect(lambda: bench_decode_merge(contexts, batches, bw))
+        write("bench_sink_attention_merge", {"rows": rows}, lambda: merge_markdown(meta, rows))
+        return
     if args.decode_sweep:
         batches = [int(b) for b in (args.batches or "1,2,4,8,16,32").split(",")]
         rows = collect(lambda: bench_decode_sweep(contexts, batches, bw))

@@ -270,44 +270,67 @@ def _split_range(seq_len, window_left, split, num_splits, min_split_blocks, BLOC
 
 
 @triton.jit
-def _merge_splits(PART_O, PART_LSE, SINKS, OUT, b, kv_head, n_used, num_splits, stride_ot, stride_oh,
-                  GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, MERGE_S: tl.constexpr,
+def _load_partials(PART_O, PART_LSE, base, s0, load_hi, offs_h, head_ok,
+                   GROUP: tl.constexpr, D: tl.constexpr, S_CHUNK: tl.constexpr):
+    """Partials of splits s0 .. s0 + S_CHUNK - 1 (below load_hi) of some q heads, in one load:
+    lse [S_CHUNK, HEADS], output [S_CHUNK, HEADS, D]."""
+    split = s0 + tl.arange(0, S_CHUNK)
+    row = (base + split)[:, None] * GROUP + offs_h[None, :]
+    ld = (split < load_hi)[:, None] & head_ok[None, :]
+    # .cg: other SMs wrote these; read them from L2, never from a stale L1 line.
+    lse = tl.load(PART_LSE + row, mask=ld, other=float("-inf"), cache_modifier=".cg")
+    part = tl.load(PART_O + row[:, :, None] * D + tl.arange(0, D)[None, None, :], mask=ld[:, :, None], other=0.0,
+                   cache_modifier=".cg")
+    return lse, part
+
+
+@triton.jit
+def _fold_partials(m, den, acc, lse, part, s0, n_used, head_ok, S_CHUNK: tl.constexpr):
+    """Those splits folded into the running (max, denominator, output) of the heads, reduced over the
+    split axis. Rows at or past n_used, and rows whose lse is -inf (a split past n_used marks its row so
+    for the merge kernel), weigh zero, whatever their output row holds (never written: any bits)."""
+    use = ((s0 + tl.arange(0, S_CHUNK)) < n_used)[:, None] & head_ok[None, :] & (lse > float("-inf"))
+    # where, not a zero weight: an unwritten row may hold NaN (0 * NaN is NaN), in its lse too.
+    lse = tl.where(use, lse, float("-inf"))
+    part = tl.where(use[:, :, None], part, 0.0)
+    m_new = tl.maximum(m, tl.max(lse, axis=0))  # m starts finite, so m_new is too: no -inf - -inf
+    alpha = tl.exp2(m - m_new)
+    w = tl.exp2(lse - m_new[None, :])
+    den = den * alpha + tl.sum(w, axis=0)
+    acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * part, axis=0)
+    return m_new, den, acc
+
+
+@triton.jit
+def _merge_start(SINKS, kv_head, offs_h, head_ok, GROUP: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr,
+                 HAS_SINKS: tl.constexpr):
+    """Running (max, denominator, output) before any split. The sink seeds the max and the denominator
+    (exp2(sink - sink) = 1): it joins them exactly once, whatever the splits."""
+    if HAS_SINKS:
+        m = tl.load(SINKS + kv_head * GROUP + offs_h, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        den = tl.full([HEADS], 1.0, dtype=tl.float32)
+    else:
+        m = tl.full([HEADS], -1.0e30, dtype=tl.float32)
+        den = tl.zeros([HEADS], dtype=tl.float32)
+    return m, den, tl.zeros([HEADS, D], dtype=tl.float32)
+
+
+@triton.jit
+def _merge_splits(PART_O, PART_LSE, SINKS, b, kv_head, num_kv_heads, head0, n_used, num_splits,
+                  GROUP: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr, S_CHUNK: tl.constexpr,
                   HAS_SINKS: tl.constexpr):
-    """Final output of the GROUP q heads of (request b, kv head) from its n_used partials, in split order
-    (the same sum whichever program runs it); the sink joins the denominator here, once."""
-    offs_s = tl.arange(0, MERGE_S)
-    offs_h = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, D)
+    """Final output [HEADS, D] of q heads head0 .. head0 + HEADS - 1 of the group of (request b, kv head)
+    from its n_used partials: one pass, S_CHUNK splits per load, an online softmax across loads. The
+    result depends only on S_CHUNK, not on which program runs it."""
+    offs_h = head0 + tl.arange(0, HEADS)
     head_ok = offs_h < GROUP
-    q_head = kv_head * GROUP + offs_h
     # PART_* [B, Hkv, num_splits, GROUP(, D)]: one group's partials are contiguous.
-    base = (b * tl.num_programs(1) + kv_head) * num_splits
-    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, n_used, MERGE_S):
-        row = (base + s0 + offs_s)[:, None] * GROUP + offs_h[None, :]
-        ok = ((s0 + offs_s) < n_used)[:, None] & head_ok[None, :]
-        # .cg: other SMs wrote these; read them from L2, never from a stale L1 line.
-        lse = tl.load(PART_LSE + row, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        m = tl.maximum(m, tl.max(lse, axis=0))
-    if HAS_SINKS:
-        sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m = tl.maximum(m, sink)
-    m = tl.where(m > float("-inf"), m, 0.0)
-    den = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, D], dtype=tl.float32)
-    for s0 in range(0, n_used, MERGE_S):
-        row = (base + s0 + offs_s)[:, None] * GROUP + offs_h[None, :]
-        ok = ((s0 + offs_s) < n_used)[:, None] & head_ok[None, :]
-        w = tl.exp2(tl.load(PART_LSE + row, mask=ok, other=float("-inf"), cache_modifier=".cg") - m[None, :])
-        part = tl.load(PART_O + row[:, :, None] * D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0,
-                       cache_modifier=".cg")
-        acc += tl.sum(w[:, :, None] * part, axis=0)
-        den += tl.sum(w, axis=0)
-    if HAS_SINKS:
-        den += tl.exp2(sink - m)  # the sink, once
-    out = acc / tl.where(den > 0, den, 1.0)[:, None]
-    tl.store(OUT + b * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=head_ok[:, None])
+    base = (b * num_kv_heads + kv_head) * num_splits
+    m, den, acc = _merge_start(SINKS, kv_head, offs_h, head_ok, GROUP, HEADS, D, HAS_SINKS)
+    for s0 in range(0, n_used, S_CHUNK):
+        lse, part = _load_partials(PART_O, PART_LSE, base, s0, n_used, offs_h, head_ok, GROUP, D, S_CHUNK)
+        m, den, acc = _fold_partials(m, den, acc, lse, part, s0, n_used, head_ok, S_CHUNK)
+    return acc / tl.where(den > 0, den, 1.0)[:, None]
 
 
 @triton.jit
@@ -332,6 +355,12 @@ def _sink_decode_kernel(
     req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
     k_lo, k_hi, n_used = _split_range(seq_len, window_left, split, num_splits, min_split_blocks, BLOCK_N)
     if split >= n_used:
+        if SPLIT and not FUSED_MERGE:
+            # For the merge kernel, which loads every split's row before it knows n_used: an lse of -inf
+            # marks this row as empty (its output row stays unwritten).
+            offs_g = tl.arange(0, GROUP_PAD)
+            tl.store(PART_LSE + ((b * tl.num_programs(1) + kv_head) * num_splits + split) * GROUP + offs_g,
+                     tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32), mask=offs_g < GROUP)
         return
     single = n_used == 1
 
@@ -387,26 +416,51 @@ def _sink_decode_kernel(
                 counter = COUNTERS + b * tl.num_programs(1) + kv_head
                 arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if arrived == n_used - 1:
-                    _merge_splits(PART_O, PART_LSE, SINKS, OUT, b, kv_head, n_used, num_splits, stride_ot,
-                                  stride_oh, GROUP, GROUP_PAD, D, MERGE_S, HAS_SINKS)
+                    merged = _merge_splits(PART_O, PART_LSE, SINKS, b, kv_head, tl.num_programs(1), 0, n_used,
+                                           num_splits, GROUP, GROUP_PAD, D, MERGE_S, HAS_SINKS)
+                    offs_g = tl.arange(0, GROUP_PAD)
+                    tl.store(OUT + b * stride_ot + (kv_head * GROUP + offs_g)[:, None] * stride_oh + offs_d[None, :],
+                             merged.to(OUT.dtype.element_ty), mask=(offs_g < GROUP)[:, None])
                     tl.atomic_xchg(counter, 0)  # ready for the next launch (or graph replay)
 
 
 @triton.jit
 def _sink_decode_merge_kernel(
     PART_O, PART_LSE, SINKS, OUT, SEQ_LENS, stride_ot, stride_oh, window_left, num_splits, min_split_blocks,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    MERGE_S: tl.constexpr, HAS_SINKS: tl.constexpr,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    S_CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr, SPECULATE: tl.constexpr,
 ):
-    """The merge as a second launch, one program per (request, kv head): when no arrival counters
-    can be had (first call inside a CUDA-graph capture), or to compare with the fused merge."""
+    """The merge as a second launch, one program per (request, kv head, HEADS q heads of its group): when
+    no arrival counters can be had (first call inside a CUDA-graph capture), or where decode_config
+    measured it faster. Few heads per program when splits are many: at batch 1 one program per q head
+    spreads the partials' reads over 64 SMs instead of looping over them on 8."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
-    seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
-    _, _, n_used = _split_range(seq_len, window_left, 0, num_splits, min_split_blocks, BLOCK_N)
-    if n_used > 1:  # else the one split wrote the output
-        _merge_splits(PART_O, PART_LSE, SINKS, OUT, b, kv_head, n_used, num_splits, stride_ot, stride_oh,
-                      GROUP, GROUP_PAD, D, MERGE_S, HAS_SINKS)
+    head0 = tl.program_id(2) * HEADS
+    offs_h = head0 + tl.arange(0, HEADS)
+    head_ok = offs_h < GROUP
+    if SPECULATE:
+        # All num_splits rows in one load, issued before the seq_lens load: at small batch this kernel is
+        # a chain of dependent trips to memory, and n_used (from seq_lens) only decides the store, so
+        # both loads are in flight at once. Rows past n_used carry an lse of -inf (written by their
+        # split). The source order matters: with seq_lens loaded first, the compiler put the n_used
+        # arithmetic ahead of the partials' loads and the warp waited there; loaded after the fold, it
+        # was a trip of its own at the end.
+        lse, part = _load_partials(PART_O, PART_LSE, (b * tl.num_programs(1) + kv_head) * num_splits, 0,
+                                   num_splits, offs_h, head_ok, GROUP, D, S_CHUNK)
+        seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
+        m, den, acc = _merge_start(SINKS, kv_head, offs_h, head_ok, GROUP, HEADS, D, HAS_SINKS)
+        m, den, acc = _fold_partials(m, den, acc, lse, part, 0, num_splits, head_ok, S_CHUNK)
+        merged = acc / tl.where(den > 0, den, 1.0)[:, None]
+        _, _, n_used = _split_range(seq_len, window_left, 0, num_splits, min_split_blocks, BLOCK_N)
+    else:
+        seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
+        _, _, n_used = _split_range(seq_len, window_left, 0, num_splits, min_split_blocks, BLOCK_N)
+        merged = _merge_splits(PART_O, PART_LSE, SINKS, b, kv_head, tl.num_programs(1), head0, n_used, num_splits,
+                               GROUP, HEADS, D, S_CHUNK, HAS_SINKS)
+    # n_used == 1: the one split wrote the output (and what was merged here is unwritten rows).
+    tl.store(OUT + b * stride_ot + (kv_head * GROUP + offs_h)[:, None] * stride_oh + tl.arange(0, D)[None, :],
+             merged.to(OUT.dtype.element_ty), mask=head_ok[:, None] & (n_used > 1))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -519,7 +573,8 @@ def sink_attention_extend(
 class DecodeConfig:
     """Launch choices of the decode kernel; all host constants, so a CUDA graph captures one of them
     per batch size. ``num_splits`` is the most splits of one (request, kv head); how many carry keys
-    is decided on the device from its length (``_split_range``)."""
+    is decided on the device from its length (``_split_range``). ``merge_heads`` / ``merge_splits``
+    override the merge's tile (_merge_tile), for tests and sweeps."""
     num_splits: int = 1
     block_n: int = 64
     min_split_blocks: int = 2
@@ -527,6 +582,9 @@ class DecodeConfig:
     num_stages: int = 3
     fused_merge: bool = True
     prefetch: bool = True  # next block's K/V loads in flight during this block's maths
+    # The merge's tile (0: _merge_tile's choice): q heads per merge-kernel program, splits per load.
+    merge_heads: int = 0
+    merge_splits: int = 0
 
 
 SHORT_KEYS = 256  # at most this many keys (a gpt-oss sliding layer: 128): one pass, no split
@@ -587,6 +645,46 @@ def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: 
                         num_stages=3, fused_merge=True, prefetch=False)
 
 
+MERGE_LOAD_PER_THREAD = 64  # fp32 partial values one merge load brings to each thread (registers)
+MERGE_PROGRAM_ELEMS = 2048  # merge kernel: group q heads into one program until its load holds this many
+
+
+def _merge_tile(config: DecodeConfig, group: int, d: int, num_warps: int, fused: bool) -> tuple:
+    """(q heads per merge program, splits per merge load), powers of two. The merge reads every split's
+    partial once and is bound by how many bytes its programs have in flight, so each load is as large as
+    the registers allow (MERGE_LOAD_PER_THREAD). The fused merge runs in a decode program: the whole
+    group per load. The merge kernel: every split in one load where that fits (up to 128 splits at D 64),
+    and fewer heads per program the more splits there are (batch 1, 32 splits: one q head per program,
+    64 programs on 64 SMs instead of 8 looping), so large batches with 2-3 splits still get a group per
+    program rather than a program per handful of values."""
+    group_pad = triton.next_power_of_2(group)
+    values = MERGE_LOAD_PER_THREAD * 32 * num_warps
+    if fused:
+        # Not capped by the split count: the decode kernel keeps one compiled variant for all batches.
+        chunk = config.merge_splits or max(1, values // (group_pad * d))
+        return group_pad, triton.next_power_of_2(chunk)
+    chunk = min(triton.next_power_of_2(config.num_splits),
+                triton.next_power_of_2(config.merge_splits or max(1, values // d)))
+    heads = config.merge_heads or max(1, MERGE_PROGRAM_ELEMS // (chunk * d))
+    return min(group_pad, triton.next_power_of_2(heads)), chunk
+
+
+def launch_merge(part_o: torch.Tensor, part_lse: torch.Tensor, sinks: Optional[torch.Tensor], out: torch.Tensor,
+                 seq_lens: torch.Tensor, window_left: int, config: DecodeConfig, num_warps: int = 4) -> None:
+    """The merge kernel over the partials part_o [B, Hkv, splits, group, D] and part_lse [B, Hkv, splits,
+    group] of a decode launch with ``config`` (split boundaries are recomputed from seq_lens); writes out
+    [B, Hq, D] for requests that used more than one split. Separate from sink_attention_decode so that a
+    benchmark can time the merge alone."""
+    batch, hkv, splits, group, d = part_o.shape
+    heads, chunk = _merge_tile(config, group, d, num_warps, fused=False)
+    _sink_decode_merge_kernel[(batch, hkv, triton.cdiv(group, heads))](
+        part_o, part_lse, sinks if sinks is not None else out, out, seq_lens, out.stride(0), out.stride(1),
+        int(window_left), splits, config.min_split_blocks,
+        GROUP=group, HEADS=heads, D=d, BLOCK_N=config.block_n, S_CHUNK=chunk, HAS_SINKS=sinks is not None,
+        SPECULATE=chunk >= splits, num_warps=num_warps,
+    )
+
+
 COUNTERS_OWNER = "sink_attention_merge"
 MAX_COUNTERS = 1 << 16  # (request, kv head) pairs of one launch
 
@@ -618,6 +716,8 @@ def sink_attention_decode(
     num_stages: Optional[int] = None,
     fused_merge: Optional[bool] = None,
     prefetch: Optional[bool] = None,
+    merge_heads: Optional[int] = None,
+    merge_splits: Optional[int] = None,
 ) -> torch.Tensor:
     """One query row per request (row b = request b, at position seq_lens[b] - 1): out [B, Hq, D] in q's
     dtype. ``config`` None picks from the batch, the window, req_to_token's width and the SM count
@@ -635,10 +735,12 @@ def sink_attention_decode(
     if config is None:
         config = decode_config(batch, hkv, window_left, req_to_token.shape[1], q.device)
     overrides = dict(num_splits=num_splits, block_n=block_n, min_split_blocks=min_split_blocks,
-                     num_warps=num_warps, num_stages=num_stages, fused_merge=fused_merge, prefetch=prefetch)
+                     num_warps=num_warps, num_stages=num_stages, fused_merge=fused_merge, prefetch=prefetch,
+                     merge_heads=merge_heads, merge_splits=merge_splits)
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
-    if config.num_splits < 1 or config.min_split_blocks < 1:
-        raise ValueError(f"sink_attention_decode: num_splits and min_split_blocks must be >= 1, got {config}")
+    if config.num_splits < 1 or config.min_split_blocks < 1 or config.merge_heads < 0 or config.merge_splits < 0:
+        raise ValueError(f"sink_attention_decode: num_splits and min_split_blocks must be >= 1, the merge tile "
+                         f">= 0, got {config}")
     splits = config.num_splits
     group = hq // hkv
     counters = None
@@ -650,25 +752,23 @@ def sink_attention_decode(
     else:
         part_o = part_lse = out
     sinks_arg = sinks if sinks is not None else q
-    # The split count and size are runtime arguments: one compiled variant serves every batch size.
-    common = dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), D=d, BLOCK_N=config.block_n, MERGE_S=8,
-                  HAS_SINKS=sinks is not None)
+    # The split count and size are runtime arguments: one compiled decode variant serves every batch size
+    # (the merge kernel has one per power-of-two bucket of the split count: its tile).
     _sink_decode_kernel[(batch, hkv, splits)](
         q, k_buffer, v_buffer, out, part_o, part_lse, counters if counters is not None else seq_lens, sinks_arg,
         req_to_token, slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         out.stride(0), out.stride(1), req_to_token.stride(0),
         int(window_left), float(scale) * LOG2E, splits, config.min_split_blocks,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=splits > 1, FUSED_MERGE=counters is not None,
-        PREFETCH=config.prefetch,
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)), D=d,
+        BLOCK_N=config.block_n, SPLIT=splits > 1,
+        MERGE_S=_merge_tile(config, group, d, config.num_warps, fused=True)[1], FUSED_MERGE=counters is not None,
+        PREFETCH=config.prefetch, HAS_SINKS=sinks is not None,
         HAS_SLOT_MAP=slot_map is not None, DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages, **common,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if splits > 1 and counters is None:
-        _sink_decode_merge_kernel[(batch, hkv)](
-            part_o, part_lse, sinks_arg, out, seq_lens, out.stride(0), out.stride(1), int(window_left), splits,
-            config.min_split_blocks, num_warps=4, **common,
-        )
+        launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)
     return out
 
 

@@ -13,6 +13,7 @@ its output into NaN. So "sliding layers only read their window" is tested too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import json
@@ -91,6 +92,27 @@ def make_case(requests, dtype, seed, hq=HQ, hkv=HKV, d=D, device="cpu", swa_map=
     extra = dict(sinks=sinks, slot_map=slot_map)
     return ({k: v.to(device) for k, v in case.items()},
             {k: (v.to(device) if v is not None else None) for k, v in extra.items()})
+
+
+@contextlib.contextmanager
+def poisoned_workspaces():
+    """The decode launcher's partial buffers (floating-point torch.empty) filled with poison instead of
+    whatever the allocator hands back: partial outputs [B, Hkv, S, G, D] with NaN, partial lse
+    [B, Hkv, S, G] with 1e4, which would outweigh every real split. A kernel that weighs in a row no
+    split of this launch wrote (or marked empty) turns its output NaN or wrong."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan") if t.dim() == 5 else 1e4)
+        return t
+
+    torch.empty = empty
+    try:
+        yield
+    finally:
+        torch.empty = real
 
 
 def poisoned(case, slot_map, window_left):
@@ -204,13 +226,15 @@ def test_decode_config_picks_the_sweep_winners(monkeypatch):
     with open(SWEEP_JSON) as f:
         rows = json.load(f)["rows"]
     monkeypatch.setattr(mod, "_num_sms", lambda device: H200_SMS)
+    defaults = mod.DecodeConfig()
     fields = list(mod.DecodeConfig.__dataclass_fields__)
     assert rows
     for row in rows:
         window_left = -1 if row["layer"] == "full" else 127
         got = mod.decode_config(row["batch"], 8, window_left, row["context"], torch.device("cpu"))
         best = row["configs"][row["best"]]
-        assert {k: getattr(got, k) for k in fields} == {k: best[k] for k in fields}, (
+        # Fields added after the sweep (the merge tile) were at their defaults when it ran.
+        assert {k: getattr(got, k) for k in fields} == {k: best.get(k, getattr(defaults, k)) for k in fields}, (
             f"ctx {row['context']} batch {row['batch']} {row['layer']}: picks {got}, fastest was {row['best']}")
 
 
@@ -306,6 +330,10 @@ def sweep(dtype_name: str, device: str = "cpu") -> dict:
                       (3, True, dict(prefetch=False))]
             if window_left in (-1, 1, 40):
                 combos.append((16, True, dict(min_split_blocks=1 + i % 2, prefetch=True)))
+            # The last split's merge folding the splits in several loads (2 splits each, the last one half
+            # empty). The merge kernel's tiles are covered on their own (merge_kernel_cases).
+            if window_left == -1:
+                combos.append((5, True, dict(min_split_blocks=1, merge_splits=2)))
         else:
             combos = ([(3, True, dict(prefetch=window_left != 40))]
                       if window_left in ((-1, 15, 40) if dtype_name == "float16" else (-1, 40)) else [])
@@ -313,17 +341,86 @@ def sweep(dtype_name: str, device: str = "cpu") -> dict:
             case, extra = _decode_case(dtype, seed=200 + i, device=device, swa_map=window_left == 40)
             case = poisoned(case, extra["slot_map"], window_left)
             sinks = extra["sinks"] if with_sinks else None
-            got = mod.sink_attention_decode(
-                case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"], case["req_pool_indices"],
-                case["seq_lens"], sinks, window_left, 0.25, slot_map=extra["slot_map"], num_splits=splits,
-                block_n=16, **kw)
+            with poisoned_workspaces():
+                got = mod.sink_attention_decode(
+                    case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"], case["req_pool_indices"],
+                    case["seq_lens"], sinks, window_left, 0.25, slot_map=extra["slot_map"], num_splits=splits,
+                    block_n=16, **kw)
             worst = max(worst, _check(got, case, sinks, window_left, 0.25, dtype_name,
                                       f"decode {dtype_name} W={window_left} splits={splits} sinks={with_sinks} {kw}",
                                       slot_map=extra["slot_map"], with_loop=with_loop))
             n_dec += 1
     if full:
         n_dec += decode_paged_batch1(dtype, dtype_name, device, with_loop)
-    return {"dtype": dtype_name, "extend_cases": n_ext, "decode_cases": n_dec, "max_abs_err": worst}
+    res = {"dtype": dtype_name, "extend_cases": n_ext, "decode_cases": n_dec, "max_abs_err": worst}
+    if dtype_name == "float32":
+        res["merge_cases"] = merge_kernel_cases(device)
+    return res
+
+
+def _n_used(seq_len, window_left, splits, min_split_blocks, block_n):
+    """_split_range's count of splits that carry keys, in Python."""
+    lo = max(seq_len - 1 - window_left, 0) if window_left >= 0 else 0
+    n_keys = max(seq_len - lo, 0)
+    per_split = max(-(-(-(-n_keys // block_n)) // splits), min_split_blocks) * block_n
+    return max(-(-n_keys // per_split), 1)
+
+
+def merge_kernel_cases(device) -> int:
+    """The merge kernel alone on made-up partials, against the merge in float64: every tile kind (one
+    load of all splits issued before the split count is known, or a loop of loads; 1, 2 or all 4 q heads
+    of a group per program), with and without sinks, over ragged batches whose requests use one split,
+    some, or all. Output rows of splits a request does not use hold NaN, so one that leaks in shows;
+    requests with one split must keep their output (the split wrote it). Few requests: the
+    interpreter's cost is per program."""
+    mod = _kernel_module()
+    g = torch.Generator().manual_seed(400)
+    group = HQ // HKV
+    kinds = set()
+    n = 0
+    # (splits, window_left, block_n, seq_lens, merge_heads, merge_splits, sinks); 0 = the launcher's choice.
+    for splits, window_left, block_n, seq_lens, heads, chunk, with_sinks in (
+            (2, -1, 16, [1, 17, 129], 0, 0, True),
+            (5, 40, 16, [1, 42], 1, 2, False),  # the window: 3 blocks, so 3 splits at most
+            (13, -1, 16, [1, 41, 200], 2, 4, True),
+            (13, -1, 16, [1, 41, 200], 0, 0, False),
+            (40, -1, 8, [1, 17, 320], 0, 0, True),
+            (40, -1, 8, [1, 17, 320], 4, 8, False)):
+        batch = len(seq_lens)
+        used = [_n_used(s, window_left, splits, 1, block_n) for s in seq_lens]
+        assert used[0] == 1 and used[1] > 1 and used[-1] == (3 if window_left >= 0 else splits), used
+        part_o = torch.randn(batch, HKV, splits, group, D, generator=g)
+        part_lse = torch.randn(batch, HKV, splits, group, generator=g) * 3
+        # What a decode launch leaves: a split past n_used writes only lse = -inf; the one split of a
+        # request with n_used 1 writes nothing here (it writes the output). Unwritten means any bits: NaN.
+        for b, u in enumerate(used):
+            part_o[b, :, u:] = float("nan")
+            part_lse[b, :, u:] = float("-inf")
+            if u == 1:
+                part_lse[b, :, 0] = float("nan")
+        sinks = torch.randn(HQ, generator=g) * 2
+        cfg = mod.DecodeConfig(num_splits=splits, block_n=block_n, min_split_blocks=1, fused_merge=False,
+                               merge_heads=heads, merge_splits=chunk)
+        tile = mod._merge_tile(cfg, group, D, 4, fused=False)
+        kinds.add((tile[0], tile[1] >= splits))
+        out = torch.full((batch, HQ, D), 7.0, device=device)
+        mod.launch_merge(part_o.to(device), part_lse.to(device), sinks.to(device) if with_sinks else None, out,
+                         torch.tensor(seq_lens, device=device), window_left, cfg)
+        got = out.double().cpu()
+        for b, u in enumerate(used):
+            label = f"merge {splits} splits W={window_left} tile {tile} sinks={with_sinks} request {b}"
+            if u == 1:
+                assert (got[b] == 7.0).all(), f"{label}: wrote a one-split request"
+                continue
+            w = torch.exp2(part_lse[b, :, :u].double())  # [Hkv, u, G]
+            num = torch.einsum("hsg,hsgd->hgd", w, part_o[b, :, :u].double()).reshape(HQ, D)
+            den = w.sum(1).reshape(HQ) + (torch.exp(sinks.double()) if with_sinks else 0.0)
+            want = num / den[:, None]
+            err = (got[b] - want).abs().max().item()
+            assert err <= 1e-5 * max(1.0, want.abs().max().item()), f"{label}: err {err}"
+        n += 1
+    assert kinds == {(4, True), (1, False), (2, False), (2, True), (4, False)}, kinds
+    return n
 
 
 def paged_case(seq_len, page, dtype, seed, hq=HQ, hkv=HKV, d=D, device="cpu"):
@@ -362,17 +459,19 @@ def decode_paged_batch1(dtype, dtype_name, device, with_loop) -> int:
     would make it merge before all partials are in)."""
     mod = _kernel_module()
     n = 0
-    for window_left, kw in ((-1, dict(num_splits=13, block_n=16, min_split_blocks=5)),
+    # fused_merge spelled out: at batch 1 and this width decode_config's choice is the merge kernel.
+    for window_left, kw in ((-1, dict(num_splits=13, block_n=16, min_split_blocks=5, fused_merge=True)),
                             (-1, dict(num_splits=40, block_n=32, min_split_blocks=3, fused_merge=False)),
                             (300, dict(num_splits=9, block_n=16, min_split_blocks=2, prefetch=False)),
-                            (-1, dict(num_splits=64, block_n=16, min_split_blocks=8)),
+                            (-1, dict(num_splits=64, block_n=16, min_split_blocks=8, fused_merge=True)),
                             (-1, {}), (127, {})):
         case, sinks = paged_case(1000, 64, dtype, seed=300 + n, device=device)
         case = poisoned(case, None, window_left)
         label = f"decode paged batch 1 W={window_left} {kw}"
         args = (case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"], case["req_pool_indices"],
                 case["seq_lens"], sinks, window_left, 0.25)
-        got = mod.sink_attention_decode(*args, **kw)
+        with poisoned_workspaces():
+            got = mod.sink_attention_decode(*args, **kw)
         _check(got, case, sinks, window_left, 0.25, dtype_name, label, with_loop=with_loop)
         if kw.get("fused_merge", True) and kw.get("num_splits", 1) > 1:
             _counters_after(mod, case["q"].device, label)
@@ -485,7 +584,8 @@ def test_kernels_match_reference_interpreted():
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     fp32 = results[0]
     assert fp32["extend_cases"] == 2 * len(WINDOWS) + 2
-    assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS) + 3 + 6
+    assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS) + 3 + 6 + 1
+    assert fp32["merge_cases"] == 6
     assert all(r["extend_cases"] > 0 and r["decode_cases"] > 0 for r in results)
 
 
@@ -519,18 +619,22 @@ def gpu_full_shapes() -> dict:
     seq_lens = [8192, 1, 128, 129, 4097, 8000, 65, 300] * 2
     # The launcher's own choice, one split, a few, and the choices it makes at batch 1 (many splits,
     # two key blocks at least per split, merged in the last split or by the merge kernel), and the
-    # sliding layer's one-pass 128-key block; the prefetching key loop and the plain one.
+    # sliding layer's one-pass 128-key block; the prefetching key loop and the plain one. The merge
+    # kernel's tile: by default all 66 splits in one load, one q head per program; forced to a loop of
+    # 16-split loads, two heads per program.
     variants = [{}, dict(num_splits=1), dict(num_splits=7),
                 dict(num_splits=66, min_split_blocks=2), dict(num_splits=66, min_split_blocks=1, fused_merge=False),
+                dict(num_splits=40, min_split_blocks=1, fused_merge=False, merge_splits=16, merge_heads=2),
                 dict(num_splits=1, block_n=128, num_warps=8, prefetch=False),
                 dict(num_splits=20, block_n=32, min_split_blocks=3, prefetch=False)]
     for window_left in (127, -1):
         for kw in variants:
             case, extra = _decode_case(torch.bfloat16, seed=2, device="cuda", seq_lens=seq_lens, hq=hq, hkv=hkv, d=d)
             case = poisoned(case, None, window_left)
-            got = mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
-                                            case["req_pool_indices"], case["seq_lens"], extra["sinks"], window_left,
-                                            scale, **kw)
+            with poisoned_workspaces():
+                got = mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                                case["req_pool_indices"], case["seq_lens"], extra["sinks"],
+                                                window_left, scale, **kw)
             res[f"decode_W{window_left}_{kw}"] = _check(
                 got, case, extra["sinks"], window_left, scale, "bfloat16", f"gpu decode W={window_left} {kw}",
                 with_loop=False)
