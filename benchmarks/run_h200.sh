@@ -156,6 +156,14 @@ fuse)  # one GPU: the gpu tests of this session's fused layers and MoE decode fr
     step diag_decode_b1 120 python benchmarks/diag_decode_b1.py --out "$R"
     step bench_moe 110 python benchmarks/bench_moe.py --out "$R" --no-sweep
     ;;
+kernels2)  # one GPU: the decode GEMV fixed-cost variants (sweep + their gpu check) and the sink-attention
+           # split merge (gpu test + merge benchmark); step limits sum under the call's 600 s
+    step sweep_fp8_gemm_fixed 170 python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,4 --sweep-lm-head-m 1 \
+        --sweep-shapes qkv,o,lm_head --decode-sweep fixed-cost --compile-workers 12 --budget-s 90 --out "$R"
+    step gpu_test_fp8_gemm_decode 90 python tests/test_kernel_fp8_gemm.py --gpu-decode
+    step gpu_test_sink_attention 110 python tests/test_kernel_sink_attention.py --gpu
+    step bench_sink_attention_merge 150 python benchmarks/bench_sink_attention.py --decode-merge --out "$R"
+    ;;
 b1)  # one GPU: where a batch-1 decode step's time goes (launch floor, GEMV fixed cost, per-kernel
      # device time inside the graph replay) + Nsight Compute on one launch of each batch-1 kernel
     step diag_decode_b1 240 python benchmarks/diag_decode_b1.py --out "$R"
