@@ -706,9 +706,13 @@ def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None
     tiles at M > 4 halve the x quantisation redone per N tile (M x K per tile). Picked from the
     H200 sweep (`benchmarks/results/sweeps/fp8_gemm_decode.md`): at M = 16, 8 warps / 3 stages
     beat 4 / 4 by 13-17 % (qkv 12.4 vs 14.2 us, o 10.5 vs 12.7, lm_head 177 vs 217); at M <= 4
-    the 64-wide 4-warp blocks are within 1-8 % of the best row."""
+    the 64-wide 4-warp blocks are within 1-8 % of the best row. At M <= 4 x is quantised once per
+    program (`x_once`, 5 stages: the whole 4-block slab in flight): the fixed-cost sweep
+    (`benchmarks/results/sweeps/fp8_gemm_decode_fixed_cost.md`) measured qkv 9.3 / 10.8 us at M =
+    1 / 4 (loop kernel 10.9 / 12.1) and o 8.2 / 8.8 us (10.1 / 11.6); the one-load split sum
+    (`vector_reduce`) was no faster there (9.4 / 11.3, 8.2 / 9.6)."""
     if m <= 4:
-        cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=4, use_dot=True)
+        cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=5, use_dot=True, x_once=True)
     else:
         cfg = Fp8GemvConfig(block_n=128, num_warps=8, num_stages=3, use_dot=True)
     return replace(cfg, split_k=_auto_split_gemv(min(m, 16), n, k, cfg.block_n, num_sms(device)))

@@ -453,7 +453,7 @@ def gpu_decode_check(shapes=tuple(GPU_DECODE_M)) -> list[dict]:
                 if not torch.equal(mod.fp8_gemm(xq, xs, w, ws, b, config=cfg), ys[cfg]):
                     raise AssertionError(f"{name} M={m} {cfg.short()}: fp8_gemm differs from fp8_linear")
             bit_equal = None
-            if kb <= 32:  # qkv, o: a split per K block (lm_head: thousands of partials, skip)
+            if kb <= 32 and name != "lm_head":  # qkv, o: a split per K block (lm_head: thousands of partials, skip)
                 loop = mod.fp8_linear(x, w, ws, b, config=G(64, kb, num_stages=4))
                 once = mod.fp8_linear(x, w, ws, b, config=G(64, kb, x_once=True, num_stages=2))
                 bit_equal = bool(torch.equal(loop, once))
