@@ -624,6 +624,12 @@ def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: 
                               (old 61.4), 172.4 at 32k (old 200.4)
       batch >= 16             old: 164.5 us at batch 32, 8k (best new 174.9), 589.6 at 32k (678.4).
                               Batch 16 was not measured; it takes the old choice, the safe side.
+
+    Since the merge kernel loads every split at once (no serial loop: 2-3 us, was 9.8 at batch 1),
+    it beats the fused last-arriver merge wherever both were timed
+    (benchmarks/results/sweeps/bench_sink_attention_merge.md): batch 1, 4/SM m2 w2 prefetch: 13.1 vs
+    24.5 us at 8k, 28.9 vs 40.6 at 32k; batch 8: 49.3 vs 64.9 at 8k, 156.9 vs 203.3 at 32k. So the
+    rows above that said "fused merge" keep their split/warp/prefetch choice and use the merge kernel.
     """
     keys = max_context if window_left < 0 else min(max_context, window_left + 1)
     if keys <= SHORT_KEYS:
@@ -640,9 +646,9 @@ def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: 
         return _old_config(splits(2, 1, cap=32))
     if batch <= 2 or (batch <= 4 and not long):
         return DecodeConfig(num_splits=splits(4, 2), block_n=64, min_split_blocks=2, num_warps=2, num_stages=3,
-                            fused_merge=True, prefetch=True)
+                            fused_merge=False, prefetch=True)
     return DecodeConfig(num_splits=splits(4 if batch <= 4 else 8, 2), block_n=64, min_split_blocks=2, num_warps=4,
-                        num_stages=3, fused_merge=True, prefetch=False)
+                        num_stages=3, fused_merge=False, prefetch=False)
 
 
 MERGE_LOAD_PER_THREAD = 64  # fp32 partial values one merge load brings to each thread (registers)
