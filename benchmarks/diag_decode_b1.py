@@ -14,7 +14,9 @@ Parts (JSON + Markdown `diag_decode_b1.*`):
           a streaming part;
   step    gpt-oss-120b and -20b decode, batch 1, context 8192 (the model-step harness): the graph's
           median replay and the profiler's per-kernel device times inside that replay, summed by
-          kernel name and by layer part; the sum against the replay time is the launch gaps.
+          kernel name and by layer part; the sum against the replay time is the launch gaps; and the
+          probe's overhead (paired graphs) with its side stream started after the deepest tap
+          ("tap") or after the last layer, beside the LM head ("head").
 """
 
 from __future__ import annotations
@@ -163,9 +165,20 @@ def part_step(model_name: str, context: int = 8192) -> dict:
     parts: dict[str, float] = {}
     for r in kernels:
         parts[r["part"]] = parts.get(r["part"], 0.0) + r["us_per_step"]
-    graph = model = None
+    graph = None
+    # The probe's side-stream launch point, paired probe-off/on graphs as bench_decode times it.
+    from bench_decode import time_decode_probe_pair
+
+    probe = {}
+    for point in ("tap", "head"):
+        os.environ["SGLANG_EXT_PROBE_LAUNCH"] = point
+        off, on, diff = time_decode_probe_pair(model, context)
+        probe[point] = {"off_us": off * 1e6, "on_us": on * 1e6, "overhead_us": diff * 1e6,
+                        "overhead_pct": 100 * diff / off}
+    os.environ.pop("SGLANG_EXT_PROBE_LAUNCH", None)
+    model = None
     torch.cuda.empty_cache()
-    return {"model": model_name, "context": context, "batch": 1, "step_us": step * 1e6,
+    return {"model": model_name, "context": context, "batch": 1, "step_us": step * 1e6, "probe": probe,
             "kernel_sum_us": kernel_sum, "launches_per_step": sum(r["calls_per_step"] for r in kernels),
             "kernels": kernels, "parts": dict(sorted(parts.items(), key=lambda kv: -kv[1]))}
 
@@ -250,7 +263,10 @@ def main():
     for st in steps:
         lines += [f"## {st['model']} decode step, batch 1, context {st['context']} (graph replay)", "",
                   f"Step {st['step_us']:.1f} us; kernels {st['kernel_sum_us']:.1f} us summed over "
-                  f"{st['launches_per_step']:.0f} launches; gaps {st['step_us'] - st['kernel_sum_us']:.1f} us.", "",
+                  f"{st['launches_per_step']:.0f} launches; gaps {st['step_us'] - st['kernel_sum_us']:.1f} us. "
+                  "Probe (window 2048) overhead by where its side stream starts, paired graphs: "
+                  + "; ".join(f"{k}: {v['overhead_us']:.1f} us = {v['overhead_pct']:.2f} %"
+                              for k, v in st["probe"].items()), "",
                   bc.md_table([{"part": k, "us": v, "pct": 100 * v / st["step_us"]} for k, v in st["parts"].items()],
                               [("part", "part", None), ("us per step", "us", "{:.1f}"), ("% of step", "pct", "{:.1f}")]),
                   "", bc.md_table(st["kernels"][:25], [("kernel", "name", None), ("calls", "calls_per_step", "{:.0f}"),

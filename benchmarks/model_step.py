@@ -339,6 +339,8 @@ class ModelStep:
                 o = self._all_reduce(o) + lw.o.bias
             h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)
             pending = self._moe(x, lw)
+        if self.probe is not None:
+            self.probe.runtime.layers_done()
         h = h + pending
         x = rms_norm(h[last.long()], self.final_norm, d.rms_eps)
         logits = F.linear(x, self.lm_head)

@@ -141,6 +141,11 @@ class ProbeRuntime:
         # Decode on CUDA: the step runs on a side stream from the last tap on, beside the base
         # model's remaining layers (its kernels are latency-bound: hidden, they cost ~nothing).
         self.overlap = os.environ.get("SGLANG_EXT_PROBE_OVERLAP", "1") != "0"
+        # Where the side stream starts: "tap" = right after the deepest tap, beside the remaining
+        # layers; "head" = after the last layer, beside the LM head (one long bandwidth-bound GEMM,
+        # where the probe's bytes are all it takes from the step). Read at each launch (benchmarks
+        # compare the two in one process).
+        self.launch_point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", "tap")
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
@@ -210,7 +215,7 @@ class ProbeRuntime:
             probe_tap_normalize(hidden, self._features, lo)
         else:
             self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
-        if layer_id == self._last_tap_layer:
+        if layer_id == self._last_tap_layer and self._launch_at() == "tap":
             self._launch_early()
 
     def tap_target(self, layer_id: int):
@@ -224,8 +229,19 @@ class ProbeRuntime:
 
     def tapped(self, layer_id: int) -> None:
         """Layer `layer_id`'s tap is in the features (written through `tap_target`)."""
-        if layer_id == self._last_tap_layer:
+        if layer_id == self._last_tap_layer and self._launch_at() == "tap":
             self._launch_early()
+
+    def layers_done(self) -> None:
+        """The base model's last layer ran (the LM head is next): the "head" launch point."""
+        if self._launch_at() == "head":
+            self._launch_early()
+
+    def _launch_at(self) -> str:
+        point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", self.launch_point)
+        if point not in ("tap", "head"):
+            raise ValueError(f"SGLANG_EXT_PROBE_LAUNCH={point!r}: expected 'tap' or 'head'")
+        return point
 
     def _launch_early(self) -> None:
         batch, self._batch = self._batch, None

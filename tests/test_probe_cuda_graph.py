@@ -256,3 +256,32 @@ def test_prefill_backend_asked_in_the_json_config_is_refused_with_the_probe():
                             cuda_graph_config='{"decode": {"max_bs": 8}}')
     _no_prefill_graphs_with_probe(None, ok)
     assert ok.disable_prefill_cuda_graph is True
+
+
+def test_launch_point_head_starts_the_step_after_the_last_layer_not_at_the_tap(monkeypatch):
+    cfg = ProbeConfig.from_dict({
+        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
+        "base_model_layer_ids": [1, 3], "num_attention_heads": 2, "head_dim": 8,
+        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
+    head = SingProbeHead(cfg)
+    runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
+    events = []
+    runtime._launch_early = lambda: events.append("launch")
+    for point, want in (("tap", ["tap 3", "launch", "layers done"]), ("head", ["tap 3", "layers done", "launch"])):
+        monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", point)
+        events.clear()
+        runtime.begin(2, "cpu")
+        for layer in range(5):
+            target = runtime.tap_target(layer)
+            if target is not None:  # as the fused residual-norm kernel writes it
+                features, col0, _ = target
+                features[:2, col0:col0 + 16] = torch.randn(2, 16)
+                if layer == 3:
+                    events.append("tap 3")
+                runtime.tapped(layer)
+        events.append("layers done")
+        runtime.layers_done()
+        assert events == want, (point, events)
+    monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", "lm_head")
+    with pytest.raises(ValueError, match="SGLANG_EXT_PROBE_LAUNCH"):
+        runtime.layers_done()

@@ -302,6 +302,8 @@ class GptOssModel(nn.Module):
             if tap is not None:
                 probe.tapped(i)
             h, pending = layer(h, x, cos_sin, forward_batch)
+        if probe is not None:
+            probe.layers_done()
         return residual_rms_norm(h, pending, self.norm.weight, self.norm.eps)[1]
 
 
