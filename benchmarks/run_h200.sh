@@ -164,6 +164,14 @@ kernels2)  # one GPU: the decode GEMV fixed-cost variants (sweep + their gpu che
     step gpu_test_sink_attention 110 python tests/test_kernel_sink_attention.py --gpu
     step bench_sink_attention_merge 150 python benchmarks/bench_sink_attention.py --decode-merge --out "$R"
     ;;
+check3)  # one GPU: gpu tests after the merge-kernel and x_once picks, the batch-1 diagnosis (probe launch
+         # points), the TP1 decode grid with the probe on/off
+    step gpu_test_sink_attention 110 python tests/test_kernel_sink_attention.py --gpu
+    step gpu_test_fp8_gemm_decode 60 python tests/test_kernel_fp8_gemm.py --gpu-decode
+    step diag_decode_b1 150 python benchmarks/diag_decode_b1.py --out "$R"
+    step bench_decode_tp1 240 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+        --contexts 8192,32768 --configs 1:1:1 --probe-configs 1:1:1 --profile --out "$R" --stem bench_decode_tp1
+    ;;
 b1)  # one GPU: where a batch-1 decode step's time goes (launch floor, GEMV fixed cost, per-kernel
      # device time inside the graph replay) + Nsight Compute on one launch of each batch-1 kernel
     step diag_decode_b1 240 python benchmarks/diag_decode_b1.py --out "$R"
