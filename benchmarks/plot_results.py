@@ -23,17 +23,21 @@ def load_rows(results: str, prefix: str) -> list[dict]:
     for path in sorted(glob.glob(os.path.join(results, f"{prefix}*.json"))):
         with open(path) as f:
             data = json.load(f)
+        date = (data.get("meta") or {}).get("date", "")
         for r in data.get("rows", []):
-            rows.append({**r, "source": os.path.basename(path)})
+            rows.append({**r, "source": os.path.basename(path), "run_date": date})
     return rows
 
 
 def dedupe(rows: list[dict], key_fields: tuple) -> list[dict]:
-    """A measured row replaces a modelled one of the same configuration and shape."""
+    """A measured row replaces a modelled one of the same configuration and shape; between rows of
+    the same kind the newer run wins (a re-run of some rows after a kernel change)."""
     best = {}
     for r in rows:
         key = tuple(r.get(k) for k in key_fields)
-        if key not in best or (best[key].get("kind") == "modelled" and r.get("kind") == "measured"):
+        old = best.get(key)
+        if (old is None or (old.get("kind") == "modelled" and r.get("kind") == "measured")
+                or (old.get("kind") == r.get("kind") and r.get("run_date", "") > old.get("run_date", ""))):
             best[key] = r
     return list(best.values())
 
