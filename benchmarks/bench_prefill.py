@@ -76,6 +76,9 @@ def run(rank: int, world: int, args):
                 rows.append(row)
                 if rank == 0:
                     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+                if args.profile == length and rank == 0 and cuda and not emulate:
+                    rows.append({**base, "profile_length": length,
+                                 "kernel_breakdown": prefill_kernel_breakdown(model, inputs)})
             del model
             if cuda:
                 torch.cuda.empty_cache()
@@ -85,6 +88,25 @@ def run(rank: int, world: int, args):
         _write(args, rows, ceilings, world, comm)
     if world > 1:
         dist.destroy_process_group()
+
+
+def prefill_kernel_breakdown(model, inputs, top: int = 15) -> list[dict]:
+    """Per-kernel GPU time of one prefill (torch profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.forward(**inputs)
+        torch.cuda.synchronize()
+    stats = {}
+    for evt in prof.key_averages():
+        us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if us > 0:
+            calls, total = stats.get(evt.key[:80], (0, 0.0))
+            stats[evt.key[:80]] = (calls + evt.count, total + us)
+    total = sum(v[1] for v in stats.values()) or 1.0
+    rows = [{"name": k, "calls": c, "us": t, "pct": 100 * t / total} for k, (c, t) in stats.items()]
+    rows.sort(key=lambda r: -r["us"])
+    return rows[:top]
 
 
 def _write(args, rows, ceilings, world, comm):
@@ -106,7 +128,13 @@ def markdown(meta: dict, rows: list) -> str:
             ("$/M input", "dollars_per_M_input", "{:.4f}"), ("TFLOP/s/GPU", "tflops_per_gpu", "{:.0f}"),
             ("% FP8 rate", "pct_fp8_peak", "{:.0f}")]
     lines.append(bc.md_table([r for r in rows if "latency_ms" in r], cols))
-    other = [r for r in rows if "latency_ms" not in r]
+    for r in rows:
+        if "kernel_breakdown" in r:
+            lines += ["", f"Kernel breakdown, {r['model']} {r['config']} prefill of {r['profile_length']} tokens "
+                          "(profiler, one call):", "",
+                      bc.md_table(r["kernel_breakdown"], [("kernel", "name", None), ("calls", "calls", None),
+                                                          ("total us", "us", "{:.0f}"), ("share %", "pct", "{:.1f}")])]
+    other = [r for r in rows if "latency_ms" not in r and "kernel_breakdown" not in r]
     if other:
         lines += ["", "Not timed:", ""]
         lines += [f"- {r['model']} {r['config']} length {r.get('length', '—')}: "
@@ -127,6 +155,7 @@ def main():
     ap.add_argument("--port", type=int, default=29537)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--stem", default="bench_prefill")
+    ap.add_argument("--profile", type=int, default=0, help="per-kernel breakdown at this input length (rank 0)")
     args = ap.parse_args()
     bc.launch(run, args)
 

@@ -172,6 +172,14 @@ check3)  # one GPU: gpu tests after the merge-kernel and x_once picks, the batch
     step bench_decode_tp1 240 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
         --contexts 8192,32768 --configs 1:1:1 --probe-configs 1:1:1 --profile --out "$R" --stem bench_decode_tp1
     ;;
+final)  # one GPU: the committed decode grid (1 GPU measured, 2-8 GPUs modelled, probe on/off) and the
+        # prefill grid with a per-kernel breakdown of the 8k prefill
+    step bench_decode 400 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+        --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+        --profile --out "$R"
+    step bench_prefill 160 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+        --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
+    ;;
 b1)  # one GPU: where a batch-1 decode step's time goes (launch floor, GEMV fixed cost, per-kernel
      # device time inside the graph replay) + Nsight Compute on one launch of each batch-1 kernel
     step diag_decode_b1 240 python benchmarks/diag_decode_b1.py --out "$R"
