@@ -25,6 +25,9 @@ carried (benchmarks/fetch_sglang_peers.sh), timed without its routing and alignm
 
     python benchmarks/bench_moe.py --out benchmarks/results   # < 200 s: no sweep candidate starts after --budget-s 165
     python benchmarks/bench_moe.py --out /tmp/moe --sweep-only   # the sweep alone
+    # decode GEMV variants vs the table's pick at batch 1, 2, 4, 8, both models, kernels compiled in
+    # 12 processes first (< 150 s)
+    python benchmarks/bench_moe.py --out /tmp/moe --gemv-sweep --compile-workers 12
 """
 
 from __future__ import annotations
@@ -259,12 +262,18 @@ def kernel_times(fn, calls=5) -> dict:
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
-def bench_decode(model, layer, batch, bw, check, config=None) -> dict:
-    hidden = layer["w1"].shape[2]
-    args = layer_args(layer)
+def decode_inputs(layer, batch) -> list:
+    """Distinct token batches for one graph replay: enough that the experts they touch exceed L2."""
     per_call = expert_bytes(layer) * min(layer["w1"].shape[0], batch * TOP_K)
     reps = max(2, min(16, round(L2_DEFEAT_BYTES / per_call))) if DEVICE == "cuda" else 1
-    xs = [torch.randn(batch, hidden, device=DEVICE).to(torch.bfloat16) for _ in range(reps)]
+    return [torch.randn(batch, layer["w1"].shape[2], device=DEVICE).to(torch.bfloat16) for _ in range(reps)]
+
+
+def bench_decode(model, layer, batch, bw, check, config=None, xs=None) -> dict:
+    """`xs`: the token batches (`decode_inputs`), so configs can be compared on the same routing."""
+    args = layer_args(layer)
+    xs = xs or decode_inputs(layer, batch)
+    reps = len(xs)
     outs = [torch.empty_like(x) for x in xs]
     touched, nbytes = [], []
     for x, out in zip(xs, outs):
@@ -288,6 +297,154 @@ def bench_decode(model, layer, batch, bw, check, config=None) -> dict:
         row["peers"] = run_peers("decode", {"x": xs[0], "layer": layer, "topk_weights": weights,
                                             "topk_ids": ids}, t, outs[0])
     return row
+
+
+def accuracy_on_own_routing(x, layer, config) -> dict:
+    """Error vs `moe_ref` on the kernel's own routing (the decode front's logits may sit an ulp from
+    torch's GEMM, which can swap an expert: that is the router's contract, not the experts'), and
+    whether three calls agree bit for bit."""
+    run = lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layer), top_k=TOP_K, limit=LIMIT, config=config,  # noqa: E731
+                                            return_routing=True)
+    out, weights, ids = run()
+    ref = moe_kernels.moe_ref(x, None, None, *layer_args(layer)[2:], top_k=TOP_K, limit=LIMIT, routing=(weights, ids))
+    diff = (out.float() - ref.float()).abs()
+    return {"max_rel_err_vs_ref": (diff.max() / ref.float().abs().max()).item(),
+            "rel_fro_vs_ref": (diff.norm() / ref.float().norm()).item(),
+            "bit_reproducible": bool(torch.equal(out, run()[0]) and torch.equal(out, run()[0]))}
+
+
+def gemv_sweep(layers, bw, rows, kernel_rows, save, batches):
+    """Decode GEMV variants (`moe_kernels.decode_gemv_variants`) beside the table's pick, per model
+    and batch, all on the same token batches (so the same routing and bytes); `x_vs_table` > 1:
+    the variant is faster. Device time per kernel (profiler) for the table, the first variant and the
+    PDL one at batch 1."""
+    for model in sorted(layers, key=lambda m: m != "120b"):
+        layer = layers[model]
+        for batch in batches:
+            xs = decode_inputs(layer, batch)
+            table_us = None
+            for config in [None] + moe_kernels.decode_gemv_variants(batch):
+                chosen = config or moe_kernels.select_config(batch)
+                row = {"model": model, "tokens": batch, "config": chosen.short(), "is_table": config is None}
+                try:
+                    r = bench_decode(model, layer, batch, bw, check=False, config=config, xs=xs)
+                    row.update(time_us=r["time_us"], pct_of_copy_bw=r["pct_of_copy_bw"], MB_per_call=r["MB_per_call"])
+                    if config is None:
+                        table_us = r["time_us"]
+                    if table_us:
+                        row["x_vs_table"] = table_us / r["time_us"]
+                    row.update(accuracy_on_own_routing(xs[0], layer, config))
+                except Exception as exc:  # a variant's failure is a result, not a crash
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                rows.append(row)
+                print(row, flush=True)
+            save()
+    if DEVICE != "cuda":
+        return
+    model = sorted(layers, key=lambda m: m != "120b")[0]
+    x = torch.randn(1, layers[model]["w1"].shape[2], device=DEVICE).to(torch.bfloat16)
+    variants = moe_kernels.decode_gemv_variants(1)
+    for config in (None, variants[0], next((c for c in variants if c.pdl), variants[-1])):
+        label = f"{model}_decode_1 " + (config.short() if config else "table")
+        kernel_rows[label] = kernel_times(lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layers[model]), top_k=TOP_K,
+                                                                           limit=LIMIT, config=config))
+
+
+def gemv_winners(rows) -> list:
+    """Per (model, batch): the table's time and the fastest bit-reproducible variant."""
+    out = []
+    for key in dict.fromkeys((r["model"], r["tokens"]) for r in rows):
+        rs = [r for r in rows if (r["model"], r["tokens"]) == key and "time_us" in r]
+        table = next((r for r in rs if r["is_table"]), None)
+        ok = [r for r in rs if not r["is_table"] and r.get("bit_reproducible")]
+        if not ok:
+            continue
+        best = min(ok, key=lambda r: r["time_us"])
+        out.append({"model": key[0], "tokens": key[1], "table_us": table["time_us"] if table else None,
+                    "table_pct": table.get("pct_of_copy_bw") if table else None, "best_us": best["time_us"],
+                    "best_pct": best["pct_of_copy_bw"], "x_vs_table": best.get("x_vs_table"),
+                    "best_config": best["config"]})
+    return out
+
+
+class _Warmup:
+    """Stands in for a jit kernel in a precompile worker: `kernel[grid](...)` compiles (into Triton's
+    on-disk cache) without launching."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.fn.warmup(*args, grid=grid, **kwargs)
+
+
+JIT_KERNELS = ("_decode_front_kernel", "_front_kernel", "_count_kernel", "_align_kernel", "_mlp1_kernel",
+               "_mlp2_kernel", "_mlp1_gemv_kernel", "_mlp2_gemv_kernel", "_combine_kernel")
+
+
+def _precompile_worker(tasks, device="cuda") -> int:
+    """Spawned worker: the GEMV sweep's launches with empty full-size tensors (the specialisations
+    the timed calls get), compiled, none run: ("front", experts, tokens, block_m) runs the decode
+    front's launcher, ("experts", experts, tokens, config) mlp1/mlp2/combine's on a stand-in front."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_common as common
+
+    common.import_project()
+    from sglang_ext.kernels import moe as mod
+
+    for name in JIT_KERNELS:
+        setattr(mod, name, _Warmup(getattr(mod, name)))
+    dev = torch.device(device)
+    hidden = inter = 2880
+    nb = -(-hidden // 128)
+    for kind, num_experts, tokens, what in tasks:
+        x = torch.empty(tokens, hidden, dtype=torch.bfloat16, device=dev)
+        if kind == "front":
+            rw = torch.empty(num_experts, hidden, dtype=torch.bfloat16, device=dev)
+            mod._decode_front(x, rw, rw[:, 0].contiguous(), TOP_K, (num_experts, 0, what, 0))
+            continue
+        config = what or mod.select_config(tokens)
+        w1 = torch.empty(num_experts, 2 * inter, hidden, dtype=torch.float8_e4m3fn, device=dev)
+        w2 = torch.empty(num_experts, hidden, inter, dtype=torch.float8_e4m3fn, device=dev)
+        s1 = torch.empty(num_experts, 2 * nb, nb, device=dev)
+        s2 = torch.empty(num_experts, nb, nb, device=dev)
+        b1 = torch.empty(num_experts, 2 * inter, dtype=torch.bfloat16, device=dev)
+        b2 = torch.empty(num_experts, hidden, dtype=torch.bfloat16, device=dev)
+        mb = mod._max_blocks(tokens * TOP_K, num_experts, config.block_m)
+        front = (torch.empty(tokens, TOP_K, dtype=torch.bfloat16, device=dev),
+                 torch.empty(tokens, TOP_K, dtype=torch.int32, device=dev),
+                 torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device=dev),
+                 torch.empty(tokens, nb, device=dev), torch.empty(mb * config.block_m, dtype=torch.int32, device=dev),
+                 torch.empty(mb, dtype=torch.int32, device=dev), mb)
+        mod._experts(x, front, front[0], w1, s1, b1, w2, s2, b2, LIMIT, 0, num_experts, inter, config,
+                     torch.empty_like(x))
+        del w1, w2
+    return len(tasks)
+
+
+def precompile_gemv(models, batches, workers) -> float:
+    """Compile the GEMV sweep's kernels in `workers` spawned processes (Triton compiles one kernel
+    at a time per process); the timed calls then load them from Triton's cache. The expert kernels
+    do not specialise on the expert or token count, so each config compiles once; the decode
+    front does, per (experts, token tile, block_m). Returns the seconds taken."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    t0 = time.time()
+    fronts, experts = {}, {}
+    for model in models:
+        e = MODELS[model]
+        for batch in batches:
+            for config in [moe_kernels.select_config(batch)] + moe_kernels.decode_gemv_variants(batch):
+                fronts.setdefault((e, moe_kernels._decode_token_pad(batch), config.block_m),
+                                  ("front", e, batch, config.block_m))
+                experts.setdefault(config, ("experts", 32, batch, config))
+    tasks = list(experts.values()) + list(fronts.values())
+    buckets = [tasks[i::max(1, workers)] for i in range(max(1, workers))]
+    with cf.ProcessPoolExecutor(len(buckets), mp_context=mp.get_context("spawn")) as pool:
+        for f in [pool.submit(_precompile_worker, b) for b in buckets if b]:
+            f.result()
+    return time.time() - t0
 
 
 def bench_prefill(model, layer, tokens, ceil, config=None, with_peers=True) -> dict:
@@ -405,6 +562,11 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="skip the main tables, peers and profile")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16,32")
+    ap.add_argument("--gemv-sweep", action="store_true",
+                    help="only the decode GEMV variants beside the table's pick (no main tables, no config sweep)")
+    ap.add_argument("--gemv-batches", default="1,2,4,8")
+    ap.add_argument("--compile-workers", type=int, default=0,
+                    help="--gemv-sweep: compile its kernels first in this many processes (0: as they come)")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--hidden", type=int, default=2880, help=argparse.SUPPRESS)  # cpu smoke runs only
     ap.add_argument("--experts-override", type=int, default=0, help=argparse.SUPPRESS)
@@ -420,7 +582,7 @@ def main():
     seed = int(time.time() * 1000) % (1 << 31)
     layers = {m: make_layer(args.experts_override or MODELS[m], args.hidden, args.hidden, seed=seed + i)
               for i, m in enumerate(models)}
-    rows = {"decode": [], "prefill": [], "kernel_us": {}, "sweep": []}
+    rows = {"decode": [], "prefill": [], "kernel_us": {}, "sweep": [], "gemv": []}
     errors = []
 
     def save():  # after every section: a run cut short by a timeout still leaves its numbers
@@ -436,6 +598,19 @@ def main():
         except Exception:
             errors.append(traceback.format_exc())
             print(errors[-1], flush=True)
+
+    if args.gemv_sweep:
+        batches = [int(b) for b in args.gemv_batches.split(",")]
+        if args.compile_workers > 0 and DEVICE == "cuda":
+            try:
+                ceil["precompile_s"] = precompile_gemv(models, batches, args.compile_workers)
+            except Exception:  # the sweep then compiles as it goes
+                errors.append(traceback.format_exc())
+            print({"precompile_s": ceil.get("precompile_s")}, flush=True)
+        attempt(lambda: gemv_sweep(layers, bw, rows["gemv"], rows["kernel_us"], save, batches))
+        meta = save()
+        print(markdown(meta, rows, ceil))
+        return
 
     for model in models if not args.sweep_only else []:
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -481,23 +656,26 @@ def markdown(meta, rows, ceil) -> str:
         f"{meta.get('gpu', meta['device'])}, torch {meta['torch']}, triton {meta.get('triton')}, {meta['date']}, "
         f"{meta['elapsed_s']} s. Measured now: copy bandwidth {ceil['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {ceil['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s"
-        + (f", FP8 matmul {fp8 / 1e12:.0f} TFLOP/s" if fp8 else "") + ".", "",
-        "## Decode (CUDA-graph replays over distinct token batches; bytes = experts touched)", "",
-        md_table(rows["decode"], [
-            ("model", "model", None), ("batch", "batch", None), ("us", "time_us", "{:.1f}"),
-            ("experts touched", "experts_touched", "{:.1f}"), ("MB", "MB_per_call", "{:.0f}"),
-            ("floor us", "floor_us", "{:.1f}"), ("TB/s", "achieved_TBps", "{:.2f}"),
-            ("% of copy", "pct_of_copy_bw", "{:.0f}"), ("max rel err vs ref", "max_rel_err_vs_ref", "{:.1e}")]),
-        "",
-        "## Prefill (whole layer vs bf16 torch._grouped_mm on the same routing)", "",
-        md_table(rows["prefill"], [
-            ("model", "model", None), ("tokens", "tokens", None), ("ms", "time_ms", "{:.2f}"),
-            ("TFLOP/s", "TFLOPs", "{:.0f}"), ("% of FP8 matmul", "pct_of_fp8_matmul", "{:.0f}"),
-            ("x vs grouped_mm pipeline", "speedup_vs_grouped_mm_pipeline", "{:.2f}"),
-            ("x vs its 2 GEMMs only", "speedup_vs_grouped_mm_gemms", "{:.2f}"),
-            ("max rel err vs ref", "max_rel_err_vs_ref", "{:.1e}")]),
-        "",
+        + (f", FP8 matmul {fp8 / 1e12:.0f} TFLOP/s" if fp8 else "")
+        + (f"; kernels precompiled in {ceil['precompile_s']:.0f} s" if ceil.get("precompile_s") else "") + ".", "",
     ]
+    if rows["decode"]:
+        lines += ["## Decode (CUDA-graph replays over distinct token batches; bytes = experts touched)", "",
+                  md_table(rows["decode"], [
+                      ("model", "model", None), ("batch", "batch", None), ("us", "time_us", "{:.1f}"),
+                      ("experts touched", "experts_touched", "{:.1f}"), ("MB", "MB_per_call", "{:.0f}"),
+                      ("floor us", "floor_us", "{:.1f}"), ("TB/s", "achieved_TBps", "{:.2f}"),
+                      ("% of copy", "pct_of_copy_bw", "{:.0f}"), ("max rel err vs ref", "max_rel_err_vs_ref", "{:.1e}")]),
+                  ""]
+    if rows["prefill"]:
+        lines += ["## Prefill (whole layer vs bf16 torch._grouped_mm on the same routing)", "",
+                  md_table(rows["prefill"], [
+                      ("model", "model", None), ("tokens", "tokens", None), ("ms", "time_ms", "{:.2f}"),
+                      ("TFLOP/s", "TFLOPs", "{:.0f}"), ("% of FP8 matmul", "pct_of_fp8_matmul", "{:.0f}"),
+                      ("x vs grouped_mm pipeline", "speedup_vs_grouped_mm_pipeline", "{:.2f}"),
+                      ("x vs its 2 GEMMs only", "speedup_vs_grouped_mm_gemms", "{:.2f}"),
+                      ("max rel err vs ref", "max_rel_err_vs_ref", "{:.1e}")]),
+                  ""]
     peer_lines = []
     for r in rows["decode"] + rows["prefill"]:
         for name, p in (r.get("peers") or {}).items():
@@ -510,6 +688,20 @@ def markdown(meta, rows, ceil) -> str:
         for label, times in rows["kernel_us"].items():
             lines.append(f"- {label}: " + ", ".join(f"{k} {v}" for k, v in list(times.items())[:8]))
         lines.append("")
+    if rows.get("gemv"):
+        lines += ["## Decode GEMV variants: fastest bit-reproducible per shape vs the table's pick", "", md_table(
+            gemv_winners(rows["gemv"]), [
+                ("model", "model", None), ("batch", "tokens", None), ("table us", "table_us", "{:.1f}"),
+                ("table % copy", "table_pct", "{:.0f}"), ("best us", "best_us", "{:.1f}"),
+                ("best % copy", "best_pct", "{:.0f}"), ("x vs table", "x_vs_table", "{:.2f}"),
+                ("config", "best_config", None)]), ""]
+        lines += ["## Decode GEMV variants (same token batches per model and batch; x vs table > 1: faster; "
+                  "error on the kernel's own routing)", "", md_table(rows["gemv"], [
+                      ("model", "model", None), ("batch", "tokens", None), ("config", "config", None),
+                      ("table", "is_table", None), ("us", "time_us", "{:.1f}"), ("% copy", "pct_of_copy_bw", "{:.0f}"),
+                      ("x vs table", "x_vs_table", "{:.2f}"), ("max rel err", "max_rel_err_vs_ref", "{:.1e}"),
+                      ("rel fro", "rel_fro_vs_ref", "{:.1e}"), ("bit-repro", "bit_reproducible", None),
+                      ("error", "error", None)]), ""]
     if rows["sweep"]:
         lines += ["## Sweep: fastest bit-reproducible config per shape vs the table's", "", md_table(
             sweep_winners(rows["sweep"]), [

@@ -28,6 +28,18 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
      quantise as it loads it, a slower path kept for the sweep and the tests);
   4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
   5. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
+  3.-5. decode GEMV path (`MoeConfig.gemv`; `decode_gemv_variants` lists the configs the H200
+     sweep compares with the table, which does not use them yet): `_mlp1_gemv_kernel` and
+     `_mlp2_gemv_kernel` treat each sorted block of `block_m` (1..4) pairs of one expert as GEMV
+     rows. Program (K split, block, row tile) streams a weight slab of 64-128 rows x 2-8 K blocks
+     once through cp.async stages, swap-AB against a block-diagonal x tile (`_gemv_slab`), both
+     scales loaded once before its K loop; the last arriver of each 128-column h group loads all
+     splits' fp32 partials at once (fixed order), adds b1, applies the activation and
+     requantises h; mlp2's adds b2 and (`fuse_combine`) the last local pair of each token does
+     step 5 (no launch); `pdl` starts mlp2 as mlp1's programmatic dependent, its slabs pulled
+     into L2 while mlp1 drains. Why: at batch 1 `_mlp1_kernel` (200 registers, 184 programs,
+     1.4 an SM) waited each K iteration on x and scale loads Triton does not pipeline: 58% of
+     copy bandwidth (H200, ncu), mlp2 52%.
 
 Split-K (config `mlp1_split_k` / `mlp2_split_k`, for decode, where 4 experts x 23 tiles leave
 SMs idle): each split of mlp1 stores fp32 partials and bumps a per-tile counter; the split that
@@ -64,7 +76,7 @@ benchmarks/bench_moe.py (benchmarks/results/sweeps/moe.md; see the table's comme
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +84,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.layers.fp8 import (
@@ -109,12 +122,28 @@ class MoeConfig:
     # runs the epilogue; mlp2's splits leave one slab each, summed in order by the combine.
     mlp1_split_k: int = 1
     mlp2_split_k: int = 1
+    # Decode GEMV path (`_mlp1_gemv_kernel`, `_mlp2_gemv_kernel`): `block_m` (1..16) pairs of
+    # one expert per program (the sort's block), `mlp1_block_n` intermediate columns (2x as many
+    # W1 rows, <= 128) and `mlp2_block_n` W2 rows per program, each K range
+    # (`*_split_k`: K blocks per program = cdiv(K blocks, split)) streamed once as a weight slab;
+    # the last arriver of each h group (mlp1) or output tile (mlp2) reduces all splits.
+    gemv: bool = False
+    gemv_fma: bool = False  # FMA blocks, the slab in registers (else tensor cores, swap-AB)
+    fuse_combine: bool = False  # gemv: mlp2's last arrivers also do the weighted combine
+    # gemv, compiled: mlp2 (and the combine) as programmatic dependent launches: mlp2's programs
+    # start once all of mlp1's are resident and pull their weight slabs into L2 before waiting
+    pdl: bool = False
 
     @property
     def fused_requant(self) -> bool:
-        return self.mlp1_block_n % QUANT_GROUP == 0
+        return self.gemv or self.mlp1_block_n % QUANT_GROUP == 0
 
     def short(self) -> str:
+        if self.gemv:
+            return (f"gemv{'-fma' if self.gemv_fma else ''} m{self.block_m} "
+                    f"mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}/k{self.mlp1_split_k} "
+                    f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}/k{self.mlp2_split_k}"
+                    + (" fc" if self.fuse_combine else "") + (" pdl" if self.pdl else ""))
         text = (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages} "
                 f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages} g{self.group_m}")
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
@@ -174,11 +203,54 @@ def select_config(num_tokens: int) -> MoeConfig:
     raise AssertionError("the last table row covers every token count")
 
 
+def decode_gemv_variants(num_tokens: int) -> list[MoeConfig]:
+    """GEMV-path configs for decode batches (T <= 8) that the H200 sweep (benchmarks/bench_moe.py
+    --gemv-sweep) times against the table's pick and the GPU test checks; not in the table yet.
+
+    Registers and shared memory per program (ptxas, sm_90a, Triton 3.6; mlp1 / mlp2, one row per
+    program; `_mlp1_kernel` of the table: 200 and 68 KB): the base, 64 W1 rows x 4 K blocks
+    (32 KB of weight), 5 stages (the whole slab in flight from the start): 46 / 48 registers,
+    50 KB (4 programs an SM: ~128 KB in flight per SM, ~4x what HBM's latency needs at 4.2 TB/s);
+    2 K blocks, 3 stages: 71 / 40, 30 KB; 8 blocks, 5 or 9 stages: 40 / 40 or 57, 50 or 90 KB;
+    128-row tiles: 64 / 97 (4 warps), 40 / 40 (8 warps), 90 KB; fused combine (+ PDL): mlp2 84;
+    FMA (slab in registers): 95 / 95, no shared memory. 2 rows: mlp1 64; 4 rows: mlp1 110 (its
+    last arriver's loads), mlp2 40. No spills. Not listed: 8 rows (mlp1 128-254 registers)."""
+    C = MoeConfig
+    base = C(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=6, mlp2_split_k=6, gemv=True)
+    out = [
+        base,
+        replace(base, mlp1_stages=3, mlp2_stages=3, mlp1_split_k=12, mlp2_split_k=12),  # 16 KB programs
+        replace(base, mlp1_split_k=3, mlp2_split_k=3),  # 64 KB programs, half of them in flight
+        replace(base, mlp1_stages=9, mlp2_stages=9, mlp1_split_k=3, mlp2_split_k=3),  # all in flight
+        replace(base, mlp1_block_n=64, mlp2_block_n=128),  # 128-row tiles
+        replace(base, mlp1_block_n=64, mlp2_block_n=128, mlp1_warps=8, mlp2_warps=8),
+        replace(base, fuse_combine=True),
+        replace(base, fuse_combine=True, pdl=True),
+        replace(base, gemv_fma=True, mlp1_stages=1, mlp2_stages=1),
+        replace(base, gemv_fma=True, mlp1_stages=1, mlp2_stages=1, mlp1_block_n=16, mlp2_block_n=32,
+                mlp1_split_k=3, mlp2_split_k=3),
+    ]
+    # rows of one expert per program: worth it only where an expert is picked by several tokens
+    out += [replace(base, block_m=bm) for bm in (2, 4) if bm <= num_tokens]
+    return out
+
+
 def _check_config(config: MoeConfig) -> None:
     for name in ("block_m", "mlp1_block_n", "mlp2_block_n", "align_chunk"):
         value = getattr(config, name)
         if value < 1 or value & (value - 1):
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
+    if config.gemv:
+        # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
+        if not (config.block_m <= 16 and 8 <= config.mlp1_block_n <= 64 and 16 <= config.mlp2_block_n <= 128):
+            raise ValueError("MoeConfig.gemv: block_m <= 16, mlp1_block_n 8..64, mlp2_block_n 16..128")
+        if not (1 <= config.mlp1_split_k <= 64 and 1 <= config.mlp2_split_k <= 64):
+            raise ValueError("MoeConfig.gemv: split_k must be in 1..64")
+        if config.gemv_fma and config.block_m != 1:
+            raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
+        return
+    if config.fuse_combine or config.gemv_fma or config.pdl:
+        raise ValueError("MoeConfig: fuse_combine, gemv_fma and pdl need gemv")
     if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:
         raise ValueError("MoeConfig: block_m and block_n must be >= 16 (tensor-core tile)")
     if not (1 <= config.mlp1_split_k <= 8 and 1 <= config.mlp2_split_k <= 8):
@@ -793,13 +865,336 @@ def _mlp2_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
+# 3./4. decode GEMV path (MoeConfig.gemv): each touched expert's weights streamed as GEMV slabs
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gemv_slab(W_ROWS, w_row_ok, X_COLS, x_col_ok, col_kb, sc, k_len, kb_count,
+               ROWS: tl.constexpr, BLOCK_W: tl.constexpr, NCOL: tl.constexpr,
+               USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """One program's weight slab (BLOCK_W rows x kb_count <= NCOL // ROWS K blocks) times its ROWS
+    activation rows -> [ROWS, BLOCK_W] fp32: per 128-block sums, each scaled by a_scale * w_scale.
+
+    W_ROWS [BLOCK_W]: pointers to the rows at the slab's first K; X_COLS [NCOL]: the pointer of
+    each x-side column at that K, column c = (block c // ROWS, row c % ROWS); col_kb its block (-1:
+    a padding column); x_col_ok false for padding and for rows past the pairs; sc [NCOL] the
+    column's a_scale * w_scale (0 where not ok); k_len: valid K from the slab's start.
+
+    USE_DOT (swap-AB, as fp8_gemm's decode GEMV: the weight is the MMA's 64+-row side, x the
+    NCOL >= 16 side): iteration i loads x only into block i's columns (the rest are masked, so
+    the copy writes zeros without reading), so column (i, r) of dot_i is block i's sum for row r
+    and every other column an exact 0. Each column thus collects its one block, scaled by a
+    loop-invariant factor, and one sum over the block axis after the loop gives the rows. The x
+    tile rides the weight's cp.async stages: nothing in the loop waits on any other load (in
+    `_mlp1_kernel` each iteration waited for its x and weight scales, never pipelined).
+    FMA (not USE_DOT, ROWS == 1: two rows take 255 registers and spill): the slab [BLOCK_W,
+    blocks, 128] and x in one load each (registers), exact e4m3 products, fp32 sums per block."""
+    offs_k = tl.arange(0, 128)
+    CB: tl.constexpr = NCOL // ROWS  # column blocks: >= the slab's K blocks
+    if USE_DOT:
+        acc_c = tl.zeros([BLOCK_W, NCOL], dtype=tl.float32)
+        w_ptrs = W_ROWS[:, None] + offs_k[None, :]
+        x_ptrs = X_COLS[:, None] + offs_k[None, :]
+        for i in range(0, kb_count):
+            k_ok = offs_k < k_len - i * 128
+            w = tl.load(w_ptrs, mask=w_row_ok[:, None] & k_ok[None, :], other=0.0)
+            xt = tl.load(x_ptrs, mask=(x_col_ok & (col_kb == i))[:, None] & k_ok[None, :], other=0.0)
+            if DOT_FP32:  # interpreter: exact products, fp32 sums (its tl.dot is a slow numpy loop)
+                d = tl.sum(w.to(tl.float32)[:, None, :] * xt.to(tl.float32)[None, :, :], axis=2)
+            else:
+                d = tl.dot(w, tl.trans(xt))  # [BLOCK_W, NCOL]
+            acc_c += d * sc[None, :]
+            w_ptrs += 128
+            x_ptrs += 128
+        return tl.trans(tl.sum(tl.reshape(acc_c, [BLOCK_W, CB, ROWS]), axis=1))
+    else:
+        offs_b = tl.arange(0, CB)
+        kk = offs_b[:, None] * 128 + offs_k[None, :]  # [CB, 128] from the slab's first K
+        k_ok = (offs_b < kb_count)[:, None] & (kk < k_len)
+        wf = tl.load(W_ROWS[:, None, None] + kk[None, :, :], mask=w_row_ok[:, None, None] & k_ok[None, :, :],
+                     other=0.0).to(tl.float32)  # [BLOCK_W, CB, 128]
+        xf = tl.load(X_COLS[:, None] + kk, mask=(x_col_ok & (col_kb >= 0))[:, None] & k_ok,
+                     other=0.0).to(tl.float32)  # [CB, 128]
+        d = tl.sum(wf * tl.reshape(xf, [CB, 128])[None, :, :], axis=2)  # [BLOCK_W, CB] (ROWS == 1)
+        return tl.sum(d * sc[None, :], axis=1)[None, :]
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """One `prefetch.global.L2` per element (compiled only)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+def _mlp1_gemv_kernel(
+    XQ, XS,  # x e4m3 [T, H], scales [T, cdiv(H, 128)]
+    W1, W1S, B1,  # [E, 2I, H] e4m3, [E, cdiv(2I, 128), cdiv(H, 128)] fp32, [E, 2I]
+    SORTED_PAIRS, BLOCK_EXPERT,  # the sort's layout with BLOCK_M = ROWS
+    HQ, HS,  # out: h e4m3 [rows, I], scales [rows, cdiv(I, 128)] (rows in the sorted order)
+    PART, COUNTERS,  # fp32 [SPLITS, rows, 2I]; int32 per (block, h group), zero between launches
+    num_pairs, hidden, inter, num_blocks, limit, alpha,
+    stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
+    TOP_K: tl.constexpr,
+    ROWS: tl.constexpr,  # pairs per program: one sorted block, all of one expert
+    BLOCK_W: tl.constexpr,  # W1 rows per program (<= 128: one scale block; interleaved gate/linear)
+    KBP: tl.constexpr,  # K blocks per program
+    NCOL: tl.constexpr,  # x-side MMA columns: max(16, next_pow2(KBP * ROWS))
+    SPLITS: tl.constexpr,  # cdiv(cdiv(H, 128), KBP)
+    RED_CHUNK: tl.constexpr,  # splits per load in the last arriver's sum
+    USE_DOT: tl.constexpr,
+    HAS_B1: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PDL: tl.constexpr,  # mlp2 is launched as our programmatic dependent
+):
+    """Decode mlp1: program (split, block, tile) streams BLOCK_W rows of its block's expert over
+    KBP K blocks and stores the fp32 partial; the last of the (tiles of one 128-column h group) x
+    (splits) programs to arrive sums their partials (all splits per load, in fixed order: bits
+    independent of arrival order), adds b1, applies the gpt-oss activation and requantises the
+    group; then resets its counter (no memset per call)."""
+    if PDL:  # mlp2's programs may start once all of ours are resident (they wait for h themselves)
+        gdc_launch_dependents()
+    # Program -> (split, block, tile), the split fastest: an h group's programs run close together,
+    # so its last arriver's epilogue overlaps other programs' streaming rather than all of them
+    # waiting for the last wave; then the block: programs of a duplicated expert run side by side
+    # (the second read of a slab hits L2).
+    pid = tl.program_id(0)
+    split = pid % SPLITS
+    block = (pid // SPLITS) % num_blocks
+    tile = pid // SPLITS // num_blocks
+    # x-side column c = (K block c // ROWS of this program, row c % ROWS of the block); -1: padding.
+    # The pairs load is issued beside the expert's (in bounds; an unused block's slots are never
+    # used), so the x copies wait one L2 round trip, not two in series.
+    offs_c = tl.arange(0, NCOL)
+    col_row = block * ROWS + offs_c % ROWS
+    col_pair = tl.load(SORTED_PAIRS + col_row)
+    expert = tl.load(BLOCK_EXPERT + block)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    two_inter = 2 * inter
+    num_kb = tl.cdiv(hidden, 128)
+    k_first = split * KBP
+    kb_count = tl.minimum(KBP, num_kb - k_first)
+    col_kb = tl.where((offs_c < KBP * ROWS) & (offs_c // ROWS < kb_count), offs_c // ROWS, -1)
+    col_ok = (col_pair < num_pairs) & (col_kb >= 0)
+    col_token = (col_pair // TOP_K).to(tl.int64)
+    wrows = tile * BLOCK_W + tl.arange(0, BLOCK_W)
+    w_row_ok = wrows < two_inter
+    # both scales for all of this program's blocks, once, off the K loop
+    x_scale = tl.load(XS + col_token * num_kb + k_first + col_kb, mask=col_ok, other=0.0)
+    w_scale = tl.load(W1S + expert * stride_w1s_e + (tile * BLOCK_W // 128) * stride_w1s_n + k_first + col_kb,
+                      mask=col_ok, other=0.0)
+    w_rows = W1 + expert * stride_w1_e + wrows.to(tl.int64) * stride_w1_n + k_first * 128
+    x_cols = XQ + col_token * hidden + k_first * 128
+    acc = _gemv_slab(w_rows, w_row_ok, x_cols, col_ok, col_kb, x_scale * w_scale, hidden - k_first * 128,
+                     kb_count, ROWS, BLOCK_W, NCOL, USE_DOT, DOT_FP32)  # [ROWS, BLOCK_W]
+
+    offs_r = tl.arange(0, ROWS)
+    rows = (block * ROWS + offs_r).to(tl.int64)
+    row_ok = tl.load(SORTED_PAIRS + rows) < num_pairs
+    slab = num_blocks.to(tl.int64) * (ROWS * two_inter)
+    tl.store(PART + split * slab + rows[:, None] * two_inter + wrows[None, :], acc,
+             mask=row_ok[:, None] & w_row_ok[None, :])
+    # last arriver of the h group: the partials stored by all threads before the release
+    group = tile * BLOCK_W // 256
+    tiles_in_group = tl.cdiv(tl.minimum(256, two_inter - group * 256), BLOCK_W)
+    counter = COUNTERS + block * tl.cdiv(inter, 128) + group
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived != tiles_in_group * SPLITS - 1:
+        return
+    tl.store(counter, 0)
+    tl.debug_barrier()  # the acquire above before any thread reads the other partials
+
+    # every split's partials of the group, RED_CHUNK splits per load, gate and linear rows apart
+    offs_c = tl.arange(0, 128)
+    cols = group * 128 + offs_c  # intermediate columns: W1 rows 2c (gate) and 2c + 1 (linear)
+    c_ok = cols < inter
+    offs_s = tl.arange(0, RED_CHUNK)
+    ok3 = row_ok[None, :, None] & c_ok[None, None, :]
+    g_ptrs = PART + rows[None, :, None] * two_inter + 2 * cols[None, None, :]
+    acc_g = tl.zeros([ROWS, 128], dtype=tl.float32)
+    acc_l = tl.zeros([ROWS, 128], dtype=tl.float32)
+    for s0 in tl.static_range(0, SPLITS, RED_CHUNK):
+        s = s0 + offs_s
+        ptrs = g_ptrs + (s.to(tl.int64) * slab)[:, None, None]
+        ok = (s < SPLITS)[:, None, None] & ok3
+        acc_g += tl.sum(tl.load(ptrs, mask=ok, other=0.0, cache_modifier=".cg"), axis=0)
+        acc_l += tl.sum(tl.load(ptrs + 1, mask=ok, other=0.0, cache_modifier=".cg"), axis=0)
+    if HAS_B1:
+        b1_ptrs = B1 + expert * stride_b1_e + 2 * cols
+        acc_g += tl.load(b1_ptrs, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        acc_l += tl.load(b1_ptrs + 1, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    gate = tl.minimum(acc_g, limit)
+    lin = tl.minimum(tl.maximum(acc_l, -limit), limit)
+    h = gate * tl.sigmoid(gate * alpha) * (lin + 1.0)
+    ok = row_ok[:, None] & c_ok[None, :]
+    q, scale = _quantize_e4m3(tl.where(ok, h, 0.0), 1)
+    tl.store(HQ + rows[:, None] * inter + cols[None, :], q, mask=ok)
+    tl.store(HS + rows * tl.cdiv(inter, 128) + group, scale, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "num_tokens"])
+def _mlp2_gemv_kernel(
+    HQ, HS,  # h as `_mlp1_gemv_kernel` left it
+    W2, W2S, B2,  # [E, H, I] e4m3, [E, cdiv(H, 128), cdiv(I, 128)] fp32, [E, H]
+    SORTED_PAIRS, BLOCK_EXPERT,
+    PAIR_OUT,  # fp32 [T * TOP_K, H]: y per pair (b2 included)
+    PART, COUNTERS,  # fp32 [SPLITS, rows, H]; int32 per (block, n tile), then (FUSE_COMBINE) per (token, n tile)
+    TOPK_W, TOPK_IDS, OUT,  # FUSE_COMBINE: the combine's operands and output
+    num_pairs, hidden, inter, num_blocks, num_tokens, stride_out, expert_offset, num_local,
+    stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
+    TOP_K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # W2 rows (output columns) per program, <= 128
+    KBP: tl.constexpr,
+    NCOL: tl.constexpr,
+    SPLITS: tl.constexpr,
+    RED_CHUNK: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    HAS_B2: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    FUSE_COMBINE: tl.constexpr,
+    K_PAD: tl.constexpr,  # next_pow2(TOP_K)
+    ZERO_BLOCK_T: tl.constexpr,  # FUSE_COMBINE: tokens per zero-fill program (the grid's last ones)
+    PDL: tl.constexpr,  # launched as mlp1's programmatic dependent (see below)
+    KBP_P2: tl.constexpr,  # next_pow2(KBP): the prefetch's K blocks
+):
+    """Decode mlp2: as `_mlp1_gemv_kernel`, over W2; the last of a (block, n tile)'s splits sums
+    their partials in fixed order and adds b2 (no split: the program itself). FUSE_COMBINE: then
+    each token's last local pair to finish an n tile (a second counter per (token, n tile))
+    writes out = sum_j w_j y_j over its k slots in slot order (`_combine_kernel`'s maths, no
+    launch); the grid's last programs write zeros for tokens with no local pair (EP)."""
+    num_n = tl.cdiv(hidden, BLOCK_N)
+    pid = tl.program_id(0)
+    if FUSE_COMBINE:
+        main = SPLITS * num_blocks * num_n
+        if pid >= main:  # (reads only the routing: no wait for mlp1 under PDL)
+            _combine_zero_rows(pid - main, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
+                               TOP_K, K_PAD, ZERO_BLOCK_T)
+            return
+    split = pid % SPLITS  # as in `_mlp1_gemv_kernel`
+    block = (pid // SPLITS) % num_blocks
+    tile = pid // SPLITS // num_blocks
+    offs_c = tl.arange(0, NCOL)
+    col_row = block * ROWS + offs_c % ROWS
+    col_pair = tl.load(SORTED_PAIRS + col_row)
+    expert = tl.load(BLOCK_EXPERT + block)
+    if expert < 0:
+        return
+    expert = expert.to(tl.int64)
+    num_kb = tl.cdiv(inter, 128)
+    k_first = split * KBP
+    kb_count = tl.minimum(KBP, num_kb - k_first)
+    col_kb = tl.where((offs_c < KBP * ROWS) & (offs_c // ROWS < kb_count), offs_c // ROWS, -1)
+    col_ok = (col_pair < num_pairs) & (col_kb >= 0)
+    col_row = col_row.to(tl.int64)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = cols < hidden
+    w_scale = tl.load(W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n + k_first + col_kb,
+                      mask=col_ok, other=0.0)
+    w_rows = W2 + expert * stride_w2_e + cols.to(tl.int64) * stride_w2_n + k_first * 128
+    if PDL:
+        # Started while mlp1 still runs (its programs all resident): the slab depends on the routing
+        # only, so pull it into L2 now, one prefetch per 128-byte line, then wait for h.
+        offs_b = tl.arange(0, KBP_P2)
+        lines = tl.where(n_ok, w_rows, W2)[:, None] + (tl.minimum(offs_b, kb_count - 1) * 128)[None, :]
+        _prefetch_l2(lines)
+        gdc_wait()
+        gdc_launch_dependents()
+    x_scale = tl.load(HS + col_row * num_kb + k_first + col_kb, mask=col_ok, other=0.0)  # h's: after the wait
+    x_cols = HQ + col_row * inter + k_first * 128
+    acc = _gemv_slab(w_rows, n_ok, x_cols, col_ok, col_kb, x_scale * w_scale, inter - k_first * 128,
+                     kb_count, ROWS, BLOCK_N, NCOL, USE_DOT, DOT_FP32)  # [ROWS, BLOCK_N]
+
+    offs_r = tl.arange(0, ROWS)
+    rows = (block * ROWS + offs_r).to(tl.int64)
+    pairs = tl.load(SORTED_PAIRS + rows)
+    row_ok = pairs < num_pairs
+    ok = row_ok[:, None] & n_ok[None, :]
+    if SPLITS > 1:
+        slab = num_blocks.to(tl.int64) * (ROWS * hidden)
+        part_ptrs = PART + rows[:, None] * hidden + cols[None, :]
+        tl.store(part_ptrs + split * slab, acc, mask=ok)
+        counter = COUNTERS + block * num_n + tile
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived != SPLITS - 1:
+            return
+        tl.store(counter, 0)
+        tl.debug_barrier()
+        offs_s = tl.arange(0, RED_CHUNK)
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for s0 in tl.static_range(0, SPLITS, RED_CHUNK):
+            s = s0 + offs_s
+            acc += tl.sum(tl.load(part_ptrs[None, :, :] + (s.to(tl.int64) * slab)[:, None, None],
+                                  mask=(s < SPLITS)[:, None, None] & ok[None, :, :], other=0.0,
+                                  cache_modifier=".cg"), axis=0)
+    if HAS_B2:
+        acc += tl.load(B2 + expert * stride_b2_e + cols, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = PAIR_OUT + pairs.to(tl.int64)[:, None] * hidden + cols[None, :]
+    tl.store(y_ptrs, acc, mask=ok)
+    if FUSE_COMBINE:
+        # rows of one block are distinct tokens (an expert appears once in a token's top-k)
+        tokens = (pairs // TOP_K).to(tl.int64)
+        offs_k = tl.arange(0, K_PAD)
+        ids = tl.load(TOPK_IDS + tokens[:, None] * TOP_K + offs_k[None, :],
+                      mask=row_ok[:, None] & (offs_k < TOP_K)[None, :], other=-1).to(tl.int32) - expert_offset
+        local = (ids >= 0) & (ids < num_local)
+        needed = tl.sum(local.to(tl.int32), axis=1)
+        counter2 = COUNTERS + num_blocks * num_n + tokens * num_n + tile
+        tl.debug_barrier()
+        arrived2 = tl.atomic_add(counter2, 1, mask=row_ok, sem="acq_rel", scope="gpu")
+        last = row_ok & (arrived2 == needed - 1)
+        if tl.max(last.to(tl.int32), axis=0) == 0:
+            return
+        tl.store(counter2, 0, mask=last)
+        tl.debug_barrier()
+        out = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):  # slot order, as `_combine_kernel`
+            mine = last & (tl.sum(tl.where(offs_k[None, :] == j, local.to(tl.int32), 0), axis=1) > 0)
+            w = tl.load(TOPK_W + tokens * TOP_K + j, mask=mine, other=0.0).to(tl.float32)
+            y = tl.load(PAIR_OUT + (tokens * TOP_K + j)[:, None] * hidden + cols[None, :],
+                        mask=mine[:, None] & n_ok[None, :], other=0.0, cache_modifier=".cg")
+            out += w[:, None] * y
+        if OUT.dtype.element_ty == tl.bfloat16:
+            out = _round_to_bf16(out)
+        tl.store(OUT + tokens[:, None] * stride_out + cols[None, :], out.to(OUT.dtype.element_ty),
+                 mask=last[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _combine_zero_rows(q, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
+                       TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Fused combine's other half: zeros for BLOCK_T tokens' rows that no local pair writes (EP)."""
+    tokens = q * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = tokens < num_tokens
+    tokens = tokens.to(tl.int64)
+    offs_k = tl.arange(0, K_PAD)
+    ok2 = token_ok[:, None] & (offs_k < TOP_K)[None, :]
+    ids = tl.load(TOPK_IDS + tokens[:, None] * TOP_K + offs_k[None, :], mask=ok2, other=0).to(tl.int32) - expert_offset
+    local = ok2 & (ids >= 0) & (ids < num_local)
+    empty = token_ok & (tl.sum(local.to(tl.int32), axis=1) == 0)
+    offs_h = tl.arange(0, 1024)
+    for c0 in range(0, hidden, 1024):
+        cols = c0 + offs_h
+        tl.store(OUT + tokens[:, None] * stride_out + cols[None, :],
+                 tl.zeros([BLOCK_T, 1024], dtype=OUT.dtype.element_ty), mask=empty[:, None] & (cols < hidden)[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
 # 5. weighted combine
 # ---------------------------------------------------------------------------------------------
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
-                    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT_K: tl.constexpr):
+                    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT_K: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    if PDL:  # launched before mlp2 finished (programmatic dependent launch): wait for all of it
+        gdc_wait()
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = tokens < num_tokens
     tokens = tokens.to(tl.int64)
@@ -1120,11 +1515,107 @@ def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out):
     num_local, inter = _check_weights(x.shape[1], w1, w1_scale_inv, b1, w2, w2_scale_inv, b2)
     config = config or select_config(x.shape[0])
     _check_config(config)
+    if config.gemv_fma:
+        for rows, k_dim, split, warps in ((2 * config.mlp1_block_n, x.shape[1], config.mlp1_split_k, config.mlp1_warps),
+                                          (config.mlp2_block_n, inter, config.mlp2_split_k, config.mlp2_warps)):
+            blocks = gemv_shape(k_dim, config.block_m, split, False)[2] // config.block_m
+            if rows * blocks * QUANT_GROUP > GEMV_FMA_MAX_SLAB * 32 * warps:
+                raise ValueError(f"MoeConfig {config.short()}: an FMA slab of {rows} rows x {blocks} K blocks "
+                                 f"exceeds {GEMV_FMA_MAX_SLAB} bytes a thread: more splits or fewer rows")
     if out is None:
         out = torch.empty_like(x)
     elif out.shape != x.shape or out.stride(-1) != 1:
         raise ValueError(f"fused_moe_fp8: out must be {tuple(x.shape)} with a unit last stride")
     return num_local, inter, config, out
+
+
+GEMV_COUNTERS_OWNER = "moe_gemv"  # mlp1's and mlp2's GEMV kernels: one stream, each leaves zeros
+# The last arriver's sum loads at most this many fp32 partials per thread at once.
+GEMV_REDUCE_MAX_REGS = 64
+# FMA GEMV programs hold their slab in registers: at most this many bytes per thread.
+GEMV_FMA_MAX_SLAB = 256
+COMBINE_ZERO_BLOCK_T = 16
+
+
+def gemv_shape(k_dim: int, rows: int, split_k: int, use_dot: bool) -> tuple[int, int, int]:
+    """(K blocks per program, splits, x-side columns) of a GEMV launch over K = k_dim: the
+    config's split, no empty trailing split; NCOL = (K blocks, rows) columns as a power of two,
+    at least 16 for the MMA."""
+    num_kb = _cdiv(k_dim, QUANT_GROUP)
+    kbp = _cdiv(num_kb, min(split_k, num_kb))
+    ncol = _next_pow2(kbp * rows)
+    return kbp, _cdiv(num_kb, kbp), max(16, ncol) if use_dot else ncol
+
+
+def _gemv_red_chunk(splits: int, per_split_values: int, warps: int) -> int:
+    cap = max(1, GEMV_REDUCE_MAX_REGS * 32 * warps // per_split_values)
+    return min(_next_pow2(splits), 1 << (cap.bit_length() - 1))
+
+
+def _counters(owner: str, n: int, dev: torch.device) -> torch.Tensor:
+    buf = arrival_counters(owner, dev, max(n, 4096))
+    return buf if buf is not None else torch.zeros(n, dtype=torch.int32, device=dev)
+
+
+def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert, max_blocks, w1, w1_scale_inv, b1,
+                  w2, w2_scale_inv, b2, limit, expert_offset, num_local, inter, config, out):
+    """The decode GEMV path: `_mlp1_gemv_kernel`, `_mlp2_gemv_kernel` (+ `_combine_kernel` unless
+    the combine is fused into mlp2)."""
+    num_tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
+    dev = x.device
+    bm = config.block_m
+    rows = max_blocks * bm
+    use_dot = not config.gemv_fma
+    interpreted = dev.type == "cpu"
+    pdl = config.pdl and not interpreted  # griddepcontrol is PTX: the interpreter runs launches in order
+    launch = dict(launch_pdl=True) if pdl else {}
+    block_w = 2 * config.mlp1_block_n
+    kbp1, splits1, ncol1 = gemv_shape(hidden, bm, config.mlp1_split_k, use_dot)
+    kbp2, splits2, ncol2 = gemv_shape(inter, bm, config.mlp2_split_k, use_dot)
+    hq = torch.empty((rows, inter), dtype=FP8, device=dev)
+    hs = torch.empty((rows, _cdiv(inter, QUANT_GROUP)), dtype=torch.float32, device=dev)
+    part1 = torch.empty((splits1, rows, 2 * inter), dtype=torch.float32, device=dev)
+    block_n = config.mlp2_block_n
+    n2 = _cdiv(hidden, block_n)
+    # mlp1: one per (block, h group); mlp2: per (block, n tile), then per (token, n tile)
+    counters = _counters(GEMV_COUNTERS_OWNER, max(max_blocks * _cdiv(inter, QUANT_GROUP),
+                                                  (max_blocks + num_tokens) * n2), dev)
+    _mlp1_gemv_kernel[(splits1 * max_blocks * _cdiv(2 * inter, block_w),)](
+        xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv, sorted_pairs, block_expert,
+        hq, hs, part1, counters,
+        num_pairs, hidden, inter, max_blocks, float(limit), SWIGLU_ALPHA,
+        w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
+        b1.stride(0) if b1 is not None else 0,
+        TOP_K=top_k, ROWS=bm, BLOCK_W=block_w, KBP=kbp1, NCOL=ncol1, SPLITS=splits1,
+        RED_CHUNK=_gemv_red_chunk(splits1, 2 * bm * QUANT_GROUP, config.mlp1_warps),
+        USE_DOT=use_dot, HAS_B1=b1 is not None, DOT_FP32=interpreted, PDL=pdl,
+        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
+    )
+    pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=dev)
+    part2 = torch.empty((splits2, rows, hidden), dtype=torch.float32, device=dev) if splits2 > 1 else pair_out
+    fuse = config.fuse_combine
+    grid2 = splits2 * max_blocks * n2 + (_cdiv(num_tokens, COMBINE_ZERO_BLOCK_T) if fuse else 0)
+    _mlp2_gemv_kernel[(grid2,)](
+        hq, hs, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv, sorted_pairs, block_expert,
+        pair_out, part2, counters, topk_weights, topk_ids, out,
+        num_pairs, hidden, inter, max_blocks, num_tokens, out.stride(0), expert_offset, num_local,
+        w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
+        b2.stride(0) if b2 is not None else 0,
+        TOP_K=top_k, ROWS=bm, BLOCK_N=block_n, KBP=kbp2, NCOL=ncol2, SPLITS=splits2,
+        RED_CHUNK=_gemv_red_chunk(splits2, bm * block_n, config.mlp2_warps),
+        USE_DOT=use_dot, HAS_B2=b2 is not None, DOT_FP32=interpreted, FUSE_COMBINE=fuse,
+        K_PAD=_next_pow2(top_k), ZERO_BLOCK_T=COMBINE_ZERO_BLOCK_T, PDL=pdl, KBP_P2=_next_pow2(kbp2),
+        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **launch,
+    )
+    if not fuse:
+        block_h = min(1024, _next_pow2(hidden))
+        _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
+            pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,
+            TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, SPLIT_K=1, PDL=pdl, num_warps=4, **launch,
+        )
+    return out
 
 
 def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
@@ -1135,6 +1626,12 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return out
+    if config.gemv:
+        if not topk_weights.is_contiguous():
+            topk_weights = topk_weights.contiguous()
+        return _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert, max_blocks, w1,
+                             w1_scale_inv, b1, w2, w2_scale_inv, b2, limit, expert_offset, num_local, inter, config,
+                             out)
     bm = config.block_m
     num_pairs = num_tokens * top_k
     dev = x.device

@@ -14,7 +14,9 @@ triton decides interpretation when ``@triton.jit`` runs, so the variable must be
 kernel module is first imported, and setting it here would change other tests' kernels. Small
 dims with every ragged edge of the real model: hidden 320 = 2.5 blocks of 128, intermediate
 160 (h groups 1.25, W1 rows 2.5 blocks), 8 experts, top-4. On a CUDA machine the `gpu` tests
-run the real shapes (hidden 2880, 32 experts) compiled and inside a CUDA graph.
+run the real shapes (hidden 2880, 32 experts) compiled and inside a CUDA graph. The decode GEMV
+path (`MoeConfig.gemv`): its knobs on the small dims here (`gemv_cases`), every variant the H200
+sweep times (`decode_gemv_variants`) at full size on the GPU, with graph replays.
 
 Tolerances vs `moe_ref`: the kernel's sums run in another order, so h can differ in its last
 bits and, rarely, round to the neighbouring e4m3 value (a 6-12% step of that one element).
@@ -211,6 +213,31 @@ def test_decode_front_takes_decode_batches_only():
             assert tiling.row_loop == (t_pad * per_program * 1024 > 16384)
 
 
+def test_gemv_variants_are_covered():
+    """Every decode GEMV variant is a valid config whose knobs the interpreted cases turn (tensor
+    cores and FMA, fused combine, PDL, several rows a program, split and unsplit mlp2), and whose
+    splits cover K with no empty split; the table stays the default (the lead switches after the
+    H200 sweep)."""
+    mod = _kernel_module()
+    tested = [c for _, _, c, *_ in gemv_cases(mod)]
+    for t in (1, 2, 4, 8):
+        variants = mod.decode_gemv_variants(t)
+        assert len(set(variants)) == len(variants) and all(c.gemv for c in variants)
+        for c in variants:
+            mod._check_config(c)
+            for k_dim, split in ((2880, c.mlp1_split_k), (2880, c.mlp2_split_k), (HIDDEN, c.mlp1_split_k)):
+                kbp, splits, ncol = mod.gemv_shape(k_dim, c.block_m, split, not c.gemv_fma)
+                blocks = -(-k_dim // 128)
+                assert (splits - 1) * kbp < blocks <= splits * kbp and ncol >= kbp * c.block_m
+            for knob in ("gemv_fma", "fuse_combine", "pdl"):
+                assert getattr(c, knob) in {getattr(d, knob) for d in tested}, (c.short(), knob)
+    assert {c.block_m > 1 for c in tested} == {True, False}
+    assert {c.mlp2_split_k > 1 for c in tested} == {True, False}
+    assert not any(c.gemv for _, c in mod.H200_HIDDEN_2880_CONFIGS)
+    # 8 and 16 rows a program are valid configs, not swept (mlp1's last arriver: 128-254 registers)
+    assert max(c.block_m for c in mod.decode_gemv_variants(8)) <= 4
+
+
 def test_launcher_rejects_bad_shapes():
     mod = _kernel_module()
     q1, s1, b1, q2, s2, b2 = make_experts(4, HIDDEN, INTER, seed=0)
@@ -228,6 +255,14 @@ def test_launcher_rejects_bad_shapes():
         mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2[:, :8])
     with pytest.raises(ValueError, match="power of two"):
         mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, config=mod.MoeConfig(24, 32, 4, 2, 32, 4, 2))
+    C = mod.MoeConfig
+    with pytest.raises(ValueError, match="need gemv"):
+        mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, config=C(16, 128, 4, 2, 32, 4, 2, fuse_combine=True))
+    with pytest.raises(ValueError, match="one row per program"):
+        mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, config=C(2, 32, 4, 1, 64, 4, 1, gemv=True, gemv_fma=True))
+    with pytest.raises(ValueError, match="FMA slab"):  # 128 W1 rows x 4 K blocks at 2 warps: 512 B a thread
+        mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2,
+                          config=C(1, 64, 2, 1, 64, 4, 1, gemv=True, gemv_fma=True))
 
 
 def test_empty_batch_launches_nothing():
@@ -425,6 +460,27 @@ def moe_cases(mod):
         ("split-K 2/2 T=300, grouped", 300, C(64, 128, 4, 2, 128, 4, 2, group_m=2, mlp1_split_k=2, mlp2_split_k=2),
          0, 8, True, False, NUM_EXPERTS),
         ("decode front, 128-expert router, T=1, EP rank 96..127", 1, None, 96, 32, True, False, 128),
+        # decode GEMV path (`gemv_cases`): every knob the variants turn, on the ragged dims
+        *gemv_cases(mod),
+    ]
+
+
+def gemv_cases(mod):
+    """The GEMV path's knobs (`decode_gemv_variants`) on small dims: 2I = 320 W1 rows are 1.25 h groups
+    (a group of 2 tiles and a ragged one of 1, or of 4 and 1), H = 320 and I = 160 ragged K; rows
+    per program 1 and 4; tensor cores and FMA; mlp2 split and unsplit; the combine fused (with
+    EP tokens that have no local pair: the zero-fill programs) and not; routing given (int64 ids);
+    PDL (compiled runs only)."""
+    C = mod.MoeConfig
+    return [
+        ("GEMV T=1: tensor cores, 2-tile h group + a ragged one, split-K 2/2, EP rank 0..3 with b2", 1,
+         C(1, 64, 4, 3, 128, 4, 3, mlp1_split_k=2, mlp2_split_k=2, gemv=True), 0, 4, True, False, NUM_EXPERTS),
+        ("GEMV FMA T=2, fused combine, routing given, EP rank 2..5, no b2, mlp2 unsplit", 2,
+         C(1, 64, 4, 1, 128, 4, 1, mlp1_split_k=2, mlp2_split_k=1, gemv=True, gemv_fma=True, fuse_combine=True),
+         2, 4, False, True, NUM_EXPERTS),
+        ("GEMV T=5, 4 rows a program, fused combine + PDL, 32-expert router, EP rank 16..19 (tokens with no "
+         "local pair), no b2", 5, C(4, 32, 4, 3, 64, 4, 3, mlp1_split_k=2, mlp2_split_k=2, gemv=True,
+                                     fuse_combine=True, pdl=True), 16, 4, False, False, 32),
     ]
 
 
@@ -446,7 +502,7 @@ def check_moe(mod, device) -> dict:
         assert got.dtype == x.dtype and got.shape == x.shape
         from sglang_ext.kernels.arrival_counters import current
 
-        for owner in (mod.COUNTERS_OWNER, mod.ROUTER_COUNTER_OWNER):
+        for owner in (mod.COUNTERS_OWNER, mod.ROUTER_COUNTER_OWNER, mod.GEMV_COUNTERS_OWNER):
             counters = current(owner, x.device)
             assert counters is None or not counters.any(), f"{name}: {owner} counters not left at zero"
         # the experts' maths on the kernel's routing (the decode front's logits may sit one ulp
@@ -633,6 +689,23 @@ def test_routing_bit_exact_on_cuda():
     gpu_routing()
 
 
+def gpu_gemv_cases():
+    """(tokens, experts, config): every decode GEMV variant at batch 8 on 20b's 32 experts (the batch
+    that lists them all) and at batch 1 on 120b's 128."""
+    mod = _kernel_module()
+    return ([(8, 32, c) for c in mod.decode_gemv_variants(8)]
+            + [(1, 128, c) for c in mod.decode_gemv_variants(1)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(gpu_gemv_cases())),
+                         ids=[f"T{t}-E{e}-{c.short().replace(' ', '_').replace('/', '-')}"
+                              for t, e, c in gpu_gemv_cases()])
+def test_full_shapes_gemv_and_cuda_graph(case):
+    num_tokens, num_experts, config = gpu_gemv_cases()[case]
+    gpu_full_shapes(num_tokens, config, num_experts=num_experts)
+
+
 if __name__ == "__main__":
     # python tests/test_kernel_moe.py --sweep [--device cuda]   (interpreter: TRITON_INTERPRET=1)
     # python tests/test_kernel_moe.py --gpu                     (small dims compiled, full shapes + graph, routing)
@@ -648,6 +721,8 @@ if __name__ == "__main__":
         for config in gpu_split_k_configs():
             for t in (1, 3, 37):
                 print(json.dumps(gpu_full_shapes(t, config)), flush=True)
+        for t, e, config in gpu_gemv_cases():
+            print(json.dumps(gpu_full_shapes(t, config, num_experts=e)), flush=True)
     else:
         dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
         print(json.dumps(sweep(dev)), flush=True)
