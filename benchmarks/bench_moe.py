@@ -313,14 +313,19 @@ def accuracy_on_own_routing(x, layer, config) -> dict:
             "bit_reproducible": bool(torch.equal(out, run()[0]) and torch.equal(out, run()[0]))}
 
 
-def gemv_sweep(layers, bw, rows, kernel_rows, save, batches):
+def gemv_sweep(layers, bw, rows, kernel_rows, save, batches, deadline=float("inf")):
     """Decode GEMV variants (`moe_kernels.decode_gemv_variants`) beside the table's pick, per model
     and batch, all on the same token batches (so the same routing and bytes); `x_vs_table` > 1:
     the variant is faster. Device time per kernel (profiler) for the table, the first variant and the
-    PDL one at batch 1."""
+    PDL one at batch 1. No (model, batch) starts after `deadline` (an error row says so)."""
     for model in sorted(layers, key=lambda m: m != "120b"):
         layer = layers[model]
         for batch in batches:
+            if time.time() > deadline:
+                rows.append({"model": model, "tokens": batch, "is_table": False,
+                             "error": "--budget-s reached: this and later batches skipped"})
+                save()
+                return
             xs = decode_inputs(layer, batch)
             table_us = None
             for config in [None] + moe_kernels.decode_gemv_variants(batch):
@@ -558,7 +563,8 @@ def main():
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
     ap.add_argument("--prefill-tokens", type=int, default=8192)
     ap.add_argument("--budget-s", type=float, default=165.0,
-                    help="no new sweep candidate starts after this many seconds from the start")
+                    help="no new sweep candidate (--gemv-sweep: model and batch) starts after this many "
+                         "seconds from the start")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="skip the main tables, peers and profile")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16,32")
@@ -607,7 +613,8 @@ def main():
             except Exception:  # the sweep then compiles as it goes
                 errors.append(traceback.format_exc())
             print({"precompile_s": ceil.get("precompile_s")}, flush=True)
-        attempt(lambda: gemv_sweep(layers, bw, rows["gemv"], rows["kernel_us"], save, batches))
+        attempt(lambda: gemv_sweep(layers, bw, rows["gemv"], rows["kernel_us"], save, batches,
+                                   t_start + args.budget_s))
         meta = save()
         print(markdown(meta, rows, ceil))
         return
