@@ -180,6 +180,13 @@ final)  # one GPU: the committed decode grid (1 GPU measured, 2-8 GPUs modelled,
     step bench_prefill 160 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
         --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
     ;;
+moe2)  # one GPU: the MoE decode GEMV variants (sweep, then their gpu tests on the warm cache), and the
+       # probe overhead at 120b batch 128 (context 4096: 8192 does not fit one H200)
+    step sweep_moe_gemv 200 python benchmarks/bench_moe.py --gemv-sweep --compile-workers 12 --budget-s 120 --out "$R"
+    step gpu_test_moe_gemv 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k "gemv or small_dims"
+    step bench_decode_120b_b128 90 python benchmarks/bench_decode.py --models 120b --batches 128 --contexts 4096 \
+        --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_120b_b128_ctx4096
+    ;;
 b1)  # one GPU: where a batch-1 decode step's time goes (launch floor, GEMV fixed cost, per-kernel
      # device time inside the graph replay) + Nsight Compute on one launch of each batch-1 kernel
     step diag_decode_b1 240 python benchmarks/diag_decode_b1.py --out "$R"
