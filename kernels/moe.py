@@ -182,8 +182,17 @@ class MoeConfig:
 #   new row equals the 129..1024 row except mlp2_stages 3 (that row not re-measured).
 _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                        mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2)
+#
+# T <= 8: the GEMV path (`gemv=True`: one pair per program, 32 W1 / 64 W2 rows, K in 3 splits of 8
+# blocks, 5 stages), from the H200 GEMV sweep (benchmarks/results/sweeps/moe_gemv.md, fastest
+# bit-reproducible variant vs the split-K rows it replaces), us per layer, 120b / 20b: T=1 51.0 ->
+# 47.2 / 51.2 -> 46.7, T=2 84.6 -> 72.6 / 80.2 -> 70.4, T=4 139.9 -> 118.2 / 130.2 -> 111.4, T=8
+# 236.8 -> 210.4 / 175.3 -> 180.0 (20b 3 % slower at T=8: 120b's 13 % taken, as at T=16 above).
+# T 5..7 not measured. Its split-K sums h in another order than moe_ref: 3e-3 relative (fro)
+# against moe_ref on the kernel's routing, where the split-K rows are 3e-5 (h's e4m3 requantisation
+# rounds a few elements the other way).
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (2, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=1)),
+    (8, MoeConfig(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=3, mlp2_split_k=3, gemv=True)),
     (16, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=2)),
     (32, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                    mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4)),
@@ -205,7 +214,8 @@ def select_config(num_tokens: int) -> MoeConfig:
 
 def decode_gemv_variants(num_tokens: int) -> list[MoeConfig]:
     """GEMV-path configs for decode batches (T <= 8) that the H200 sweep (benchmarks/bench_moe.py
-    --gemv-sweep) times against the table's pick and the GPU test checks; not in the table yet.
+    --gemv-sweep) times against the table's pick and the GPU test checks; the table takes the
+    sweep's winner (the third below) for T <= 8.
 
     Registers and shared memory per program (ptxas, sm_90a, Triton 3.6; mlp1 / mlp2, one row per
     program; `_mlp1_kernel` of the table: 200 and 68 KB): the base, 64 W1 rows x 4 K blocks

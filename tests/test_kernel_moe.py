@@ -168,7 +168,7 @@ def test_ref_without_activation_quant_is_experts_torch(num_tokens, expert_offset
 
 
 # token counts of the full-shape GPU test: at least one in every bucket of the config table
-GPU_TABLE_TOKENS = (1, 4, 32, 37, 512, 1100)
+GPU_TABLE_TOKENS = (1, 4, 12, 32, 37, 512, 1100)
 
 
 def test_config_table_covers_every_token_count():
@@ -216,8 +216,7 @@ def test_decode_front_takes_decode_batches_only():
 def test_gemv_variants_are_covered():
     """Every decode GEMV variant is a valid config whose knobs the interpreted cases turn (tensor
     cores and FMA, fused combine, PDL, several rows a program, split and unsplit mlp2), and whose
-    splits cover K with no empty split; the table stays the default (the lead switches after the
-    H200 sweep)."""
+    splits cover K with no empty split; the table's decode rows are one of them."""
     mod = _kernel_module()
     tested = [c for _, _, c, *_ in gemv_cases(mod)]
     for t in (1, 2, 4, 8):
@@ -233,7 +232,9 @@ def test_gemv_variants_are_covered():
                 assert getattr(c, knob) in {getattr(d, knob) for d in tested}, (c.short(), knob)
     assert {c.block_m > 1 for c in tested} == {True, False}
     assert {c.mlp2_split_k > 1 for c in tested} == {True, False}
-    assert not any(c.gemv for _, c in mod.H200_HIDDEN_2880_CONFIGS)
+    # The table takes the GEMV sweep's winner for decode batches up to 8, the split-K kernels above.
+    assert [c.gemv for t, c in mod.H200_HIDDEN_2880_CONFIGS] == [t <= 8 for t, _ in mod.H200_HIDDEN_2880_CONFIGS]
+    assert mod.select_config(1) in mod.decode_gemv_variants(1)
     # 8 and 16 rows a program are valid configs, not swept (mlp1's last arriver: 128-254 registers)
     assert max(c.block_m for c in mod.decode_gemv_variants(8)) <= 4
 
