@@ -78,7 +78,7 @@ def run(rank: int, world: int, args):
                     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
                 if args.profile == length and rank == 0 and cuda and not emulate:
                     rows.append({**base, "profile_length": length,
-                                 "kernel_breakdown": prefill_kernel_breakdown(model, inputs)})
+                                 "kernel_breakdown": perf_model.kernel_breakdown(model, length, inputs=inputs)})
             del model
             if cuda:
                 torch.cuda.empty_cache()
@@ -88,25 +88,6 @@ def run(rank: int, world: int, args):
         _write(args, rows, ceilings, world, comm)
     if world > 1:
         dist.destroy_process_group()
-
-
-def prefill_kernel_breakdown(model, inputs, top: int = 15) -> list[dict]:
-    """Per-kernel GPU time of one prefill (torch profiler), largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model.forward(**inputs)
-        torch.cuda.synchronize()
-    stats = {}
-    for evt in prof.key_averages():
-        us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        if us > 0:
-            calls, total = stats.get(evt.key[:80], (0, 0.0))
-            stats[evt.key[:80]] = (calls + evt.count, total + us)
-    total = sum(v[1] for v in stats.values()) or 1.0
-    rows = [{"name": k, "calls": c, "us": t, "pct": 100 * t / total} for k, (c, t) in stats.items()]
-    rows.sort(key=lambda r: -r["us"])
-    return rows[:top]
 
 
 def _write(args, rows, ceilings, world, comm):

@@ -78,13 +78,15 @@ class CollectiveModel:
         return self.step_seconds(dims, sharding, length, length)
 
 
-def kernel_breakdown(model, context: int, top: int = 15) -> list[dict]:
-    """Per-kernel GPU time of one eager decode step (torch profiler), largest first."""
+def kernel_breakdown(model, context: int, top: int = 15, inputs: dict | None = None) -> list[dict]:
+    """Per-kernel GPU time of one eager forward (torch profiler), largest first: a decode step at
+    `context`, or the forward of `inputs` (a prefill) when given."""
     from torch.profiler import ProfilerActivity, profile
 
-    inputs = model.decode_inputs(context)
-    model.forward(**inputs)
-    torch.cuda.synchronize()
+    if inputs is None:
+        inputs = model.decode_inputs(context)
+        model.forward(**inputs)  # warm: the profile has no compile or first-call work
+        torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         model.forward(**inputs)
         torch.cuda.synchronize()

@@ -3,8 +3,10 @@
 At batch 1 the step is launch- and latency-bound, not byte-bound (11.6 MB of probe weights is 2.8 us
 of HBM on an H200), so the work is regrouped by dependency, not by layer of the head:
 
-1. ``probe_tap_normalize`` (once per tap, inside the base model's forward): weight-less RMS norm of
-   the tapped residual row in fp32, cast to the model dtype, written into the features buffer.
+1. the taps (once per tapped layer, inside the base model's forward): weight-less RMS norm of the
+   tapped residual row in fp32, cast to the model dtype, written into the features buffer. The
+   served model writes them in its residual-add + RMSNorm launch (``residual_norm.py``);
+   ``probe_tap_normalize`` is the one-launch tap for callers whose norm does not.
 2. ``_qkv_splitk_kernel``: q|k|v = features @ W_qkv^T as a split-K GEMV (grid: N tiles x K splits x
    T tiles, hundreds of programs so the 11 MB of weights stream from every SM). Each split writes an
    fp32 partial; the *last arriver* of a tile (atomic counter) sums the partials in split order

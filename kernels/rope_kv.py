@@ -21,12 +21,17 @@ from .fp8_gemm import _interpreted, _round_to_bf16_grid
 
 
 @triton.jit
-def _rotate(x1, x2, cos, sin, ROUND_BF16: tl.constexpr):
+def _rope_heads(SRC, DST, mask, cos, sin, HALF: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """DST = RoPE(SRC) for a [heads, 2 * HALF] tile of row pointers (first halves), fp32 maths,
+    one rounding to DST's dtype."""
+    x1 = tl.load(SRC, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(SRC + HALF, mask=mask, other=0.0).to(tl.float32)
     a = x1 * cos[None, :] - x2 * sin[None, :]
     b = x2 * cos[None, :] + x1 * sin[None, :]
     if ROUND_BF16:
         a, b = _round_to_bf16_grid(a), _round_to_bf16_grid(b)
-    return a, b
+    tl.store(DST, a.to(DST.dtype.element_ty), mask=mask)
+    tl.store(DST + HALF, b.to(DST.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -50,24 +55,16 @@ def _rope_kv_kernel(
     if hb < q_blocks:
         heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         mask = (heads < num_q_heads)[:, None]
-        src = Q + t * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        a, b = _rotate(x1, x2, cos, sin, ROUND_BF16)
-        dst = Q_OUT + t * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(dst, a.to(Q_OUT.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, b.to(Q_OUT.dtype.element_ty), mask=mask)
+        _rope_heads(Q + t * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    Q_OUT + t * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                    mask, cos, sin, HALF, ROUND_BF16)
     else:
         heads = (hb - q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
         mask = (heads < num_kv_heads)[:, None]
         slot = tl.load(LOC + t).to(tl.int64)
-        src = K + t * stride_kt + heads[:, None] * stride_kh + offs_d[None, :]
-        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        a, b = _rotate(x1, x2, cos, sin, ROUND_BF16)
-        dst = K_CACHE + slot * stride_kc_s + heads[:, None] * stride_kc_h + offs_d[None, :]
-        tl.store(dst, a.to(K_CACHE.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, b.to(K_CACHE.dtype.element_ty), mask=mask)
+        _rope_heads(K + t * stride_kt + heads[:, None] * stride_kh + offs_d[None, :],
+                    K_CACHE + slot * stride_kc_s + heads[:, None] * stride_kc_h + offs_d[None, :],
+                    mask, cos, sin, HALF, ROUND_BF16)
         vsrc = V + t * stride_vt + heads[:, None] * stride_vh + offs_d[None, :]
         vdst = V_CACHE + slot * stride_vc_s + heads[:, None] * stride_vc_h + offs_d[None, :]
         tl.store(vdst, tl.load(vsrc, mask=mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=mask)

@@ -167,8 +167,8 @@ class SinkAttnBackend(AttentionBackend):
                              kwargs.get("rope_cos_sin"))
 
     def _rope_and_write(self, q, k, v, layer, forward_batch, cos_sin, in_swa_pool, save_kv_cache):
-        """(roped q [T, Hq, D], written): RoPE on q and k; `written` when k and v are already in
-        the pool (one launch, `kernels/rope_kv.py`), else roped k is returned for set_kv_buffer."""
+        """(roped q [T, Hq, D], roped k or None): None when k and v are already in the pool (one
+        launch, `kernels/rope_kv.py`), else roped k for set_kv_buffer."""
         from sglang_ext.layers.rope import apply_rope
 
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
@@ -185,7 +185,7 @@ class SinkAttnBackend(AttentionBackend):
                 from sglang_ext.kernels.rope_kv import rope_store_kv
 
                 loc = self.swa_out_cache_loc if in_swa_pool else forward_batch.out_cache_loc
-                return rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc), True
+                return rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc), None
         return apply_rope(q3, cos_sin), apply_rope(k3, cos_sin)
 
     def _forward(
@@ -203,12 +203,9 @@ class SinkAttnBackend(AttentionBackend):
             raise NotImplementedError(f"{BACKEND_NAME} has no cross attention")
         in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
         if rope_cos_sin is not None:
-            q, k_or_written = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool,
-                                                   save_kv_cache)
-            if k_or_written is True:
-                save_kv_cache = False  # already in the pool
-            else:
-                k, v = k_or_written, v.contiguous()  # v: a strided view of the GEMM output
+            q, k = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool, save_kv_cache)
+            if k is not None:  # not written yet: set_kv_buffer below (v: a strided view of the GEMM output)
+                v = v.contiguous()
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
                 layer,

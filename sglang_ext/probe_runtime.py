@@ -143,9 +143,10 @@ class ProbeRuntime:
         self.overlap = os.environ.get("SGLANG_EXT_PROBE_OVERLAP", "1") != "0"
         # Where the side stream starts: "tap" = right after the deepest tap, beside the remaining
         # layers; "head" = after the last layer, beside the LM head (one long bandwidth-bound GEMM,
-        # where the probe's bytes are all it takes from the step). Read at each launch (benchmarks
-        # compare the two in one process).
+        # where the probe's bytes are all it takes from the step).
         self.launch_point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", "tap")
+        if self.launch_point not in ("tap", "head"):
+            raise ValueError(f"SGLANG_EXT_PROBE_LAUNCH={self.launch_point!r}: expected 'tap' or 'head'")
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
@@ -204,19 +205,19 @@ class ProbeRuntime:
         self._tapped = True
 
     def capture(self, layer_id: int, hidden: torch.Tensor) -> None:
-        """`hidden`: the input residual stream of base layer `layer_id`."""
-        slot = self.tap_slot.get(layer_id)
-        if slot is None:
+        """Write layer `layer_id`'s tap from `hidden`, its input residual stream, for a caller
+        whose norm does not write it (the model's fused residual-norm launch uses tap_target)."""
+        target = self.tap_target(layer_id)
+        if target is None:
             return
-        # The probe's own feature transform, so serving taps equal the reference's (CUDA: one
-        # launch instead of torch's five; within 1 ulp of the model dtype, see probe_step.py).
-        lo = slot * self.hidden_size
+        # The probe's own feature transform, so taps equal the reference's (CUDA: one launch
+        # instead of torch's five; within 1 ulp of the model dtype, see probe_step.py).
+        features, lo, eps = target
         if hidden.is_cuda:
-            probe_tap_normalize(hidden, self._features, lo)
+            probe_tap_normalize(hidden, features, lo, eps)
         else:
-            self._features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden).to(self.model_dtype)
-        if layer_id == self._last_tap_layer and self._launch_at() == "tap":
-            self._launch_early()
+            features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden, eps).to(features.dtype)
+        self.tapped(layer_id)
 
     def tap_target(self, layer_id: int):
         """(features, column, eps) where a fused residual-norm kernel writes layer `layer_id`'s tap
@@ -229,19 +230,13 @@ class ProbeRuntime:
 
     def tapped(self, layer_id: int) -> None:
         """Layer `layer_id`'s tap is in the features (written through `tap_target`)."""
-        if layer_id == self._last_tap_layer and self._launch_at() == "tap":
+        if layer_id == self._last_tap_layer and self.launch_point == "tap":
             self._launch_early()
 
     def layers_done(self) -> None:
         """The base model's last layer ran (the LM head is next): the "head" launch point."""
-        if self._launch_at() == "head":
+        if self.launch_point == "head":
             self._launch_early()
-
-    def _launch_at(self) -> str:
-        point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", self.launch_point)
-        if point not in ("tap", "head"):
-            raise ValueError(f"SGLANG_EXT_PROBE_LAUNCH={point!r}: expected 'tap' or 'head'")
-        return point
 
     def _launch_early(self) -> None:
         batch, self._batch = self._batch, None

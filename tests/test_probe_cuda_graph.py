@@ -264,11 +264,11 @@ def test_launch_point_head_starts_the_step_after_the_last_layer_not_at_the_tap(m
         "base_model_layer_ids": [1, 3], "num_attention_heads": 2, "head_dim": 8,
         "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
     head = SingProbeHead(cfg)
-    runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
     events = []
-    runtime._launch_early = lambda: events.append("launch")
     for point, want in (("tap", ["tap 3", "launch", "layers done"]), ("head", ["tap 3", "layers done", "launch"])):
         monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", point)
+        runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
+        runtime._launch_early = lambda: events.append("launch")
         events.clear()
         runtime.begin(2, "cpu")
         for layer in range(5):
@@ -284,4 +284,4 @@ def test_launch_point_head_starts_the_step_after_the_last_layer_not_at_the_tap(m
         assert events == want, (point, events)
     monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", "lm_head")
     with pytest.raises(ValueError, match="SGLANG_EXT_PROBE_LAUNCH"):
-        runtime.layers_done()
+        ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)

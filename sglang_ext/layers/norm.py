@@ -31,8 +31,8 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
         return fused(h, delta, weight, eps, tap)
     s = h + delta if delta is not None else h
     if tap is not None:
+        from sglang_ext.probe.model import rms_normalize
+
         features, col0, tap_eps = tap
-        sf = s.float()
-        features[: s.shape[0], col0 : col0 + s.shape[1]] = (
-            sf * torch.rsqrt(sf.pow(2).mean(dim=-1, keepdim=True) + tap_eps)).to(features.dtype)
+        features[: s.shape[0], col0 : col0 + s.shape[1]] = rms_normalize(s, tap_eps).to(features.dtype)
     return s, rms_norm(s, weight, eps)
