@@ -6,6 +6,7 @@
 #   bash benchmarks/run_h200.sh model     # model-step decode + prefill grid on one H200 (+ modelled configs)
 #   bash benchmarks/run_h200.sh x2        # NCCL calibration + measured 2-GPU configurations (nvidia-h200-x2)
 #   bash benchmarks/run_h200.sh b1        # batch-1 decode: launch floor, GEMV fixed cost, per-kernel times, ncu
+#   bash benchmarks/run_h200.sh floor     # how fast a kernel reads 1-1000 MB; a one-shot GEMV prototype
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -56,6 +57,9 @@ model)
         --profile --out "$R"
     step bench_prefill 150 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
         --lengths 1024,4096,8192,32768 --out "$R"
+    ;;
+floor)  # read floor by size + one-shot FP8 GEMV prototype (benchmarks/diag_floor.py)
+    step diag_floor 400 python benchmarks/diag_floor.py --parts "${FLOOR_PARTS:-read,gemv}" --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
