@@ -25,6 +25,8 @@ carried (benchmarks/fetch_sglang_peers.sh), timed without its routing and alignm
 
     python benchmarks/bench_moe.py --out benchmarks/results   # < 200 s: no sweep candidate starts after --budget-s 165
     python benchmarks/bench_moe.py --out /tmp/moe --sweep-only   # the sweep alone
+    # prefill candidates only (mlp1's one-dot variant among them), 120b, more time
+    python benchmarks/bench_moe.py --out /tmp/moe --sweep-only --sweep-kinds prefill --models 120b --budget-s 400
     # decode GEMV variants vs the table's pick at batch 1, 2, 4, 8, both models, kernels compiled in
     # 12 processes first (< 150 s)
     python benchmarks/bench_moe.py --out /tmp/moe --gemv-sweep --compile-workers 12
@@ -475,8 +477,9 @@ def bench_prefill(model, layer, tokens, ceil, config=None, with_peers=True) -> d
 def sweep_candidates():
     """Alternatives to the table's configs: (decode, prefill) lists of MoeConfig. Decode: mlp1 /
     mlp2 split-K (k<mlp1>/<mlp2> in the labels) so 4..32 touched experts x 23 tiles fill 132
-    SMs, with fewer stages (shared memory) for 2-3 programs per SM. Prefill: stages, warps,
-    grouping, mlp2 tile width and the sort's chunk."""
+    SMs, with fewer stages (shared memory) for 2-3 programs per SM. Prefill: mlp1's one-dot
+    variant (`mlp1_one_dot`) first, then stages, warps, grouping, mlp2 tile width and the sort's
+    chunk."""
     C = moe_kernels.MoeConfig
     decode = [C(16, 128, 4, 3, 32, 4, 4, mlp1_split_k=2),
               C(16, 128, 4, 3, 32, 4, 4, mlp1_split_k=2, mlp2_split_k=2),
@@ -486,30 +489,51 @@ def sweep_candidates():
               C(16, 128, 8, 3, 32, 4, 4, mlp1_split_k=2, mlp2_split_k=2),
               C(16, 128, 8, 2, 32, 2, 4, mlp1_split_k=4, mlp2_split_k=2),
               C(16, 128, 4, 2, 32, 4, 3, mlp1_split_k=8, mlp2_split_k=4)]
-    # block_m 128 needs 16 warps for mlp1's two 128x128 accumulators, which caps registers at 128: spills
-    prefill = [C(64, 128, 8, 4, 128, 8, 4, group_m=8), C(64, 128, 8, 3, 128, 8, 4, group_m=8, align_chunk=64),
+    # mlp1_one_dot (one dot over 256 contiguous W1 rows, one [block_m, 256] accumulator, "/1dot" in
+    # the labels) first: at 8 warps and block_m 64 the table's two dots run as m64n64 wgmmas per
+    # warpgroup, one dot as m64n128. Beside the table's tile: 4 stages (160 KB of shared memory),
+    # group 8, one warpgroup (m64n256: 128 accumulator registers a thread), 64 columns (128 W1 rows,
+    # fp32 h: mlp2 quantises it on load). block_m 128 is also mlp2's (the sort's block), so mlp2 at 8
+    # warps there: two warpgroups of m64 x 256 W1 rows (128 accumulator registers a thread; stages 3:
+    # 144 KB, 4: 192 KB). Then mlp2's tiles: 256 wide on 8 warps at block_m 64 (m64n128 per
+    # warpgroup, as one-dot mlp1) and 128 (128 registers a thread), 4 stages. A candidate that does
+    # not compile or fit (shared memory) is an error row: run_sweep catches it per row.
+    one = dict(mlp1_one_dot=True)
+    prefill = [C(64, 128, 8, 3, 128, 4, 3, group_m=4, **one), C(64, 128, 8, 4, 128, 4, 3, group_m=4, **one),
+               C(64, 128, 8, 3, 128, 4, 3, group_m=8, **one), C(64, 128, 4, 3, 128, 4, 3, group_m=4, **one),
+               C(64, 64, 4, 4, 128, 4, 3, group_m=4, **one), C(128, 128, 8, 3, 128, 8, 3, group_m=4, **one),
+               C(128, 128, 8, 4, 128, 8, 3, group_m=4, **one), C(128, 128, 8, 3, 128, 8, 3, group_m=8, **one),
+               C(64, 128, 8, 3, 256, 8, 3, group_m=4, **one), C(128, 128, 8, 3, 256, 8, 3, group_m=4, **one),
+               C(128, 128, 8, 3, 128, 8, 4, group_m=4, **one)]
+    # two dots: block_m 128 needs 16 warps for mlp1's two 128x128 accumulators, which caps registers
+    # at 128: spills
+    prefill += [C(64, 128, 8, 4, 128, 8, 4, group_m=8), C(64, 128, 8, 3, 128, 8, 4, group_m=8, align_chunk=64),
                C(64, 128, 8, 3, 128, 8, 4, group_m=8, align_chunk=256), C(64, 128, 8, 3, 128, 4, 3, group_m=4),
                C(64, 128, 8, 3, 64, 4, 4, group_m=8), C(64, 128, 8, 3, 128, 8, 3, group_m=16),
                C(64, 128, 8, 4, 128, 8, 4, group_m=4)]
     return decode, prefill
 
 
-def sweep_plan(models, batches, prefill_tokens):
+def sweep_plan(models, batches, prefill_tokens, kinds=("decode", "prefill")):
     """(kind, model, tokens, config or None = the table's) in priority order, so a budget cut
-    drops the least wanted: 120b decode, 120b prefill, then 20b. The table's own config is
-    measured beside the candidates in the same run."""
+    drops the least wanted: 120b decode, 120b prefill, then 20b (`kinds`: which of the two).
+    The table's own config is measured beside the candidates in the same run."""
     decode, prefill = sweep_candidates()
     plan = []
     for model in sorted(models, key=lambda m: m != "120b"):
-        plan += [("decode", model, b, c) for b in batches for c in [None] + decode]
-        plan += [("prefill", model, prefill_tokens, c) for c in [None] + prefill]
+        if "decode" in kinds:
+            plan += [("decode", model, b, c) for b in batches for c in [None] + decode]
+        if "prefill" in kinds:
+            plan += [("prefill", model, prefill_tokens, c) for c in [None] + prefill]
     return plan
 
 
-def run_sweep(layers, bw, ceil, deadline, rows, save, batches=(1, 2, 4, 8, 16, 32), prefill_tokens=8192):
+def run_sweep(layers, bw, ceil, deadline, rows, save, batches=(1, 2, 4, 8, 16, 32), prefill_tokens=8192,
+              kinds=("decode", "prefill")):
     """Launch configurations vs the table's, while time lasts (each new config compiles first).
-    Each row also records the error vs `moe_ref` and whether two calls agree bit for bit."""
-    for kind, model, tokens, config in sweep_plan(list(layers), batches, prefill_tokens):
+    Each row also records the error vs `moe_ref` and whether two calls agree bit for bit. A
+    config that fails (compile error, out of shared memory) is an error row; the sweep goes on."""
+    for kind, model, tokens, config in sweep_plan(list(layers), batches, prefill_tokens, kinds):
         if time.time() > deadline:
             rows.append({"error": "--budget-s reached: the remaining candidates skipped"})
             break
@@ -568,6 +592,8 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="skip the main tables, peers and profile")
     ap.add_argument("--sweep-batches", default="1,2,4,8,16,32")
+    ap.add_argument("--sweep-kinds", default="decode,prefill",
+                    help="which shapes the config sweep times: decode, prefill or both")
     ap.add_argument("--gemv-sweep", action="store_true",
                     help="only the decode GEMV variants beside the table's pick (no main tables, no config sweep)")
     ap.add_argument("--gemv-batches", default="1,2,4,8")
@@ -651,7 +677,8 @@ def main():
         save()
     if not args.no_sweep:
         attempt(lambda: run_sweep(layers, bw, ceil, t_start + args.budget_s, rows["sweep"], save,
-                                  [int(b) for b in args.sweep_batches.split(",")], args.prefill_tokens))
+                                  [int(b) for b in args.sweep_batches.split(",")], args.prefill_tokens,
+                                  tuple(args.sweep_kinds.split(","))))
     meta = save()
     print(markdown(meta, rows, ceil))
 

@@ -23,9 +23,10 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
   3. `_mlp1_kernel`: per segment block, x W1^T with FP8 dots promoted to fp32 every 128 of K
      (DeepGEMM's scheme: block scales applied per K step). W1's gate and linear rows are
      interleaved (2c, 2c+1), so the program loads them as two tiles and each (gate, linear)
-     pair meets in one program; epilogue: bias, clamp, swiglu, and h requantised in 1x128
-     groups (the table's tiles span whole groups; narrower tiles store fp32 h for mlp2 to
-     quantise as it loads it, a slower path kept for the sweep and the tests);
+     pair meets in one program (`mlp1_one_dot`: one contiguous tile, one dot, one accumulator
+     split into gate and linear after the bias); epilogue: bias, clamp, swiglu, and h
+     requantised in 1x128 groups (the table's tiles span whole groups; narrower tiles store
+     fp32 h for mlp2 to quantise as it loads it, a slower path kept for the sweep and the tests);
   4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
   5. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
   3.-5. decode GEMV path (`MoeConfig.gemv`; `decode_gemv_variants` lists the configs the H200
@@ -133,6 +134,12 @@ class MoeConfig:
     # gemv, compiled: mlp2 (and the combine) as programmatic dependent launches: mlp2's programs
     # start once all of mlp1's are resident and pull their weight slabs into L2 before waiting
     pdl: bool = False
+    # Grouped mlp1 (not gemv): one dot per K step over 2 * mlp1_block_n contiguous W1 rows (gate
+    # and linear interleaved as stored) into one accumulator, split into gate / linear in the
+    # epilogue, instead of two dots over row-stride-2 tiles. Why: at 8 warps and block_m 64 the
+    # two dots are each split over 2 warpgroups as m64n64 wgmmas (A re-read from shared memory
+    # per small-N MMA); one dot gives m64n128 per warpgroup and contiguous weight rows.
+    mlp1_one_dot: bool = False
 
     @property
     def fused_requant(self) -> bool:
@@ -144,8 +151,9 @@ class MoeConfig:
                     f"mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}/k{self.mlp1_split_k} "
                     f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}/k{self.mlp2_split_k}"
                     + (" fc" if self.fuse_combine else "") + (" pdl" if self.pdl else ""))
-        text = (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages} "
-                f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages} g{self.group_m}")
+        text = (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}"
+                + ("/1dot" if self.mlp1_one_dot else "")
+                + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages} g{self.group_m}")
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
         if self.align_chunk != 128:
@@ -258,6 +266,8 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError("MoeConfig.gemv: split_k must be in 1..64")
         if config.gemv_fma and config.block_m != 1:
             raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
+        if config.mlp1_one_dot:
+            raise ValueError("MoeConfig.mlp1_one_dot: the grouped mlp1 kernel only, not gemv")
         return
     if config.fuse_combine or config.gemv_fma or config.pdl:
         raise ValueError("MoeConfig: fuse_combine, gemv_fma and pdl need gemv")
@@ -690,7 +700,8 @@ def _mlp1_kernel(
     SORTED_PAIRS, BLOCK_EXPERT,
     HQ, HS,  # FUSED_REQUANT: h in e4m3 [rows, I] and scales [rows, cdiv(I, 128)]
     HF,  # otherwise: h fp32 [rows, I]
-    PART, COUNTERS,  # SPLIT_K > 1: fp32 partials [SPLIT_K, 2, rows, I]; int32 per tile, zero between launches
+    PART, COUNTERS,  # SPLIT_K > 1: fp32 partials [SPLIT_K, 2, rows, I] (ONE_DOT: [SPLIT_K, rows, 2I]);
+                     # int32 per tile, zero between launches
     num_pairs, hidden, inter, num_blocks_m, limit, alpha,
     stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
     TOP_K: tl.constexpr,
@@ -701,6 +712,7 @@ def _mlp1_kernel(
     FUSED_REQUANT: tl.constexpr,
     DOT_FP32: tl.constexpr,  # interpreter only: the dot as an fp32 multiply-and-sum (see _experts)
     SPLIT_K: tl.constexpr,
+    ONE_DOT: tl.constexpr = False,  # MoeConfig.mlp1_one_dot: one dot over 2 * BLOCK_N contiguous W1 rows
 ):
     BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
@@ -731,30 +743,60 @@ def _mlp1_kernel(
     k_last = tl.minimum(k_first + k_per_split, num_k_groups)
 
     a_ptrs = XQ + tokens[:, None] * hidden + k_first * BLOCK_K + offs_k[None, :]
-    wg_ptrs = W1 + expert * stride_w1_e + gate_rows[None, :] * stride_w1_n + k_first * BLOCK_K + offs_k[:, None]
     xs_ptrs = XS + tokens * num_k_groups
-    # gate row 2c and linear row 2c+1 always share a 128-row scale block
-    ws_ptrs = W1S + expert * stride_w1s_e + (gate_rows // 128) * stride_w1s_n
+    if ONE_DOT:
+        # W1 rows 2c (gate), 2c+1 (linear) of the tile's columns, contiguous as stored: one
+        # [BLOCK_K, 2 * BLOCK_N] tile and one accumulator, split into gate / linear at the end
+        w_rows = pid_n * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
+        w_row_ok = w_rows < 2 * inter
+        w_ptrs = (W1 + expert * stride_w1_e + w_rows.to(tl.int64)[None, :] * stride_w1_n + k_first * BLOCK_K
+                  + offs_k[:, None])
+        ws_ptrs = W1S + expert * stride_w1s_e + (w_rows // 128) * stride_w1s_n
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+        for kb in range(k_first, k_last):
+            k_ok = offs_k < hidden - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None] & w_row_ok[None, :], other=0.0)
+            a_s = tl.load(xs_ptrs + kb, mask=row_ok, other=0.0)
+            w_s = tl.load(ws_ptrs + kb, mask=w_row_ok, other=0.0)
+            scale = a_s[:, None] * w_s[None, :]
+            if DOT_FP32:
+                a = a.to(tl.float32)[:, :, None]
+                if BLOCK_M * BLOCK_K * 2 * BLOCK_N <= 1048576:
+                    prod = tl.sum(a * w.to(tl.float32)[None, :, :], axis=1)
+                else:  # the interpreter's tensor cap (2^20 elements): gate and linear columns apart
+                    wg, wl = tl.split(tl.reshape(w.to(tl.float32), [BLOCK_K, BLOCK_N, 2]))
+                    prod = tl.join(tl.sum(a * wg[None, :, :], axis=1), tl.sum(a * wl[None, :, :], axis=1))
+                    prod = tl.reshape(prod, [BLOCK_M, 2 * BLOCK_N])
+                acc += prod * scale
+            else:
+                acc += tl.dot(a, w) * scale
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+    else:
+        wg_ptrs = W1 + expert * stride_w1_e + gate_rows[None, :] * stride_w1_n + k_first * BLOCK_K + offs_k[:, None]
+        # gate row 2c and linear row 2c+1 always share a 128-row scale block
+        ws_ptrs = W1S + expert * stride_w1s_e + (gate_rows // 128) * stride_w1s_n
 
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_l = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(k_first, k_last):
-        k_ok = offs_k < hidden - kb * BLOCK_K
-        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        wg = tl.load(wg_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        wl = tl.load(wg_ptrs + stride_w1_n, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        a_s = tl.load(xs_ptrs + kb, mask=row_ok, other=0.0)
-        w_s = tl.load(ws_ptrs + kb, mask=col_ok, other=0.0)
-        scale = a_s[:, None] * w_s[None, :]
-        if DOT_FP32:
-            a = a.to(tl.float32)[:, :, None]
-            acc_g += tl.sum(a * wg.to(tl.float32)[None, :, :], axis=1) * scale
-            acc_l += tl.sum(a * wl.to(tl.float32)[None, :, :], axis=1) * scale
-        else:
-            acc_g += tl.dot(a, wg) * scale
-            acc_l += tl.dot(a, wl) * scale
-        a_ptrs += BLOCK_K
-        wg_ptrs += BLOCK_K
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_l = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for kb in range(k_first, k_last):
+            k_ok = offs_k < hidden - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            wg = tl.load(wg_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            wl = tl.load(wg_ptrs + stride_w1_n, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            a_s = tl.load(xs_ptrs + kb, mask=row_ok, other=0.0)
+            w_s = tl.load(ws_ptrs + kb, mask=col_ok, other=0.0)
+            scale = a_s[:, None] * w_s[None, :]
+            if DOT_FP32:
+                a = a.to(tl.float32)[:, :, None]
+                acc_g += tl.sum(a * wg.to(tl.float32)[None, :, :], axis=1) * scale
+                acc_l += tl.sum(a * wl.to(tl.float32)[None, :, :], axis=1) * scale
+            else:
+                acc_g += tl.dot(a, wg) * scale
+                acc_l += tl.dot(a, wl) * scale
+            a_ptrs += BLOCK_K
+            wg_ptrs += BLOCK_K
 
     ok = row_ok[:, None] & col_ok[None, :]
     out_offs = rows.to(tl.int64)[:, None] * inter + cols[None, :]
@@ -762,10 +804,16 @@ def _mlp1_kernel(
         # Deterministic split-K: every split stores its partials; the split that arrives last
         # (the counter's old value) sums all of them in split order, so the bits never depend
         # on arrival order, and resets the counter for the next launch (no memset per call).
+        # A split's slab: [2, rows, I] (gate, linear), or [rows, 2I] interleaved (ONE_DOT).
         slab = num_blocks_m.to(tl.int64) * (BLOCK_M * inter)
-        part_ptrs = PART + split * (2 * slab) + out_offs
-        tl.store(part_ptrs, acc_g, mask=ok)
-        tl.store(part_ptrs + slab, acc_l, mask=ok)
+        if ONE_DOT:
+            wide_offs = rows.to(tl.int64)[:, None] * (2 * inter) + w_rows[None, :]
+            wide_ok = row_ok[:, None] & w_row_ok[None, :]
+            tl.store(PART + split * (2 * slab) + wide_offs, acc, mask=wide_ok)
+        else:
+            part_ptrs = PART + split * (2 * slab) + out_offs
+            tl.store(part_ptrs, acc_g, mask=ok)
+            tl.store(part_ptrs + slab, acc_l, mask=ok)
         tl.debug_barrier()  # all threads' partials before the release below
         tile = pid_m * num_n + pid_n
         arrived = tl.atomic_add(COUNTERS + tile, 1, sem="acq_rel", scope="gpu")
@@ -773,14 +821,25 @@ def _mlp1_kernel(
             return
         tl.store(COUNTERS + tile, 0)
         tl.debug_barrier()  # the acquire above before any thread reads the other partials
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_l = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            # .cg: from L2, never a stale L1 line
-            acc_g += tl.load(PART + s * (2 * slab) + out_offs, mask=ok, other=0.0, cache_modifier=".cg")
-            acc_l += tl.load(PART + s * (2 * slab) + slab + out_offs, mask=ok, other=0.0, cache_modifier=".cg")
+        if ONE_DOT:
+            acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                acc += tl.load(PART + s * (2 * slab) + wide_offs, mask=wide_ok, other=0.0, cache_modifier=".cg")
+        else:
+            acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_l = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                # .cg: from L2, never a stale L1 line
+                acc_g += tl.load(PART + s * (2 * slab) + out_offs, mask=ok, other=0.0, cache_modifier=".cg")
+                acc_l += tl.load(PART + s * (2 * slab) + slab + out_offs, mask=ok, other=0.0,
+                                 cache_modifier=".cg")
 
-    if HAS_B1:
+    if ONE_DOT:
+        if HAS_B1:
+            acc += tl.load(B1 + expert * stride_b1_e + w_rows, mask=w_row_ok, other=0.0).to(tl.float32)[None, :]
+        # [m, 2c + j] -> [m, c, j]: j = 0 gate, 1 linear
+        acc_g, acc_l = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+    elif HAS_B1:
         b1_ptrs = B1 + expert * stride_b1_e + gate_rows
         acc_g += tl.load(b1_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         acc_l += tl.load(b1_ptrs + 1, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -1674,7 +1733,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         b1.stride(0) if b1 is not None else 0,
         TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
         HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
-        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
+        ONE_DOT=config.mlp1_one_dot, num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
     )
     pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.float32, device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)

@@ -16,7 +16,12 @@ dims with every ragged edge of the real model: hidden 320 = 2.5 blocks of 128, i
 160 (h groups 1.25, W1 rows 2.5 blocks), 8 experts, top-4. On a CUDA machine the `gpu` tests
 run the real shapes (hidden 2880, 32 experts) compiled and inside a CUDA graph. The decode GEMV
 path (`MoeConfig.gemv`): its knobs on the small dims here (`gemv_cases`), every variant the H200
-sweep times (`decode_gemv_variants`) at full size on the GPU, with graph replays.
+sweep times (`decode_gemv_variants`) at full size on the GPU, with graph replays. mlp1's one-dot
+variant (`MoeConfig.mlp1_one_dot`) on other ragged dims (`one_dot_cases`, hidden 160/288/320,
+intermediate 160/288, 4-8 experts, biases on and off, fused requant on and off, split-K) against
+`moe_ref` and the default two-dot mlp1: interpreted, the same bits (both sum the same exact e4m3
+products in K order; bias and activation are the same elementwise fp32 operations); compiled
+(120b prefill, 8192 tokens), within the compiled bounds of each other.
 
 Tolerances vs `moe_ref`: the kernel's sums run in another order, so h can differ in its last
 bits and, rarely, round to the neighbouring e4m3 value (a 6-12% step of that one element).
@@ -264,6 +269,27 @@ def test_launcher_rejects_bad_shapes():
     with pytest.raises(ValueError, match="FMA slab"):  # 128 W1 rows x 4 K blocks at 2 warps: 512 B a thread
         mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2,
                           config=C(1, 64, 2, 1, 64, 4, 1, gemv=True, gemv_fma=True))
+
+
+def test_one_dot_config():
+    """`mlp1_one_dot` is its own label (the sweep's rows), the grouped kernel's only (not gemv), and
+    leaves the table's configs (and their labels) as they were."""
+    mod = _kernel_module()
+    from dataclasses import replace
+
+    base = mod.select_config(8192)
+    assert not base.mlp1_one_dot and "1dot" not in base.short()
+    one = replace(base, mlp1_one_dot=True)
+    mod._check_config(one)
+    assert one.short() == base.short().replace(f"/s{base.mlp1_stages} ", f"/s{base.mlp1_stages}/1dot ", 1)
+    assert all(not c.mlp1_one_dot for _, c in mod.H200_HIDDEN_2880_CONFIGS)
+    with pytest.raises(ValueError, match="mlp1_one_dot"):
+        mod._check_config(replace(mod.select_config(1), mlp1_one_dot=True))  # gemv
+    q1, s1, b1, q2, s2, b2 = make_experts(4, HIDDEN, INTER, seed=0)
+    rw, rb = make_router(NUM_EXPERTS, HIDDEN, seed=0)
+    with pytest.raises(ValueError, match="mlp1_one_dot"):
+        mod.fused_moe_fp8(make_x(3, HIDDEN, seed=0), rw, rb, q1, s1, b1, q2, s2, b2,
+                          config=mod.MoeConfig(1, 32, 4, 3, 64, 4, 3, gemv=True, mlp1_one_dot=True))
 
 
 def test_empty_batch_launches_nothing():
@@ -538,6 +564,71 @@ def check_expert_parallel_sum(mod, router, device) -> float:
     return rel
 
 
+def one_dot_cases(mod):
+    """(name, tokens, config (one-dot), hidden, intermediate, local experts, expert_offset, b1, b2,
+    routing given): ragged dims other than the sweep's, a W1 tile of 64 / 128 / 256 rows (1 or 2
+    scale blocks), last tiles ragged (I = 160: 32 of 128 columns; 288: 32 of 64 / 128), K ragged
+    (160, 288, 320 = 1.25, 2.25, 2.5 groups), fused requant on (mlp1_block_n 128) and off (fp32 h),
+    split-K 3 (320: one K group per split), the prefill table's tile (block_m 64, 8 warps)."""
+    C = mod.MoeConfig
+    return [
+        ("fused requant, H 288 I 160, 6 experts, biases", 37,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True), 288, 160, 6, 0, True, True, False),
+        ("fp32 h (n64), H 160 I 288, 8 experts, no biases", 29,
+         C(32, 64, 4, 2, 32, 4, 2, mlp1_one_dot=True), 160, 288, 8, 0, False, False, False),
+        ("prefill tile m64 n128 w8 g4, H 320 I 288, 4 experts, b1 only", 23,
+         C(64, 128, 8, 3, 128, 8, 3, group_m=4, mlp1_one_dot=True), 320, 288, 4, 0, True, False, False),
+        ("split-K 3/2, n128, H 320 I 160, EP rank 2..6, routing given", 5,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_split_k=3, mlp2_split_k=2, mlp1_one_dot=True), 320, 160, 5, 2,
+         True, True, True),
+        ("narrow n16 (32 W1 rows), fp32 h, H 288 I 160, 4 experts, no b1", 9,
+         C(16, 16, 4, 2, 64, 4, 2, mlp1_one_dot=True), 288, 160, 4, 0, False, True, False),
+    ]
+
+
+def check_one_dot(mod, device) -> dict:
+    """mlp1's one-dot variant vs `moe_ref` (the stated bounds) and vs the same config with the
+    default two-dot mlp1 (interpreted: equal bits; compiled: the compiled bounds)."""
+    from dataclasses import replace
+
+    results = []
+    for name, num_tokens, config, hidden, inter, num_local, offset, with_b1, with_b2, given in one_dot_cases(mod):
+        seed = 1000 + hidden + inter + num_tokens
+        q1, s1, b1, q2, s2, b2 = make_experts(num_local, hidden, inter, seed=seed, device=device, with_b2=with_b2)
+        b1 = b1 if with_b1 else None
+        experts = (q1, s1, b1, q2, s2, b2)
+        router = make_router(NUM_EXPERTS, hidden, seed=seed + 1, device=device)
+        x = make_x(num_tokens, hidden, seed=seed + 2, device=device)
+        weights, ids = route(x, *router, TOP_K)
+        outs = {}
+        for label, cfg in (("one_dot", config), ("two_dot", replace(config, mlp1_one_dot=False))):
+            if given:
+                outs[label] = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
+                                                    config=cfg)
+            else:
+                out, w, i = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset,
+                                              config=cfg, return_routing=True)
+                assert torch.equal(i.long(), ids.long()) and torch.equal(w, weights), f"{name}: routing"
+                outs[label] = out
+        from sglang_ext.kernels.arrival_counters import current
+
+        counters = current(mod.COUNTERS_OWNER, x.device)
+        assert counters is None or not counters.any(), f"{name}: split-K counters not left at zero"
+        ref = mod.moe_ref(x, None, None, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset,
+                          routing=(weights, ids))
+        errors = compare_to_ref(outs["one_dot"], ref, f"one-dot {name}")
+        compare_to_ref(outs["two_dot"], ref, f"two-dot {name}")
+        one, two = outs["one_dot"].float(), outs["two_dot"].float()
+        errors["equal_to_two_dot"] = (one == two).float().mean().item()
+        errors["max_rel_vs_two_dot"] = ((one - two).abs().max() / two.abs().max()).item()
+        if device == "cpu":
+            assert torch.equal(outs["one_dot"], outs["two_dot"]), f"{name}: one-dot {errors} != two-dot bits"
+        else:
+            compare_to_ref(outs["one_dot"], outs["two_dot"], f"one-dot vs two-dot {name}")
+        results.append({"case": name, **errors})
+    return {"one_dot": results}
+
+
 def sweep(device: str = "cpu") -> dict:
     mod = _kernel_module()
     t0 = time.time()
@@ -561,6 +652,17 @@ def test_kernels_interpreted():
     assert results[0]["decode_front_cases"] == len(decode_front_cases(_kernel_module()))
     assert results[0]["decode_front_logit_flips"] <= 2, "fp32 sums one ulp off the exact logits too often"
     assert len(results[0]["moe"]) == len(moe_cases(_kernel_module()))
+
+
+def test_mlp1_one_dot_interpreted():
+    """mlp1's one-dot variant (`one_dot_cases`) vs `moe_ref` and the two-dot default, interpreted."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--one-dot"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"interpreted one-dot check failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    results = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
+    assert len(results) == 1 and len(results[0]["one_dot"]) == len(one_dot_cases(_kernel_module()))
+    assert all(r["equal_to_two_dot"] == 1.0 for r in results[0]["one_dot"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -685,6 +787,51 @@ def test_full_shapes_split_k(num_tokens, which):
     gpu_full_shapes(num_tokens, gpu_split_k_configs()[which])
 
 
+GPU_PREFILL_TOKENS = 8192
+
+
+def gpu_one_dot_configs():
+    """mlp1's one-dot variant at 120b prefill: the prefill table's tiles, block_m 128, and 64-column
+    tiles (fp32 h, quantised by mlp2)."""
+    from dataclasses import replace
+
+    mod = _kernel_module()
+    base = replace(mod.select_config(GPU_PREFILL_TOKENS), mlp1_one_dot=True)
+    return (base, replace(base, block_m=128), replace(base, mlp1_block_n=64, mlp1_warps=4))
+
+
+def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=128) -> dict:
+    """`gpu_full_shapes` for the one-dot config (eager vs `moe_ref`, bits run to run, CUDA graph),
+    then the same tokens through the table's config (two dots): both vs `moe_ref`, and each other
+    within the compiled bounds (wgmma's fp32 sums may run in another order per N width, which can
+    flip a rare e4m3 rounding of h)."""
+    mod = _kernel_module()
+    result = gpu_full_shapes(num_tokens, config, num_experts=num_experts)
+    router, experts = gpu_layer(num_experts)
+    x = make_x(num_tokens, 2880, seed=8, device="cuda")
+    one, weights, ids = mod.fused_moe_fp8(x, *router, *experts, config=config, return_routing=True)
+    two = mod.fused_moe_fp8(x, *router, *experts)
+    ref = mod.moe_ref(x, None, None, *experts, routing=(weights, ids))
+    what = f"E={num_experts} T={num_tokens} {config.short()}"
+    result["one_dot_vs_ref"] = compare_to_ref(one, ref, what)
+    result["two_dot_vs_ref"] = compare_to_ref(two, ref, what + " (table)")
+    result["one_dot_vs_two_dot"] = compare_to_ref(one, two, what + " vs the table's two dots")
+    result["one_dot_vs_two_dot"]["equal"] = (one == two).float().mean().item()
+    return result
+
+
+@pytest.mark.gpu
+def test_one_dot_small_dims_compiled():
+    """The interpreted one-dot cases, compiled (vs the two-dot mlp1: the compiled bounds)."""
+    check_one_dot(_kernel_module(), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", range(3))
+def test_full_shapes_one_dot_120b_prefill(which):
+    gpu_one_dot_vs_default(gpu_one_dot_configs()[which])
+
+
 @pytest.mark.gpu
 def test_routing_bit_exact_on_cuda():
     gpu_routing()
@@ -724,6 +871,14 @@ if __name__ == "__main__":
                 print(json.dumps(gpu_full_shapes(t, config)), flush=True)
         for t, e, config in gpu_gemv_cases():
             print(json.dumps(gpu_full_shapes(t, config, num_experts=e)), flush=True)
+        print(json.dumps(check_one_dot(_kernel_module(), "cuda")), flush=True)
+        for config in gpu_one_dot_configs():
+            print(json.dumps(gpu_one_dot_vs_default(config)), flush=True)
+    elif "--one-dot" in args:  # python tests/test_kernel_moe.py --one-dot [--device cuda]
+        dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
+        t0 = time.time()
+        print(json.dumps({**check_one_dot(_kernel_module(), dev), "seconds": round(time.time() - t0, 1)}),
+              flush=True)
     else:
         dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
         print(json.dumps(sweep(dev)), flush=True)
