@@ -61,11 +61,13 @@ def time_decode(model: ModelStep, context: int, probe: bool, eager: bool) -> flo
         model.probe = None
 
 
-def time_decode_probe_pair(model: ModelStep, context: int, rounds: int = 40, reps: int = 3):
+def time_decode_probe_pair(model: ModelStep, context: int, rounds: int = 40, reps: int = 3,
+                           spread: dict | None = None):
     """(off seconds, on seconds, overhead seconds): the step captured without and with the probe,
     replayed alternately (`reps` replays each per round), so clock and thermal drift hit both
     alike; the overhead is the median of the per-round differences (a 0.25 % target is below
-    the ~1 % spread of two separately timed captures)."""
+    the ~1 % spread of two separately timed captures). `spread`, if given, receives the
+    differences' quartiles and their count: a median near the target says little without them."""
     inputs = model.decode_inputs(context)
     model.probe = None
     graph_off = bc.capture_graph(lambda: model.forward(**inputs))
@@ -89,6 +91,9 @@ def time_decode_probe_pair(model: ModelStep, context: int, rounds: int = 40, rep
             times.append(start.elapsed_time(end) / 1e3 / reps)
     del probe
     diffs = [b - a for a, b in zip(offs, ons)]
+    if spread is not None:
+        q1, _, q3 = statistics.quantiles(diffs, n=4)
+        spread.update({"q1_s": q1, "q3_s": q3, "rounds": len(diffs)})
     return statistics.median(offs), statistics.median(ons), statistics.median(diffs)
 
 
@@ -139,8 +144,10 @@ def run(rank: int, world: int, args):
                     try:
                         model.allocate_cache(batch, context)
                         overhead_s = None
+                        spread: dict = {}
                         if args.probe and probe_here and cuda:
-                            t_off, t_on, overhead_s = time_decode_probe_pair(model, context)
+                            t_off, t_on, overhead_s = time_decode_probe_pair(model, context, rounds=args.probe_rounds,
+                                                                             spread=spread)
                         else:
                             t_off = time_decode(model, context, probe=False, eager=not cuda)
                             t_on = (time_decode(model, context, probe=True, eager=not cuda)
@@ -168,6 +175,9 @@ def run(rank: int, world: int, args):
                     if t_on is not None:
                         row["probe_on_step_ms"] = (t_on + comm_s) * 1e3
                         row["probe_overhead_pct"] = 100 * (overhead_s if overhead_s is not None else t_on - t_off) / step
+                        if spread:
+                            row["probe_overhead_iqr_pct"] = [100 * spread["q1_s"] / step, 100 * spread["q3_s"] / step]
+                            row["probe_rounds"] = spread["rounds"]
                     rows.append(row)
                     if rank == 0:
                         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
@@ -204,8 +214,11 @@ def markdown(meta: dict, rows: list) -> str:
             ("tok/s/user", "tok_s_per_user", "{:.1f}"), ("tok/s/GPU", "tok_s_per_gpu", "{:.0f}"),
             ("$/M out", "dollars_per_M_output", "{:.3f}"), ("GB read/GPU", "bytes_per_gpu_step", None),
             ("% copy BW", "pct_copy_bw", "{:.0f}"), ("probe on ms", "probe_on_step_ms", "{:.3f}"),
-            ("probe %", "probe_overhead_pct", "{:.2f}")]
-    timed = [dict(r, bytes_per_gpu_step=f"{r['bytes_per_gpu_step'] / 1e9:.2f}") for r in rows if "step_ms" in r]
+            ("probe %", "probe_overhead_pct", "{:.2f}"), ("probe % IQR", "probe_iqr", None)]
+    timed = [dict(r, bytes_per_gpu_step=f"{r['bytes_per_gpu_step'] / 1e9:.2f}",
+                  probe_iqr=("{:.2f}..{:.2f}".format(*r["probe_overhead_iqr_pct"]) if "probe_overhead_iqr_pct" in r
+                             else None))
+             for r in rows if "step_ms" in r]
     lines.append(bc.md_table(timed, cols))
     other = [r for r in rows if "step_ms" not in r and "kernel_breakdown" not in r]
     if other:
@@ -240,6 +253,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--stem", default="bench_decode")
     ap.add_argument("--context-probe-min", type=int, default=256)
+    ap.add_argument("--probe-rounds", type=int, default=40,
+                    help="paired probe-off/on rounds per row (the overhead is their median difference)")
     args = ap.parse_args()
     bc.launch(run, args)
 
