@@ -7,6 +7,7 @@
 #   bash benchmarks/run_h200.sh x2        # NCCL calibration + measured 2-GPU configurations (nvidia-h200-x2)
 #   bash benchmarks/run_h200.sh b1        # batch-1 decode: launch floor, GEMV fixed cost, per-kernel times, ncu
 #   bash benchmarks/run_h200.sh floor     # how fast a kernel reads 1-1000 MB; a one-shot GEMV prototype
+#   bash benchmarks/run_h200.sh moe3      # MoE prefill one-dot gpu tests + prefill sweep
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -60,6 +61,12 @@ model)
     ;;
 floor)  # read floor by size + one-shot FP8 GEMV prototype (benchmarks/diag_floor.py)
     step diag_floor 400 python benchmarks/diag_floor.py --parts "${FLOOR_PARTS:-read,gemv}" --out "$R"
+    ;;
+moe3)  # MoE prefill: the one-dot mlp1 variant's gpu tests + the prefill sweep (120b, 8192 tokens)
+    step gpu_test_moe_one_dot 150 python -m pytest -q -p no:cacheprovider -m gpu -k one_dot tests/test_kernel_moe.py
+    step sweep_moe_prefill 300 python benchmarks/bench_moe.py --out "$R" --sweep-only --sweep-kinds prefill \
+        --models 120b --budget-s 220
+    (command -v nvcc; ls -d /usr/local/cuda* 2>&1; python -c "import torch.utils.cpp_extension as c; print('CUDA_HOME', c.CUDA_HOME)") > "$R/nvcc_check.txt" 2>&1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
