@@ -29,6 +29,10 @@ Kernels:
     left between it and its MMAs (the K loop above waits a memory latency per block, the bulk
     of the GEMV's ~6 us fixed cost at decode sizes); `fixed_cost_variants` lists the configs
     the decode sweep and the GPU test compare;
+  - `_fp8_gemv_oneshot_kernel`, decode M <= 4 with `Fp8GemvConfig.oneshot`: each program owns a
+    few weight rows and all of K (two slab loads, no K loop, no split-K, so no partials and no
+    last-arriver tail), x-side loads first, FMA blocks; x quantised in every program or, faster,
+    pre-quantised by its producer (`fp8_linear(x_quant=...)`, the residual norm's `quantize`);
   - launch parameters come from `gemm_config(M, N, K)`, a heuristic by M bucket (no runtime
     autotune, so the interpreter stays fast and a CUDA graph sees one fixed kernel).
 
@@ -610,6 +614,134 @@ def _splitk_sum_kernel(
              acc.to(C.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _oneshot_x(X, X_SCALE, row, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+               C1: tl.constexpr, C2: tl.constexpr, QUANTIZE_X: tl.constexpr):
+    """Token row `row`'s x over K blocks [0, C1) and [C1, C1 + C2) (masked past K and past M):
+    (xa [C1, 128], scales [C1], xb [C2, 128], scales [C2]); x upcast to fp32 right after the load
+    (its quantisation waits until the weight loads are issued), or e4m3 codes and their scales.
+    C2 == 0: the second pair repeats the first (never used)."""
+    offs_k = tl.arange(0, 128)
+    ba = tl.arange(0, C1)
+    ka = ba[:, None] * 128 + offs_k[None, :]
+    xa = tl.load(X + row * stride_xm + ka * stride_xk, mask=(ka < K) & (row < M), other=0.0)
+    if QUANTIZE_X:
+        xa = xa.to(tl.float32)
+        sa = tl.zeros((C1,), dtype=tl.float32)  # computed by _oneshot_row
+    else:
+        sa = tl.load(X_SCALE + row * stride_xsm + ba * stride_xsk, mask=(ba * 128 < K) & (row < M), other=0.0)
+    xb = xa
+    sb = sa
+    if C2 > 0:
+        bb = C1 + tl.arange(0, C2)
+        kb = bb[:, None] * 128 + offs_k[None, :]
+        xb = tl.load(X + row * stride_xm + kb * stride_xk, mask=(kb < K) & (row < M), other=0.0)
+        if QUANTIZE_X:
+            xb = xb.to(tl.float32)
+            sb = tl.zeros((C2,), dtype=tl.float32)
+        else:
+            sb = tl.load(X_SCALE + row * stride_xsm + bb * stride_xsk, mask=(bb * 128 < K) & (row < M), other=0.0)
+    return xa, sa, xb, sb
+
+
+@triton.jit
+def _oneshot_row(wa, wsa, xa, sa, wb, wsb, xb, sb, C2: tl.constexpr, QUANTIZE_X: tl.constexpr,
+                 HW_ROUND: tl.constexpr):
+    """One token row against the program's weight slab: per K block the exact e4m3 products
+    summed in fp32, times a_scale * w_scale, summed over the blocks -> fp32 [BLOCK_N]."""
+    if QUANTIZE_X:
+        xa, sa = _quantize_tile(xa, HW_ROUND)
+    d = tl.sum(wa.to(tl.float32) * xa.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
+    acc = tl.sum(d * (sa * wsa)[None, :], axis=1)
+    if C2 > 0:
+        if QUANTIZE_X:
+            xb, sb = _quantize_tile(xb, HW_ROUND)
+        d = tl.sum(wb.to(tl.float32) * xb.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C2]
+        acc += tl.sum(d * (sb * wsb)[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def _oneshot_store(C, acc, bias, row, M, N, offs_n, cols, stride_cm, stride_cn, HAS_BIAS: tl.constexpr,
+                   ROUND_BF16: tl.constexpr):
+    """The bias added to the fp32 sum, one rounding, token row `row`'s store."""
+    if HAS_BIAS:
+        acc += bias
+    if ROUND_BF16:
+        acc = _round_to_bf16_grid(acc)
+    tl.store(C + row * stride_cm + cols * stride_cn, acc.to(C.dtype.element_ty), mask=(offs_n < N) & (row < M))
+
+
+@triton.jit
+def _fp8_gemv_oneshot_kernel(
+    X, X_SCALE, W, W_SCALE, BIAS, C,
+    M, N, K,
+    stride_xm, stride_xk, stride_xsm, stride_xsk,
+    stride_wn, stride_wk, stride_wsn, stride_wsk,
+    stride_cm, stride_cn,
+    ROWS: tl.constexpr,  # 1, 2 or 4 (a power of two >= M): every token row against one weight slab
+    BLOCK_N: tl.constexpr,  # a power of two <= 128 (one weight scale row per program)
+    C1: tl.constexpr,  # K blocks of the first load, a power of two (`pow2_chunks`)
+    C2: tl.constexpr,  # K blocks of the second load, a power of two or 0; past K masked
+    QUANTIZE_X: tl.constexpr,  # X is x (any float): each program quantises its rows (`_quantize_tile`)
+    HW_ROUND: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+):
+    """Decode (M <= 4), one shot: program p owns weight rows [p BLOCK_N, p BLOCK_N + BLOCK_N) and
+    ALL of K: no K loop, no split, so no fp32 partials, no arrival counter and no last-arriver
+    tail (the split-K kernels' ~3 us over a plain read of the same bytes at M = 1:
+    benchmarks/results/diag_floor.md). It issues every x-side load first (x or its codes and
+    scales, the weight scales, the bias), then its whole weight slab in two loads of C1 and C2
+    K blocks, and only then computes: FMA blocks in fp32 (each e4m3 product exact), each block's
+    sum times a_scale * w_scale, the blocks summed, the bias added, one rounding. Narrow tiles
+    (2-16 rows) give enough programs to keep HBM busy. Pre-quantised x (QUANTIZE_X False) is
+    the fast form: with x quantised in-kernel every program redoes all of x (M x K divisions),
+    which cancels the gain once there are many programs (qkv: 640)."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = (offs_n % N).to(tl.int64)  # past the N edge: reload a real row, dropped at the store
+    # the x side first: its latency overlaps the weight's instead of following it
+    xa0, sa0, xb0, sb0 = _oneshot_x(X, X_SCALE, 0, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                    C1, C2, QUANTIZE_X)
+    if ROWS > 1:
+        xa1, sa1, xb1, sb1 = _oneshot_x(X, X_SCALE, 1, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                        C1, C2, QUANTIZE_X)
+    if ROWS > 2:
+        xa2, sa2, xb2, sb2 = _oneshot_x(X, X_SCALE, 2, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                        C1, C2, QUANTIZE_X)
+        xa3, sa3, xb3, sb3 = _oneshot_x(X, X_SCALE, 3, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                        C1, C2, QUANTIZE_X)
+    offs_k = tl.arange(0, 128)
+    ba = tl.arange(0, C1)
+    ka = ba[:, None] * 128 + offs_k[None, :]
+    ws_row = W_SCALE + (pid_n * BLOCK_N // 128) * stride_wsn  # BLOCK_N <= 128 never straddles a block
+    wsa = tl.load(ws_row + ba * stride_wsk, mask=ba * 128 < K, other=0.0)
+    bias = tl.load(BIAS + cols).to(tl.float32) if HAS_BIAS else None
+    if C2 > 0:
+        bb = C1 + tl.arange(0, C2)
+        kb = bb[:, None] * 128 + offs_k[None, :]
+        wsb = tl.load(ws_row + bb * stride_wsk, mask=bb * 128 < K, other=0.0)
+    # then the whole weight slab, in at most two loads
+    w_rows = W + cols[:, None, None] * stride_wn
+    wa = tl.load(w_rows + ka[None, :, :] * stride_wk, mask=(ka < K)[None, :, :], other=0.0)
+    wb = wa
+    if C2 > 0:
+        wb = tl.load(w_rows + kb[None, :, :] * stride_wk, mask=(kb < K)[None, :, :], other=0.0)
+    else:
+        wsb = wsa
+    acc = _oneshot_row(wa, wsa, xa0, sa0, wb, wsb, xb0, sb0, C2, QUANTIZE_X, HW_ROUND)
+    _oneshot_store(C, acc, bias, 0, M, N, offs_n, cols, stride_cm, stride_cn, HAS_BIAS, ROUND_BF16)
+    if ROWS > 1:
+        acc = _oneshot_row(wa, wsa, xa1, sa1, wb, wsb, xb1, sb1, C2, QUANTIZE_X, HW_ROUND)
+        _oneshot_store(C, acc, bias, 1, M, N, offs_n, cols, stride_cm, stride_cn, HAS_BIAS, ROUND_BF16)
+    if ROWS > 2:
+        acc = _oneshot_row(wa, wsa, xa2, sa2, wb, wsb, xb2, sb2, C2, QUANTIZE_X, HW_ROUND)
+        _oneshot_store(C, acc, bias, 2, M, N, offs_n, cols, stride_cm, stride_cn, HAS_BIAS, ROUND_BF16)
+        acc = _oneshot_row(wa, wsa, xa3, sa3, wb, wsb, xb3, sb3, C2, QUANTIZE_X, HW_ROUND)
+        _oneshot_store(C, acc, bias, 3, M, N, offs_n, cols, stride_cm, stride_cn, HAS_BIAS, ROUND_BF16)
+
+
 # ---------------------------------------------------------------------------------------------
 # launch configuration
 # ---------------------------------------------------------------------------------------------
@@ -653,8 +785,13 @@ class Fp8GemvConfig:
     batched_dot: bool = False
     # the last arriver loads many splits' partials per load (`_gemv_epilogue`), not one per split
     vector_reduce: bool = False
+    # `_fp8_gemv_oneshot_kernel` (M <= 4 per launch): BLOCK_N (<= 128) rows and all of K per
+    # program, no split, FMA blocks; only block_n, num_warps and hw_round apply (`oneshot_config`)
+    oneshot: bool = False
 
     def short(self) -> str:
+        if self.oneshot:
+            return f"gvosn{self.block_n}w{self.num_warps}" + ("" if self.hw_round else "gr")
         split = f"s{self.split_k}" + ("" if self.split_k <= 1 or self.inline_reduce else "k")
         return (f"gv{'dot' if self.use_dot else 'fma'}n{self.block_n}{split}w{self.num_warps}"
                 + ("xob" if self.x_once and self.use_dot and self.batched_dot else "xo" if self.x_once else "")
@@ -698,8 +835,41 @@ def _auto_split_gemv(m: int, n: int, k: int, block_n: int, sms: int, programs_pe
     return triton.cdiv(k_blocks, triton.cdiv(k_blocks, split))  # no empty trailing split
 
 
-def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemvConfig:
-    """Decode (M <= 16): tensor-core blocks with W as the 64-row MMA side; their weight slabs
+# The one-shot kernel's measured range (benchmarks/results/diag_floor.md, M = 1): N up to 23040,
+# K up to 32 blocks (a slab of <= 32 blocks per program: two loads of <= 16 KB at 4 rows).
+ONESHOT_MAX_ROWS = 4
+ONESHOT_MAX_N = 23040
+ONESHOT_MAX_K_BLOCKS = 32
+# x quantised in-kernel, every one-shot program redoes all of x: N K / BLOCK_N divisions per row.
+# It beat the split-K kernel up to o's 11.8 MB (n8 w8: 6.5 vs 8.2 us) and tied at qkv's 14.7 MB.
+ONESHOT_QUANT_MAX_WEIGHT_BYTES = 12_500_000
+
+
+def oneshot_applies(m: int, n: int, k: int) -> bool:
+    return m <= ONESHOT_MAX_ROWS and n <= ONESHOT_MAX_N and triton.cdiv(k, GROUP) <= ONESHOT_MAX_K_BLOCKS
+
+
+def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None,
+                x_prequantized: bool = False) -> Fp8GemvConfig:
+    """Decode (M <= 16). M = 1 takes the one-shot kernel (no split-K; H200,
+    benchmarks/results/diag_floor.md) where it measured faster: with x pre-quantised
+    (`x_prequantized`: the launcher got `x_quant`, or `fp8_gemm`), 2-row tiles with 2 warps up to
+    24 K blocks (qkv 7.0 us vs 9.3; N 256..23040 at K 2880 within 5 % of the best tile) and 4
+    warps at 32 (o 5.8 vs 8.2); with x quantised in every program, 8-row tiles / 8 warps up to
+    `ONESHOT_QUANT_MAX_WEIGHT_BYTES` (o 6.5 vs 8.2, N 2048 x 2880 5.7 vs 6.8; at qkv 9.3 = no
+    gain, so it keeps x_once). Otherwise `split_k_gemv_config`; M = 2..4 stay there until the
+    sweep (`bench_fp8_gemm.py --decode-sweep oneshot`) measures the one-shot rows."""
+    kb = triton.cdiv(k, GROUP)
+    if m == 1 and oneshot_applies(m, n, k):
+        if x_prequantized:
+            return oneshot_config(2, 2 if kb <= 24 else 4)
+        if n * k <= ONESHOT_QUANT_MAX_WEIGHT_BYTES:
+            return oneshot_config(8, 8)
+    return split_k_gemv_config(m, n, k, device)
+
+
+def split_k_gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemvConfig:
+    """The split-K decode kernels' pick: tensor-core blocks with W as the 64-row MMA side; their weight slabs
     stream through cp.async stages (num_stages - 1 in flight, no registers held), where the FMA
     variant holds its slab in registers (fp32 converts: ~120 registers at BLOCK_N 64) and gets
     ~4 programs, ~32 KB, in flight per SM: about what HBM's latency needs, no margin. 128-wide
@@ -718,6 +888,11 @@ def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None
     return replace(cfg, split_k=_auto_split_gemv(min(m, 16), n, k, cfg.block_n, num_sms(device)))
 
 
+def oneshot_config(block_n: int, num_warps: int) -> Fp8GemvConfig:
+    """The one-shot decode kernel's config (the fields it does not use at their neutral values)."""
+    return Fp8GemvConfig(block_n=block_n, split_k=1, num_warps=num_warps, use_dot=False, oneshot=True)
+
+
 def dot_tile_decode_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemmConfig:
     """What M <= 16 ran before the decode kernel (16-row tl.dot tiles, x quantised in the K loop),
     kept for comparison in the benchmark sweep and the GPU test."""
@@ -726,11 +901,31 @@ def dot_tile_decode_config(m: int, n: int, k: int, device: torch.device | str | 
     return replace(cfg, split_k=_auto_split(m, k, tiles, num_sms(device)))
 
 
+# (BLOCK_N, warps) of the one-shot rows in the decode sweep, by rows per launch (1, 2, 4). M = 1:
+# the prototype's best few for qkv / o / N 256..23040 (pre-quantised 2x2, 2x4, 4x4, 8x8; x
+# quantised in-kernel 8x8, 4x8, 8x4) and a 16-row tile. M = 2, 4: each thread holds its share
+# of the slab in fp32 for all rows, so ptxas (sm_90, Triton 3.8) spills at >= 48 weight bytes
+# per thread at M = 2 (8x4, 16x8, 4x4 pre-quantised): more warps and narrower tiles.
+ONESHOT_SWEEP = {
+    1: ((2, 2), (2, 4), (4, 4), (4, 8), (8, 4), (8, 8), (16, 8)),
+    2: ((1, 4), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (8, 16)),
+    4: ((1, 4), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (8, 16)),
+}
+
+
+def oneshot_variants(m: int, n: int, k: int) -> list[Fp8GemvConfig]:
+    """The one-shot configs the decode sweep times (none outside `oneshot_applies`)."""
+    if not oneshot_applies(m, n, k):
+        return []
+    return [oneshot_config(bn, w) for bn, w in ONESHOT_SWEEP[triton.next_power_of_2(m)]]
+
+
 def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | None = None) -> list[Fp8GemvConfig]:
     """Decode-kernel variants aimed at the GEMV's fixed cost (~6 us per call at M = 1, whatever
     the bytes: benchmarks/results/diag_decode_b1.md), for the benchmark sweep and the GPU test;
     splits resolved (`gemv_splits`), so each short name says what runs. x_once tensor-core
-    programs get num_stages = K blocks + 1: the whole slab in flight from the start."""
+    programs get num_stages = K blocks + 1: the whole slab in flight from the start. At M <= 4
+    (not the lm_head) also the one-shot kernel's `oneshot_variants`."""
     kb = triton.cdiv(k, GROUP)
     sms = num_sms(device)
     G = Fp8GemvConfig
@@ -741,6 +936,7 @@ def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | Non
         return G(block_n, triton.cdiv(kb, per), x_once=True, **kw)
 
     base = gemv_config(m, n, k, device)
+    split_base = split_k_gemv_config(m, n, k, device)  # base itself but where the one-shot kernel applies
     if n > 100_000:  # lm_head: thousands of N tiles, split-K is moot: does x_once still stream?
         cands = [xo(64, 4, vector_reduce=True)]
         if m <= 4:
@@ -750,7 +946,7 @@ def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | Non
     else:
         all_k = 1 << (kb - 1).bit_length()  # every K block in one program: no split
         cands = [
-            replace(base, vector_reduce=True),  # the split-K tail alone
+            split_base, replace(split_base, vector_reduce=True),  # the split-K tail alone
             xo(64, 4), xo(64, 4, vector_reduce=True), xo(64, 1, vector_reduce=True),
             xo(64, 2, vector_reduce=True), xo(64, 8, vector_reduce=True),
             xo(128, 4, num_warps=8, vector_reduce=True),
@@ -764,6 +960,7 @@ def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | Non
                 # no split-K at all: no partials, no counters, no tail; narrow tiles for enough programs
                 xo(16, all_k, num_stages=8), xo(32, all_k, num_stages=6),
                 xo(64, 4, num_warps=8, use_dot=False, vector_reduce=True), xo(16, 8, use_dot=False, vector_reduce=True)]
+        cands += oneshot_variants(m, n, k)  # no split at all: the whole K per program, M <= 4
     out = []
     for c in [base] + cands:
         split = gemv_splits(c, min(m, GEMV_MAX_ROWS), n, k, sms)[0]
@@ -775,8 +972,8 @@ def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | Non
     return out
 
 
-def gemm_config(m: int, n: int, k: int,
-                device: torch.device | str | None = None) -> Fp8GemmConfig | Fp8GemvConfig:
+def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None,
+                x_prequantized: bool = False) -> Fp8GemmConfig | Fp8GemvConfig:
     """Launch parameters by M bucket (no autotune: one fixed kernel per shape, fast interpreter).
 
     M <= 16 (decode): the weight bytes are everything: `gemv_config`, the decode kernel with x
@@ -784,10 +981,12 @@ def gemm_config(m: int, n: int, k: int,
     M <= 64: 32-row tiles, separate quantisation, split-K by the same rule.
     M <= 256: 64 x 128 tiles, 4 warps. Larger: 128 x 128 tiles, 8 warps (two Hopper warpgroups),
     4 stages of 32 KB in shared memory, grouped ordering for L2 reuse of the weight tiles.
-    Starting points for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives."""
+    Starting points for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives.
+    `x_prequantized`: x arrives as e4m3 codes + scales (`fp8_gemm`, `fp8_linear(x_quant=...)`),
+    which only the decode pick depends on."""
     sms = num_sms(device)
     if m <= 16:
-        return gemv_config(m, n, k, device)
+        return gemv_config(m, n, k, device, x_prequantized)
     if m <= 64:
         cfg = Fp8GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)
     elif m <= 256:
@@ -900,6 +1099,8 @@ def gemv_splits(cfg: Fp8GemvConfig, rows: int, n: int, k: int, sms: int = H200_S
     64 / rows of them, and at most `XONCE_MAX_SLAB` weight bytes per thread where the slab is
     one load (FMA, batched dot)."""
     k_blocks = triton.cdiv(k, GROUP)
+    if cfg.oneshot:
+        return 1, k_blocks
     split = cfg.split_k or _auto_split_gemv(rows, n, k, cfg.block_n, sms)
     per_split = triton.cdiv(k_blocks, max(1, min(split, k_blocks)))
     if cfg.x_once:
@@ -921,8 +1122,45 @@ def _red_chunk(cfg: Fp8GemvConfig, split: int, rows_p2: int) -> int:
     return min(triton.next_power_of_2(split), 1 << (cap.bit_length() - 1))
 
 
+def pow2_chunks(k_blocks: int) -> tuple[int, int]:
+    """K blocks -> (C1, C2): the one-shot kernel's two slab loads, C1 the largest power of two
+    <= k_blocks, C2 a power of two covering the rest (0 if none): 23 -> (16, 8), 32 -> (32, 0)."""
+    k_blocks = max(k_blocks, 1)
+    c1 = 1 << (k_blocks.bit_length() - 1)
+    rest = k_blocks - c1
+    return c1, (0 if rest == 0 else 1 << (rest - 1).bit_length())
+
+
+def _launch_oneshot(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, quantize_x: bool):
+    """`_fp8_gemv_oneshot_kernel` over row chunks of <= 4 (one launch for M <= 4; past that each
+    chunk reads the weight again)."""
+    m, k = x.shape
+    n = w_fp8.shape[0]
+    bn = cfg.block_n
+    if not 1 <= bn <= GROUP or bn & (bn - 1):
+        raise ValueError(f"fp8 one-shot GEMV: block_n must be a power of two <= {GROUP}, got {bn}")
+    c1, c2 = pow2_chunks(triton.cdiv(k, GROUP))
+    for r0 in range(0, m, ONESHOT_MAX_ROWS):
+        rows = min(ONESHOT_MAX_ROWS, m - r0)
+        xc, oc = x[r0:r0 + rows], out[r0:r0 + rows]
+        xsc = x_scale[r0:r0 + rows] if x_scale is not None else None
+        _fp8_gemv_oneshot_kernel[(triton.cdiv(n, bn),)](
+            xc, xsc if xsc is not None else xc, w_fp8, w_scale_inv, bias if bias is not None else w_scale_inv, oc,
+            rows, n, k,
+            xc.stride(0), xc.stride(1), *((0, 0) if xsc is None else (xsc.stride(0), xsc.stride(1))),
+            w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
+            oc.stride(0), oc.stride(1),
+            ROWS=triton.next_power_of_2(rows), BLOCK_N=bn, C1=c1, C2=c2, QUANTIZE_X=quantize_x,
+            HW_ROUND=cfg.hw_round and not _interpreted(), HAS_BIAS=bias is not None,
+            ROUND_BF16=_interpreted() and out.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+        )
+    return out
+
+
 def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, quantize_x: bool):
     """The decode kernel over row chunks of <= 16 (one launch for decode's M <= 16)."""
+    if cfg.oneshot:
+        return _launch_oneshot(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg, quantize_x)
     m, k = x.shape
     n = w_fp8.shape[0]
     round_bf16 = _interpreted() and out.dtype == torch.bfloat16
@@ -991,30 +1229,61 @@ def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor, w_
     out = _out_buffer(out, m, n, out_dtype, a_fp8.device, "fp8_gemm")
     if m == 0:
         return out
-    cfg = config or gemm_config(m, n, k, a_fp8.device)
+    cfg = config or gemm_config(m, n, k, a_fp8.device, x_prequantized=True)
     if isinstance(cfg, Fp8GemvConfig):
         return _launch_gemv(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out, cfg, quantize_x=False)
     return _launch_gemm(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out, cfg, quantize_a=False)
 
 
+def _check_x_quant(x_quant, x: torch.Tensor, m: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fp8_linear`'s x_quant -> (codes [M, K], scales [M, ceil(K/128)]), or a ValueError."""
+    if not isinstance(x_quant, (tuple, list)) or len(x_quant) != 2:
+        raise ValueError("fp8_linear: x_quant must be (codes, scales)")
+    codes, scales = x_quant
+    kb = triton.cdiv(k, GROUP)
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.float8_e4m3fn or \
+            tuple(codes.shape) not in ((m, k), tuple(x.shape)):
+        raise ValueError(f"fp8_linear: x_quant codes must be e4m3 [{m}, {k}] (x's rows), got "
+                         f"{getattr(codes, 'dtype', type(codes))} {tuple(getattr(codes, 'shape', ()))}")
+    if not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or tuple(scales.shape) != (m, kb):
+        raise ValueError(f"fp8_linear: x_quant scales must be fp32 [{m}, {kb}], got "
+                         f"{getattr(scales, 'dtype', type(scales))} {tuple(getattr(scales, 'shape', ()))}")
+    if codes.device != x.device or scales.device != x.device:
+        raise ValueError(f"fp8_linear: x_quant must be on x's device {x.device}")
+    return codes.reshape(m, k), scales
+
+
 def fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
                bias: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
                out: Optional[torch.Tensor] = None,
-               config: Optional[Fp8GemmConfig | Fp8GemvConfig] = None) -> torch.Tensor:
+               config: Optional[Fp8GemmConfig | Fp8GemvConfig] = None,
+               x_quant: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """y [..., N] = x W^T + b: x [..., K] (any float dtype) quantised per 1x128 group, W e4m3
     block-128. Output dtype defaults to x.dtype (as `fp8_linear_torch`). A `Fp8GemvConfig`
     (decode, the default at M <= 16) and `config.fuse_quant` quantise x inside the GEMM (one
-    launch), else `quantize_activation_group128` runs first. No host reads: CUDA-graph safe."""
+    launch), else `quantize_activation_group128` runs first. No host reads: CUDA-graph safe.
+
+    `x_quant` = (e4m3 codes [M, K], fp32 scales [M, ceil(K/128)], any strides): x already
+    quantised by its producer, exactly `quantize_activation_group128(x)` (e.g. the residual norm's
+    `quantize=True`); every path then reads it instead of quantising x (x still gives the shape and
+    the output dtype; its values are not read). The caller vouches that the codes are x's."""
     lead = x.shape[:-1]
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     n = _check_weight(w_fp8, w_scale_inv, k)
+    if x_quant is not None:
+        x_quant = _check_x_quant(x_quant, x, m, k)
     out_dtype = out_dtype or x.dtype
     y = _out_buffer(out.view(m, n) if out is not None else None, m, n, out_dtype, x.device, "fp8_linear")
     if m > 0:
-        cfg = config or gemm_config(m, n, k, x.device)
-        if isinstance(cfg, Fp8GemvConfig):
+        cfg = config or gemm_config(m, n, k, x.device, x_prequantized=x_quant is not None)
+        if x_quant is not None:
+            if isinstance(cfg, Fp8GemvConfig):
+                _launch_gemv(*x_quant, w_fp8, w_scale_inv, bias, y, cfg, quantize_x=False)
+            else:
+                _launch_gemm(*x_quant, w_fp8, w_scale_inv, bias, y, cfg, quantize_a=False)
+        elif isinstance(cfg, Fp8GemvConfig):
             _launch_gemv(x2, None, w_fp8, w_scale_inv, bias, y, cfg, quantize_x=True)
         elif cfg.fuse_quant:
             _launch_gemm(x2, None, w_fp8, w_scale_inv, bias, y, cfg, quantize_a=True)

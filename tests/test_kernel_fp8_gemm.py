@@ -150,8 +150,14 @@ def test_heuristic_configs_are_launchable():
     mod = _kernel_module()
     for n, k in ((5120, 2880), (2880, 4096), (201088, 2880), (320, 192)):
         k_blocks = -(-k // 128)
-        for m in (1, 4, 16, 17, 64, 65, 256, 257, 1024, 8192):
-            cfg = mod.gemm_config(m, n, k)
+        for m, prequant in [(m, False) for m in (1, 4, 16, 17, 64, 65, 256, 257, 1024, 8192)] + [(1, True), (4, True)]:
+            cfg = mod.gemm_config(m, n, k, x_prequantized=prequant)
+            if m <= 16 and cfg.oneshot:  # no split at all: narrow tiles make the programs
+                assert m <= mod.ONESHOT_MAX_ROWS and cfg.split_k == 1 and cfg.block_n & (cfg.block_n - 1) == 0, cfg
+                assert mod.gemv_splits(cfg, m, n, k) == (1, k_blocks), cfg
+                if n >= 2880:
+                    assert -(-n // cfg.block_n) >= mod.H200_SMS, (m, n, k, cfg)
+                continue
             if m <= 16:
                 assert isinstance(cfg, mod.Fp8GemvConfig), cfg
                 assert cfg.block_n >= 16 and cfg.block_n & (cfg.block_n - 1) == 0, cfg
@@ -170,6 +176,39 @@ def test_heuristic_configs_are_launchable():
             if tiles >= mod.H200_SMS:
                 assert cfg.split_k == 1, (m, n, k, cfg)
             assert not cfg.fuse_quant, cfg
+
+
+def test_decode_picks_the_one_shot_kernel_where_measured():
+    """M = 1: the one-shot kernel with the H200 picks (benchmarks/results/diag_floor.md): x
+    pre-quantised n2 w2 at qkv's 23 K blocks, n2 w4 at o's 32; x quantised in-kernel n8 w8 at o,
+    the split-K x_once kernel at qkv (no gain there) and at the lm_head (outside the measured
+    range); M > 1 unchanged."""
+    mod = _kernel_module()
+    pick = lambda m, n, k, pq: mod.gemm_config(m, n, k, x_prequantized=pq).short()  # noqa: E731
+    assert pick(1, 5120, 2880, True) == "gvosn2w2"
+    assert pick(1, 2880, 4096, True) == "gvosn2w4"
+    assert pick(1, 2880, 4096, False) == "gvosn8w8"
+    assert pick(1, 2048, 2880, False) == "gvosn8w8"
+    for m, n, k, pq in ((1, 5120, 2880, False), (1, 201088, 2880, True), (2, 5120, 2880, True), (4, 2880, 4096, False)):
+        cfg = mod.gemm_config(m, n, k, x_prequantized=pq)
+        assert not cfg.oneshot and cfg.x_once, (m, n, k, pq, cfg)
+    variants = mod.fixed_cost_variants(1, 5120, 2880)
+    assert {c.short() for c in variants if c.oneshot} == {f"gvosn{bn}w{w}" for bn, w in mod.ONESHOT_SWEEP[1]}
+    assert not [c for c in mod.fixed_cost_variants(8, 5120, 2880) if c.oneshot]
+    assert mod.pow2_chunks(23) == (16, 8) and mod.pow2_chunks(32) == (32, 0) and mod.pow2_chunks(3) == (2, 1)
+
+
+def test_x_quant_is_validated():
+    mod = _kernel_module()
+    x, w, ws, b = make_case(3, 320, 192, torch.float32, seed=0)
+    q, s = _fp8_torch().quantize_activation_group128(x)
+    for bad, match in (((q,), "x_quant must be"), ((q.float(), s), "codes must be e4m3"),
+                       ((q[:2], s), "codes must be e4m3"), ((q, s[:, :1]), "scales must be fp32"),
+                       ((q, s.double()), "scales must be fp32")):
+        with pytest.raises(ValueError, match=match):
+            mod.fp8_linear(x, w, ws, b, x_quant=bad)
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        mod.fp8_linear(x, w, ws, b, config=mod.oneshot_config(256, 4))
 
 
 def test_launchers_reject_bad_operands():
@@ -330,6 +369,93 @@ def sweep(device: str = "cpu") -> dict:
     for counters in all_counters(mod.COUNTERS_OWNER):
         assert int(counters.count_nonzero()) == 0
     return {"device": device, "cases": cases, "max_error_over_bound": worst, "seconds": round(time.time() - t0, 1)}
+
+
+def _oneshot_cases():
+    """(M, N, K, x dtype, BLOCK_N, warps, bias, x pre-quantised): 1-4 rows (3: a padding row)
+    and 6 (row chunks 4 + 2); K ragged (300 = 2.3 x 128: chunks 2 + 1 masked past K, 2880 = qkv's
+    16 + 8) and whole blocks (512, 4096 = o's one chunk of 32); N not a multiple of BLOCK_N nor of
+    128 (a 128-row tile across a weight scale block; single-row tiles)."""
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    return (
+        (1, 200, 300, bf16, 8, 8, True, False),
+        (1, 100, 2880, f32, 16, 8, False, True),
+        (2, 140, 4096, bf16, 16, 4, True, True),
+        (3, 70, 2880, f32, 8, 4, True, False),
+        (4, 36, 512, bf16, 4, 2, False, False),
+        (2, 6, 300, f16, 2, 2, True, True),
+        (2, 3, 2880, bf16, 1, 4, True, False),
+        (4, 130, 300, f16, 128, 4, True, False),
+        (6, 40, 300, bf16, 8, 4, True, True),
+    )
+
+
+def oneshot_sweep(device: str = "cpu") -> dict:
+    """The one-shot decode kernel against the float64 oracle, x quantised in-kernel and
+    pre-quantised (`x_quant`): the same codes, so the same bits; `fp8_gemm` on the codes too.
+    Then `x_quant` through the other paths (split-K GEMV loop and x_once kernels, the tiled GEMM
+    two-step and fused-config): bit-equal to quantising x there. Raises on a miss."""
+    mod = _kernel_module()
+    fp8 = _fp8_torch()
+    G, Cfg = mod.Fp8GemvConfig, mod.Fp8GemmConfig
+    acc_rel = ACC_REL_INTERPRETED if device == "cpu" else ACC_REL_GPU
+    worst, cases, t0 = 0.0, 0, time.time()
+
+    def check(label, got, x, w, ws, b):
+        nonlocal worst, cases
+        want, mag = oracle(x, w, ws, b)
+        assert got.dtype == x.dtype and got.shape == (*x.shape[:-1], w.shape[0]), (label, got.dtype, got.shape)
+        e = max_excess(got.cpu(), want.cpu(), mag.cpu(), acc_rel)
+        if not e <= 1:
+            raise AssertionError(f"{label}: error {e:.3g}x the allowed bound")
+        worst, cases = max(worst, e), cases + 1
+
+    for m, n, k, dt, bn, warps, with_bias, prequant in _oneshot_cases():
+        x, w, ws, b = make_case(m, n, k, dt, seed=17 * m + n + k, device=device, with_bias=with_bias)
+        cfg = mod.oneshot_config(bn, warps)
+        label = f"oneshot M={m} N={n} K={k} {dt} {cfg.short()} bias={with_bias}"
+        xq = mod.quantize_activation_group128(x)
+        y = mod.fp8_linear(x, w, ws, b, config=cfg, x_quant=xq if prequant else None)
+        check(label + f" prequant={prequant}", y, x, w, ws, b)
+        other = mod.fp8_linear(x, w, ws, b, config=cfg, x_quant=None if prequant else xq)
+        if not torch.equal(y, other):
+            raise AssertionError(f"{label}: x pre-quantised and quantised in-kernel differ")
+        if prequant:
+            if not torch.equal(mod.fp8_gemm(*xq, w, ws, b, out_dtype=dt, config=cfg), y):
+                raise AssertionError(f"{label}: fp8_gemm differs from fp8_linear")
+    # the heuristic's M = 1 picks run the one-shot kernel (x_quant as the torch quantiser's
+    # row-major scales, leading dims on x)
+    x, w, ws, b = make_case(2, 24, 4096, torch.bfloat16, seed=5, device=device)
+    x = x[:1]
+    picks = [mod.gemm_config(1, 24, 4096, x_prequantized=pq) for pq in (True, False)]
+    assert all(c.oneshot for c in picks) and picks[0] != picks[1], picks
+    xq = fp8.quantize_activation_group128(x)
+    y = mod.fp8_linear(x.view(1, 1, 4096), w, ws, b, x_quant=xq)
+    check("oneshot heuristic prequant", y.view(1, 24), x, w, ws, b)
+    if not torch.equal(y.view(1, 24), mod.fp8_linear(x, w, ws, b, config=picks[0])):
+        raise AssertionError("the M = 1 pre-quantised pick differs from quantising x in it")
+    check("oneshot heuristic", mod.fp8_linear(x, w, ws, b), x, w, ws, b)
+    # x_quant through the split-K GEMV kernels and the tiled GEMM: what they would have computed
+    for m, n, k, cfg in ((3, 200, 320, G(64, 2)), (3, 200, 320, G(64, 2, x_once=True)),
+                         (2, 72, 320, G(64, 2, x_once=True, use_dot=False)),
+                         (33, 192, 320, Cfg(16, 64)), (33, 192, 320, Cfg(16, 64, split_k=2, fuse_quant=True))):
+        x, w, ws, b = make_case(m, n, k, torch.float16, seed=m + k, device=device)
+        y = mod.fp8_linear(x, w, ws, b, config=cfg, x_quant=mod.quantize_activation_group128(x))
+        check(f"x_quant {cfg.short()}", y, x, w, ws, b)
+        if not torch.equal(y, mod.fp8_linear(x, w, ws, b, config=cfg)):
+            raise AssertionError(f"{cfg.short()}: x_quant changes the result")
+    return {"device": device, "oneshot_cases": cases, "max_error_over_bound": worst,
+            "seconds": round(time.time() - t0, 1)}
+
+
+def test_oneshot_gemv_matches_oracle_interpreted():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--oneshot"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"interpreted one-shot sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["oneshot_cases"] == len(_oneshot_cases()) + 2 + 5, result
+    assert result["max_error_over_bound"] <= 1, result
 
 
 def test_kernels_match_oracle_interpreted():
@@ -493,6 +619,79 @@ def gpu_decode_check(shapes=tuple(GPU_DECODE_M)) -> list[dict]:
     return rows
 
 
+GPU_ONESHOT_M = (1, 2, 4)
+
+
+def gpu_oneshot_check(shapes=("qkv", "o")) -> list[dict]:
+    """The one-shot decode kernel compiled at qkv / o, M = 1, 2, 4: every `oneshot_variants`
+    config within the oracle's bound, x quantised in-kernel bit-equal to x pre-quantised; the
+    heuristic's picks with and without x_quant; and the served chain, the residual norm's
+    quantised output read through `x_quant`, captured in a CUDA graph and replayed on new inputs."""
+    mod = _kernel_module()
+    from sglang_ext.kernels.residual_norm import residual_rms_norm
+
+    rows = []
+    for name in shapes:
+        n, k = GPU_SHAPES[name]
+        for m in GPU_ONESHOT_M:
+            t0 = time.time()
+            x, w, ws, b = make_case(m, n, k, torch.bfloat16, seed=13 * m + n, device="cuda")
+            b = b.to(torch.bfloat16)
+            want, mag = oracle(x, w, ws, b)
+            xq = mod.quantize_activation_group128(x)
+            errs = {}
+            for cfg in mod.oneshot_variants(m, n, k):
+                y = mod.fp8_linear(x, w, ws, b, config=cfg)
+                if not torch.equal(y, mod.fp8_linear(x, w, ws, b, config=cfg, x_quant=xq)):
+                    raise AssertionError(f"{name} M={m} {cfg.short()}: x_quant differs from in-kernel quantisation")
+                errs[cfg.short()] = max_excess(y, want, mag, ACC_REL_GPU)
+            picks = {}
+            for pq in (False, True):
+                cfg = mod.gemm_config(m, n, k, x.device, x_prequantized=pq)
+                picks[pq] = cfg.short()
+                y = mod.fp8_linear(x, w, ws, b, x_quant=xq if pq else None)
+                errs[f"pick {cfg.short()}{' (x_quant)' if pq else ''}"] = max_excess(y, want, mag, ACC_REL_GPU)
+            # the served chain: norm (+ quantise) -> GEMV reading the codes, in one CUDA graph
+            h = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            delta = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            nw = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
+            out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+
+            def step():
+                _, xn, xqn = residual_rms_norm(h, delta, nw, 1e-5, quantize=True)
+                mod.fp8_linear(xn, w, ws, b, out=out, x_quant=xqn)
+                return xn
+
+            step()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                xn = step()
+            err_graph = 0.0
+            for seed in (21, 22):
+                h.copy_(make_case(m, 8, k, torch.bfloat16, seed=seed + m, device="cuda")[0])
+                g.replay()
+                torch.cuda.synchronize()
+                want_g, mag_g = oracle(xn, w, ws, b)
+                err_graph = max(err_graph, max_excess(out, want_g, mag_g, ACC_REL_GPU))
+            worst = max(errs, key=errs.get)
+            row = {"layer": name, "M": m, "N": n, "K": k, "picks": picks, "configs": len(errs),
+                   "max_err_over_bound": errs[worst], "worst": worst, "graph_err_over_bound": err_graph,
+                   "seconds": round(time.time() - t0, 1)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            bad = {c: e for c, e in errs.items() if not e <= 1}
+            assert not bad and err_graph <= 1, (row, bad)
+            del x, w, ws, b, want, mag, g
+            torch.cuda.empty_cache()
+    return rows
+
+
+@pytest.mark.gpu
+def test_oneshot_gemv_full_shapes():
+    gpu_oneshot_check()
+
+
 @pytest.mark.gpu
 def test_full_shapes_compiled_and_graph_captured():
     gpu_check()
@@ -508,11 +707,20 @@ if __name__ == "__main__":
     # python tests/test_kernel_fp8_gemm.py --gpu          (on a CUDA machine: everything)
     # python tests/test_kernel_fp8_gemm.py --gpu-decode   (on a CUDA machine: the fixed-cost decode
     #                                                      variants at full shapes only)
-    if "--gpu-decode" in sys.argv:
+    # python tests/test_kernel_fp8_gemm.py --oneshot      (under TRITON_INTERPRET=1: the one-shot GEMV)
+    # python tests/test_kernel_fp8_gemm.py --gpu-oneshot  (on a CUDA machine: the one-shot GEMV compiled)
+    if "--oneshot" in sys.argv:
+        print(json.dumps(oneshot_sweep()), flush=True)
+    elif "--gpu-oneshot" in sys.argv:
+        gpu_oneshot_check()
+        print(json.dumps(oneshot_sweep(device="cuda")), flush=True)
+    elif "--gpu-decode" in sys.argv:
         gpu_decode_check()
     elif "--gpu" in sys.argv:
         gpu_check()
         gpu_decode_check()
+        gpu_oneshot_check()
         print(json.dumps(sweep(device="cuda")), flush=True)
+        print(json.dumps(oneshot_sweep(device="cuda")), flush=True)
     else:
         print(json.dumps(sweep()), flush=True)
