@@ -9,6 +9,11 @@ of the same residual (its own eps) into the probe's feature buffer.
 
 The numbers equal the unfused ops: the sum is rounded to the residual's dtype (as the bf16
 add) before the statistics, which are fp32; the weight multiplies in fp32; one rounding.
+
+With `quantize` the same launch also writes the normed output's FP8 form for the next GEMM:
+e4m3 codes + fp32 1x128 group scales of the *rounded* output, bit-equal to
+`quantize_activation_group128(x_out)`, so the qkv projection's decode GEMV reads codes instead
+of quantising x in each of its programs (`fp8_linear(x_quant=...)`).
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_gemm import _interpreted, _round_to_bf16_grid
+from .fp8_gemm import GROUP, _interpreted, _quantize_tile, _round_to_bf16_grid, quantize_activation_group128_ref
 
 
 @triton.jit
 def _residual_rms_norm_kernel(
-    H, DELTA, W, H_OUT, X_OUT, TAP,
+    H, DELTA, W, H_OUT, X_OUT, TAP, Q, Q_SCALE,
     n_cols, eps, tap_eps, tap_col0,
-    stride_h, stride_d, stride_ho, stride_xo, stride_tap,
+    stride_h, stride_d, stride_ho, stride_xo, stride_tap, stride_q, stride_qsm, stride_qsk,
     HAS_DELTA: tl.constexpr, HAS_TAP: tl.constexpr, BLOCK: tl.constexpr,
+    QUANTIZE: tl.constexpr,  # also x_out's e4m3 codes and 1x128 scales (BLOCK >= 128)
+    HW_ROUND: tl.constexpr,  # compiled only: the cast rounds to e4m3 (see fp8_gemm._quantize_tile)
     ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -45,7 +52,14 @@ def _residual_rms_norm_kernel(
     x = w * (hf * tl.math.rsqrt(mean_sq + eps))
     if ROUND_BF16:
         x = _round_to_bf16_grid(x)
-    tl.store(X_OUT + row * stride_xo + offs, x.to(X_OUT.dtype.element_ty), mask=ok)
+    x = x.to(X_OUT.dtype.element_ty)
+    tl.store(X_OUT + row * stride_xo + offs, x, mask=ok)
+    if QUANTIZE:
+        # the stored (rounded) values, zeros past n_cols: the quantiser's view of x_out
+        q, scale = _quantize_tile(tl.reshape(x.to(tl.float32), (BLOCK // 128, 128)), HW_ROUND)
+        tl.store(Q + row * stride_q + offs, tl.reshape(q, (BLOCK,)), mask=ok)
+        groups = tl.arange(0, BLOCK // 128)
+        tl.store(Q_SCALE + row * stride_qsm + groups * stride_qsk, scale, mask=groups * 128 < n_cols)
     if HAS_TAP:
         tap = hf * tl.math.rsqrt(mean_sq + tap_eps)
         if ROUND_BF16:
@@ -67,38 +81,53 @@ def _check(h, delta, weight, tap):
                              f"{tuple(features.shape)} at column {col0}")
 
 
+def _quant_buffers(t: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 codes [T, C] and fp32 scales [T, ceil(C/128)] stored MN-major, as
+    `fp8_gemm.quantize_activation_group128` lays them out."""
+    codes = torch.empty((t, c), dtype=torch.float8_e4m3fn, device=device)
+    return codes, torch.empty((triton.cdiv(c, GROUP), t), dtype=torch.float32, device=device).t()
+
+
 def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                      tap: tuple[torch.Tensor, int, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False):
     """(h + delta rounded to h's dtype, rms_norm of it with `weight`), both [T, C] in h's dtype.
 
     `delta` None: no add (the first layer); the first result is `h` itself. `tap` = (features,
     column, tap_eps): also features[:T, column:column+C] = h_sum * rsqrt(mean(h_sum^2) + tap_eps)
-    in features' dtype. No host reads: graph-safe."""
+    in features' dtype. `quantize`: a third result, (e4m3 codes [T, C], fp32 scales
+    [T, ceil(C/128)]) of the returned norm, bit-equal to `quantize_activation_group128(x_out)`
+    (the `x_quant` of `fp8_linear`). No host reads: graph-safe."""
     _check(h, delta, weight, tap)
     t, c = h.shape
     h_out = torch.empty_like(h) if delta is not None else h
     x_out = torch.empty_like(h)
+    quant = _quant_buffers(t, c, h.device) if quantize else None
     if t == 0:
-        return h_out, x_out
+        return (h_out, x_out, quant) if quantize else (h_out, x_out)
     for name, x in (("h", h), ("delta", delta), ("features", tap[0] if tap else None)):
         if x is not None and x.stride(-1) != 1:
             raise ValueError(f"residual_rms_norm: {name} needs a unit last stride")
     features, col0, tap_eps = tap if tap is not None else (x_out, 0, 0.0)
     block = triton.next_power_of_2(c)
+    if quantize:
+        block = max(block, GROUP)  # whole 128-column groups
+    codes, scales = quant if quantize else (x_out, x_out)
     _residual_rms_norm_kernel[(t,)](
-        h, delta if delta is not None else h, weight, h_out, x_out, features,
+        h, delta if delta is not None else h, weight, h_out, x_out, features, codes, scales,
         c, float(eps), float(tap_eps), col0,
         h.stride(0), delta.stride(0) if delta is not None else 0, h_out.stride(0), x_out.stride(0),
-        features.stride(0),
+        features.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
         HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block,
+        QUANTIZE=quantize, HW_ROUND=not _interpreted(),
         ROUND_BF16=_interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
         num_warps=8 if block >= 4096 else 4,
     )
-    return h_out, x_out
+    return (h_out, x_out, quant) if quantize else (h_out, x_out)
 
 
-def residual_rms_norm_ref(h, delta, weight, eps, tap=None):
-    """Plain torch, the unfused ops: `h + delta`, then the norm in fp32 (and the tap)."""
+def residual_rms_norm_ref(h, delta, weight, eps, tap=None, quantize=False):
+    """Plain torch, the unfused ops: `h + delta`, then the norm in fp32 (and the tap, and with
+    `quantize` the torch quantiser's codes and scales of the rounded norm)."""
     _check(h, delta, weight, tap)
     s = h + delta if delta is not None else h
     sf = s.float()
@@ -107,4 +136,6 @@ def residual_rms_norm_ref(h, delta, weight, eps, tap=None):
     if tap is not None:
         features, col0, tap_eps = tap
         features[: h.shape[0], col0 : col0 + h.shape[1]] = (sf * torch.rsqrt(mean_sq + tap_eps)).to(features.dtype)
+    if quantize:
+        return s, x, quantize_activation_group128_ref(x)
     return s, x

@@ -52,6 +52,66 @@ def test_residual_norm_matches_unfused_ops_under_interpreter():
     assert float(out.stdout.strip().splitlines()[-1]) <= 1.0
 
 
+CHECK_QUANT = r"""
+import json
+import torch
+from sglang_ext.kernels.fp8_gemm import quantize_activation_group128
+from sglang_ext.kernels.residual_norm import residual_rms_norm, residual_rms_norm_ref
+from sglang_ext.layers import fp8
+
+torch.manual_seed(1)
+cases = 0
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    # ragged groups (320 = 2.5 x 128, 2880 = 22.5), a width under one group (100), an all-zero row
+    for t, c, with_delta, with_tap in ((1, 320, True, True), (3, 100, True, False), (2, 2880, False, False)):
+        h = (torch.randn(t, c) * torch.logspace(-2, 1, c)[torch.randperm(c)]).to(dtype)
+        if t > 1:
+            h[-1] = 0.0
+        delta = torch.randn(t, c).to(dtype) if with_delta else None
+        w = (torch.rand(c) + 0.5).to(dtype)
+        feats = torch.zeros((t, 2 * c), dtype=dtype)
+        tap = (feats, c, 1e-6) if with_tap else None
+        s, x, (q, scale) = residual_rms_norm(h, delta, w, 1e-5, tap, quantize=True)
+        s0, x0 = residual_rms_norm(h, delta, w, 1e-5, tap)
+        assert torch.equal(s, s0) and torch.equal(x, x0), "quantize must not change the other outputs"
+        assert q.shape == (t, c) and q.dtype == torch.float8_e4m3fn and scale.shape == (t, -(-c // 128))
+        for name, (qr, sr) in (("torch", fp8.quantize_activation_group128(x)),
+                               ("triton", quantize_activation_group128(x))):
+            bad = int((q.view(torch.uint8) != qr.view(torch.uint8)).sum())
+            assert bad == 0, f"{dtype} T={t} C={c}: {bad} codes differ from the {name} quantiser"
+            assert torch.equal(scale, sr), f"{dtype} T={t} C={c}: scales differ from the {name} quantiser"
+        # the reference quantises its own norm (which may differ from the kernel's by an ulp)
+        _, xr, (qr, sr) = residual_rms_norm_ref(h, delta, w, 1e-5, None, quantize=True)
+        qt, st = fp8.quantize_activation_group128(xr)
+        assert torch.equal(qr.view(torch.uint8), qt.view(torch.uint8)) and torch.equal(sr, st)
+        cases += 1
+print(json.dumps({"cases": cases}))
+"""
+
+
+def test_residual_norm_quantized_output_is_the_quantiser_bits_under_interpreter():
+    """quantize=True: codes and scales of the rounded norm, bit-equal to the torch quantiser (and
+    the Triton one) on the returned x, for fp32/bf16/fp16; the other outputs unchanged."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", CHECK_QUANT], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '"cases": 9' in out.stdout
+
+
+def test_layers_norm_quantize_on_the_torch_path():
+    """sglang_ext.layers.norm on CPU (torch path): the third result is the torch quantiser's."""
+    from sglang_ext.layers import fp8
+    from sglang_ext.layers.norm import residual_rms_norm
+
+    h, d = torch.randn(3, 320).to(torch.bfloat16), torch.randn(3, 320).to(torch.bfloat16)
+    w = torch.rand(320).to(torch.bfloat16) + 0.5
+    s, x, (q, scale) = residual_rms_norm(h, d, w, 1e-5, quantize=True)
+    s0, x0 = residual_rms_norm(h, d, w, 1e-5)
+    qr, sr = fp8.quantize_activation_group128(x)
+    assert torch.equal(s, s0) and torch.equal(x, x0)
+    assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(scale, sr)
+
+
 def test_residual_norm_rejects_a_tap_that_does_not_fit():
     from sglang_ext.kernels.residual_norm import residual_rms_norm
 
@@ -80,3 +140,24 @@ def test_residual_norm_gpu_full_width(tokens):
     for got, want in ((x, w.double() * sd * inv), (feats[:, 2 * c:], sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-6))):
         assert ((got.double() - want).abs() / want.abs().clamp_min(1.0)).max().item() <= 2.0 ** -8
     assert torch.isnan(feats[:, :2 * c].float()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 4, 128])
+def test_residual_norm_gpu_quantized_output(tokens):
+    """Compiled (the cast rounds to e4m3): the codes and scales of the rounded norm equal the torch
+    quantiser's on the returned x, bit for bit, and feed fp8_linear's x_quant."""
+    from sglang_ext.kernels.fp8_gemm import fp8_linear
+    from sglang_ext.kernels.residual_norm import residual_rms_norm
+    from sglang_ext.layers import fp8
+
+    torch.manual_seed(tokens)
+    c = 2880
+    h = torch.randn(tokens, c, device="cuda", dtype=torch.bfloat16) * 3
+    delta = torch.randn(tokens, c, device="cuda", dtype=torch.bfloat16)
+    w = (torch.rand(c, device="cuda") + 0.5).to(torch.bfloat16)
+    s, x, (q, scale) = residual_rms_norm(h, delta, w, 1e-5, quantize=True)
+    qr, sr = fp8.quantize_activation_group128(x)
+    assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(scale, sr)
+    wq, ws = fp8.quantize_weight_block128(torch.randn(5120, c, device="cuda") * 0.05)
+    assert torch.equal(fp8_linear(x, wq, ws, None, x_quant=(q, scale)), fp8_linear(x, wq, ws, None, x_quant=(qr, sr)))
