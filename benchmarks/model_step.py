@@ -312,13 +312,16 @@ class ModelStep:
             self.probe.expect(out_full, seq_lens, last)
             self.probe.begin(tokens)
         pending = None  # the previous layer's MoE output, added inside this layer's first norm
+        quantize = use_triton(h.device)  # the qkv projections are FP8
         for i, lw in enumerate(self.layers):
             # The server's order (models/gpt_oss.py): residual add + norm (+ the probe's tap) in one launch.
             tap = self.probe.tap_target(i) if self.probe is not None else None
-            h, x = residual_rms_norm(h, pending, lw.input_norm, d.rms_eps, tap)
+            # Kernel path: the norm's launch also quantises x for the qkv GEMM (as the server).
+            normed = residual_rms_norm(h, pending, lw.input_norm, d.rms_eps, tap, quantize=quantize)
+            h, x = normed[:2]
             if tap is not None:
                 self.probe.tapped(i)
-            qkv = lw.qkv(x)
+            qkv = lw.qkv(x, x_quant=normed[2] if quantize else None)
             q = qkv[:, : self.num_heads * hd].view(tokens, self.num_heads, hd)
             k = qkv[:, self.num_heads * hd: (self.num_heads + self.num_kv_heads) * hd].view(tokens, self.num_kv_heads, hd)
             v = qkv[:, (self.num_heads + self.num_kv_heads) * hd:].view(tokens, self.num_kv_heads, hd)

@@ -34,13 +34,16 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
         )
 
-    def forward(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, with_bias: bool = True, x_quant=None) -> torch.Tensor:
+        """`x_quant`: x's FP8 form from its producer (e4m3 codes, 1x128 scales), exactly what the
+        FP8 path would compute from x: the kernel path reads it instead of quantising x; the
+        torch path (and a bf16 layer) ignores it, so its numbers do not depend on it."""
         bias = self.bias if with_bias else None
         if self.fp8:
             if use_triton(x.device):
                 from sglang_ext.kernels.fp8_gemm import fp8_linear
 
-                return fp8_linear(x, self.weight, self.weight_scale_inv, bias)
+                return fp8_linear(x, self.weight, self.weight_scale_inv, bias, x_quant=x_quant)
             return fp8_linear_torch(x, self.weight, self.weight_scale_inv, bias)
         return F.linear(x, self.weight, bias)
 
@@ -97,13 +100,14 @@ class FusedLinear:
     def is_current(self) -> bool:
         return all(p.data_ptr() == ptr for p, ptr in self._aliases)
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each member's output, as column views of one [..., rows] result."""
+    def __call__(self, x: torch.Tensor, x_quant=None) -> list[torch.Tensor]:
+        """Each member's output, as column views of one [..., rows] result (`x_quant` as in
+        `Linear.forward`)."""
         if self.fp8:
             if use_triton(x.device):
                 from sglang_ext.kernels.fp8_gemm import fp8_linear
 
-                y = fp8_linear(x, self.weight, self.weight_scale_inv, self.bias)
+                y = fp8_linear(x, self.weight, self.weight_scale_inv, self.bias, x_quant=x_quant)
             else:
                 y = fp8_linear_torch(x, self.weight, self.weight_scale_inv, self.bias)
         else:

@@ -150,17 +150,19 @@ class GptOssAttention(nn.Module):
         """q/k/v as one GEMM on the kernel path (their parameters become views of it)."""
         self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
 
-    def _project_qkv(self, x):
+    def _project_qkv(self, x, x_quant=None):
+        """x_quant: x's FP8 codes and scales from the input norm's launch (kernel path), read by
+        the GEMM instead of quantising x again; the torch path ignores it."""
         if self.qkv is not None and use_triton(x.device):
             if not self.qkv.is_current():  # a parameter's storage was replaced since the fusion
                 self.fuse_qkv()
-            return self.qkv(x)
+            return self.qkv(x, x_quant)
         # The torch path keeps three products: the same numbers as before the fusion, bit for bit.
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.q_proj(x, x_quant=x_quant), self.k_proj(x, x_quant=x_quant), self.v_proj(x, x_quant=x_quant)
 
-    def forward(self, x, cos_sin, forward_batch):
+    def forward(self, x, cos_sin, forward_batch, x_quant=None):
         tokens = x.shape[0]
-        q, k, v = self._project_qkv(x)
+        q, k, v = self._project_qkv(x, x_quant)
         # reshape, not view: a padded head shard's slice is not contiguous
         q = self.q_shard.drop_padding(q).reshape(tokens, self.num_heads, self.head_dim)
         k = self.kv_shard.drop_padding(k).reshape(tokens, self.num_kv_heads, self.head_dim)
@@ -263,11 +265,12 @@ class GptOssDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GptOssMLP(config, tp)
 
-    def forward(self, h, x, cos_sin, forward_batch):
-        """h: the residual stream entering the layer, x: its input norm. Returns (residual after
-        attention, MLP output): the caller adds the MLP output inside the next norm's launch."""
+    def forward(self, h, x, cos_sin, forward_batch, x_quant=None):
+        """h: the residual stream entering the layer, x: its input norm (x_quant: its FP8 form,
+        kernel path). Returns (residual after attention, MLP output): the caller adds the MLP
+        output inside the next norm's launch."""
         post = self.post_attention_layernorm
-        h, x = residual_rms_norm(h, self.self_attn(x, cos_sin, forward_batch), post.weight, post.eps)
+        h, x = residual_rms_norm(h, self.self_attn(x, cos_sin, forward_batch, x_quant), post.weight, post.eps)
         return h, self.mlp(x)
 
 
@@ -294,14 +297,20 @@ class GptOssModel(nn.Module):
         if probe is not None:
             probe.begin(h.shape[0], h.device)
         pending = None  # the previous layer's MLP output, added in this layer's first norm launch
+        # Kernel path, FP8 projections: the input norm's launch also quantises its output for the
+        # qkv GEMM (codes + 1x128 scales), which then reads 1 byte per element and skips its own
+        # per-program quantisation (the decode GEMV's one-shot form needs it to pay off).
+        quantize = len(self.layers) > 0 and self.layers[0].self_attn.q_proj.fp8 and use_triton(h.device)
         for i, layer in enumerate(self.layers):
             norm = layer.input_layernorm
             # The probe taps the input residual stream of layer i, in the same launch as its norm.
             tap = probe.tap_target(i) if probe is not None else None
-            h, x = residual_rms_norm(h, pending, norm.weight, norm.eps, tap)
+            normed = residual_rms_norm(h, pending, norm.weight, norm.eps, tap, quantize=quantize)
+            h, x = normed[:2]
+            x_quant = normed[2] if quantize else None  # (e4m3 codes, scales) of x
             if tap is not None:
                 probe.tapped(i)
-            h, pending = layer(h, x, cos_sin, forward_batch)
+            h, pending = layer(h, x, cos_sin, forward_batch, x_quant)
         if probe is not None:
             probe.layers_done()
         return residual_rms_norm(h, pending, self.norm.weight, self.norm.eps)[1]
