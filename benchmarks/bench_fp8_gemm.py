@@ -30,6 +30,10 @@ alternative launch configs at a few M, to calibrate `gemm_config`.
     # kernels compiled in 12 processes first
     python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,4 --sweep-lm-head-m 1 \
         --sweep-shapes qkv,o,lm_head --decode-sweep fixed-cost --compile-workers 12 --budget-s 100 --out $OUT
+    # the one-shot decode kernel at M = 1, 2, 4, x quantised in-kernel and pre-quantised, beside the
+    # heuristic's picks and the split-K x_once kernel, no main table (< 120 s)
+    python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,2,4 --sweep-shapes qkv,o \
+        --decode-sweep oneshot --compile-workers 14 --budget-s 90 --out $OUT
     # the sweep's plan, no GPU needed
     python benchmarks/bench_fp8_gemm.py --list-sweep --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head
 """
@@ -76,9 +80,10 @@ def parse_args(argv=None):
     ap.add_argument("--sweep-shapes", default="qkv,o", help="shapes the sweep times (of --shapes)")
     ap.add_argument("--sweep-lm-head-m", default="",
                     help="token counts the sweep times on lm_head (default: --sweep-m)")
-    ap.add_argument("--decode-sweep", default="all", choices=("all", "configs", "fixed-cost"),
+    ap.add_argument("--decode-sweep", default="all", choices=("all", "configs", "fixed-cost", "oneshot"),
                     help="decode (M <= 16) candidates: launch-config variants, the fixed-cost variants "
-                         "(x once per program, vector split sum, no split-K, pre-quantised x), or both")
+                         "(x once per program, vector split sum, no split-K, one-shot, pre-quantised x), "
+                         "both, or only the one-shot kernel's rows beside the heuristic and x_once")
     ap.add_argument("--compile-workers", type=int, default=0,
                     help="compile the sweep's kernels first in this many processes (0: as they come)")
     ap.add_argument("--budget-s", type=float, default=110.0,
@@ -284,24 +289,37 @@ def fp8_blockwise_ceiling(n=8192) -> dict:
 
 def fixed_cost_candidates(mod, m: int, n: int, k: int, device=None) -> list:
     """`fixed_cost_variants` (the heuristic's pick first, then the split-K tail alone (`vr`), x
-    quantised once per program (`xo`, `xob`, FMA) at 1-8 K blocks per program, no split-K),
-    plus (config, "prequant") rows: `fp8_gemm` on x quantised beforehand (that kernel not timed),
-    what taking the quantisation out of the GEMV would buy, for the heuristic and the x_once
-    default."""
+    quantised once per program (`xo`, `xob`, FMA) at 1-8 K blocks per program, no split-K, the
+    one-shot kernel (`gvos`)), plus (config, "prequant") rows: `fp8_gemm` on x quantised
+    beforehand (that kernel not timed), what taking the quantisation out of the GEMV buys, for
+    the heuristic, the x_once default and every one-shot config."""
     variants = mod.fixed_cost_variants(m, n, k, device)
     if n > 100_000:
         return variants
     x_once = next(c for c in variants if c.x_once and c.use_dot and not c.batched_dot and c.vector_reduce)
-    return variants[:1] + [(variants[0], "prequant")] + variants[1:] + [(x_once, "prequant")]
+    return (variants[:1] + [(variants[0], "prequant")] + variants[1:] + [(x_once, "prequant")]
+            + [(c, "prequant") for c in variants if c.oneshot and c != variants[0]])
+
+
+def oneshot_candidates(mod, m: int, n: int, k: int, device=None) -> list:
+    """The one-shot kernel's rows (`oneshot_variants`), each with x quantised in-kernel and
+    pre-quantised, beside the split-K kernel the heuristic picks otherwise (`split_k_gemv_config`,
+    x_once at M <= 4) both ways; the heuristic's own picks are added by `sweep_shape`."""
+    base = mod.split_k_gemv_config(m, n, k, device)
+    out = [base, (base, "prequant")]
+    for c in mod.oneshot_variants(m, n, k):
+        out += [c, (c, "prequant")]
+    return out
 
 
 def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None, decode_set: str = "all"):
     """Launch configs to time against the heuristic's pick (short names: m/n tile, s split-K
     (k: summed by a second kernel), w warps, st stages, fq x quantised inside the GEMM; `gv...`
     the decode kernel: fma/dot block maths, n BLOCK_N, xo x once per program, vr vector split
-    sum). Decode (M <= 16): `decode_set` "configs" = the tl.dot tile path it replaced, then launch-config
-    variants around the heuristic (split 0 = auto); "fixed-cost" = `fixed_cost_candidates`;
-    "all" = both, fixed-cost first. Lists hold configs or (config, "prequant")."""
+    sum, gvos the one-shot kernel). Decode (M <= 16): `decode_set` "configs" = the tl.dot tile path
+    it replaced, then launch-config variants around the heuristic (split 0 = auto); "fixed-cost" =
+    `fixed_cost_candidates`; "all" = both, fixed-cost first; "oneshot" = `oneshot_candidates`.
+    Lists hold configs or (config, "prequant")."""
     Cfg = mod.Fp8GemmConfig
     if m <= 16:
         G = mod.Fp8GemvConfig
@@ -318,19 +336,15 @@ def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None, dec
         if m > 4:  # 5+ FMAs per weight byte: CUDA cores fall behind HBM; keep two for the record
             fma = fma[:2]
         entries = []
+        if decode_set == "oneshot":
+            entries += oneshot_candidates(mod, m, n, k, device)
         if decode_set in ("fixed-cost", "all"):
             entries += fixed_cost_candidates(mod, m, n, k, device)
         if decode_set in ("configs", "all"):
             entries += [mod.dot_tile_decode_config(m, n, k, device)] + fma + dot
         resolved = []
-        for e in entries:  # show the split each one actually runs
-            cfg, how = e if isinstance(e, tuple) else (e, "linear")
-            if isinstance(cfg, G):
-                split = mod.gemv_splits(cfg, min(m, 16), n, k, mod.num_sms(device))[0]
-                cfg = dataclasses.replace(cfg, split_k=split)
-                if split == 1:  # nothing to reduce: the reduction style is moot
-                    cfg = dataclasses.replace(cfg, inline_reduce=True, vector_reduce=False)
-            e = (cfg, how) if how != "linear" else cfg
+        for e in entries:
+            e = resolve_split(mod, e, m, n, k, device)
             if e not in resolved:
                 resolved.append(e)
         return resolved
@@ -421,16 +435,36 @@ def _label(cand) -> str:
     return cfg.short() + (" (x pre-quantised)" if how == "prequant" else "")
 
 
+def resolve_split(mod, entry, m: int, n: int, k: int, device=None):
+    """A decode entry with the split it actually runs (`gemv_splits`), so equal kernels compare
+    equal and each short name says what runs."""
+    cfg, how = _entry(entry)
+    if isinstance(cfg, mod.Fp8GemvConfig):
+        split = mod.gemv_splits(cfg, min(m, 16), n, k, mod.num_sms(device))[0]
+        cfg = dataclasses.replace(cfg, split_k=split)
+        if split == 1:  # nothing to reduce: the reduction style is moot
+            cfg = dataclasses.replace(cfg, inline_reduce=True, vector_reduce=False)
+    return (cfg, how) if how != "linear" else cfg
+
+
+def heuristic_entries(mod, m: int, n: int, k: int, device=None) -> list:
+    """The heuristic's picks as sweep entries: from bf16 x, and (decode, where the pick depends on
+    it) from pre-quantised x, as `fp8_gemm` / `fp8_linear(x_quant=...)` launch it."""
+    out = [mod.gemm_config(m, n, k, device)]
+    if m <= 16:
+        out.append((mod.gemm_config(m, n, k, device, x_prequantized=True), "prequant"))
+    return [resolve_split(mod, e, m, n, k, device) for e in out]
+
+
 def sweep_shape(mod, fp8, shape, layer, m, iters, deadline, bw, decode_set="all") -> list:
     n, k, bias, w_list = layer["n"], layer["k"], layer["bias"], layer["w"]
     dev = w_list[0][0].device
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     x_q, x_s = mod.quantize_activation_group128(x)
     y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    heuristic = mod.gemm_config(m, n, k, dev)
+    heuristics = heuristic_entries(mod, m, n, k, dev)
     cands = sweep_candidates(mod, m, n, k, dev, decode_set)
-    if heuristic not in cands:
-        cands = [heuristic] + cands
+    cands = [h for h in heuristics if h not in cands] + cands
     # every candidate's output against fp32 torch maths on the same quantised operands (first copy)
     w0, s0 = w_list[0]
     want = fp8.dequantize_activation_group128(x_q, x_s) @ fp8.dequantize_weight_block128(w0, s0).t()
@@ -439,7 +473,7 @@ def sweep_shape(mod, fp8, shape, layer, m, iters, deadline, bw, decode_set="all"
     out = []
     for cand in cands:
         cfg, how = _entry(cand)
-        r = {"shape": shape, "M": m, "config": _label(cand), "heuristic": cand == heuristic,
+        r = {"shape": shape, "M": m, "config": _label(cand), "heuristic": cand in heuristics,
              "kernel": "decode" if isinstance(cfg, mod.Fp8GemvConfig) else "tile", "x": how}
         if how == "prequant":
             call = lambda w, s: mod.fp8_gemm(x_q, x_s, w, s, bias, out=y, config=cfg)  # noqa: E731
@@ -459,10 +493,11 @@ def sweep_shape(mod, fp8, shape, layer, m, iters, deadline, bw, decode_set="all"
                 r["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         out.append(r)
     del want
-    base = next((r.get("linear_us") for r in out if r["heuristic"]), None)
+    # against the heuristic's pick for the same x (bf16, or pre-quantised)
+    base = {r["x"]: r.get("linear_us") for r in out if r["heuristic"]}
     for r in out:
-        if base and r.get("linear_us"):
-            r["heuristic_over_this"] = base / r["linear_us"]
+        if base.get(r["x"]) and r.get("linear_us"):
+            r["heuristic_over_this"] = base[r["x"]] / r["linear_us"]
     return out
 
 
@@ -481,8 +516,8 @@ def _precompile_worker(tasks, device="cuda") -> int:
     """Spawned worker: every (shape, M, config, how) through the launchers with empty full-size
     tensors (the same specialisations the timed calls get), kernels compiled, none launched."""
     mod, _ = import_project()
-    for name in ("_fp8_gemv_kernel", "_fp8_gemv_kernel_xonce", "_splitk_sum_kernel", "_fp8_gemm_kernel",
-                 "_quantize_group128_kernel"):
+    for name in ("_fp8_gemv_kernel", "_fp8_gemv_kernel_xonce", "_fp8_gemv_oneshot_kernel", "_splitk_sum_kernel",
+                 "_fp8_gemm_kernel", "_quantize_group128_kernel"):
         setattr(mod, name, _Warmup(getattr(mod, name)))
     dev = torch.device(device)
     for shape, m, cfg, how in tasks:
@@ -514,8 +549,7 @@ def precompile(mod, args, workers: int) -> float:
     for shape in args.sweep_shape_names:
         n, k = SHAPES[shape]
         for m in _sweep_m_values(args, shape):
-            heuristic = mod.gemm_config(m, n, k)
-            for cand in [heuristic] + sweep_candidates(mod, m, n, k, decode_set=args.decode_sweep):
+            for cand in heuristic_entries(mod, m, n, k) + sweep_candidates(mod, m, n, k, decode_set=args.decode_sweep):
                 cfg, how = _entry(cand)
                 key = (m, how, type(cfg).__name__, cfg.short())  # one worker per kernel, roughly
                 if isinstance(cfg, mod.Fp8GemvConfig):
@@ -544,10 +578,10 @@ def list_sweep(mod, args) -> list:
     for shape in args.sweep_shape_names:
         n, k = SHAPES[shape]
         for m in _sweep_m_values(args, shape):
-            heuristic = mod.gemm_config(m, n, k)
+            heuristics = heuristic_entries(mod, m, n, k)
             cands = sweep_candidates(mod, m, n, k, decode_set=args.decode_sweep)
-            plan.append({"shape": shape, "M": m, "heuristic": heuristic.short(),
-                         "candidates": [_label(c) for c in cands]})
+            plan.append({"shape": shape, "M": m, "heuristic": [_label(h) for h in heuristics],
+                         "candidates": [_label(c) for c in [h for h in heuristics if h not in cands] + cands]})
             print(json.dumps(plan[-1]), flush=True)
     return plan
 
@@ -664,16 +698,19 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
                   "summed by a second kernel, `w` warps, `st` pipeline stages; `xo` = `_fp8_gemv_kernel_xonce`, "
                   "x quantised once per program for its K blocks (K/128 / splits, rounded up to a power of "
                   "two), then a tensor-core K loop over the weight, or `xob` one batched dot, or FMAs; `vr` = "
-                  "the last arriver sums the split partials in one load); `m16…fq` = the 16-row tl.dot tile "
-                  "path decode used before; `(x pre-quantised)` = `fp8_gemm` on x quantised beforehand "
-                  "(quantisation not timed). % copy BW: weight bytes over the time. rel err: max |y - torch "
-                  "fp32 maths| / max |y| on the same quantised operands.", "",
+                  "the last arriver sums the split partials in one load); `gvos n… w…` = the one-shot kernel "
+                  "(`_fp8_gemv_oneshot_kernel`: BLOCK_N rows and all of K per program, no split, FMA); "
+                  "`m16…fq` = the 16-row tl.dot tile path decode used before; `(x pre-quantised)` = `fp8_gemm` "
+                  "on x quantised beforehand (quantisation not timed; as `fp8_linear(x_quant=...)` after the "
+                  "residual norm's `quantize`). * marks the heuristic's pick for that x (bf16 / pre-quantised); "
+                  "heuristic / this compares with it. % copy BW: weight bytes over the time. rel err: max "
+                  "|y - torch fp32 maths| / max |y| on the same quantised operands.", "",
                   "| shape | M | config | us | % copy BW | heuristic / this | rel err |",
                   "|---|---:|---|---:|---:|---:|---:|"]
         for r in sweep_rows:
             us = r.get("linear_us")
             lines.append(f"| {r['shape']} | {r['M']} | {r['config']}{' *' if r.get('heuristic') else ''} | "
-                         f"{fmt(us, '.1f') if us else r.get('error', r.get('skipped', ''))} | "
+                         f"{fmt(us, '.2f') if us else r.get('error', r.get('skipped', ''))} | "
                          f"{fmt(r.get('pct_copy_bw'), '.0f')} | {fmt(r.get('heuristic_over_this'), '.2f')} | "
                          f"{fmt(r.get('max_rel_err_vs_torch'), '.1e')} |")
     lines += ["", f"Command: `{meta['command']}` ({elapsed:.0f} s)"]
