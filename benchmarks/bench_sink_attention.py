@@ -28,6 +28,15 @@ into bench_sink_attention_decode_sweep.{json,md}:
 
     python benchmarks/bench_sink_attention.py --decode-sweep --out benchmarks/results
 
+It measures the one-shot decode (``DecodeConfig.oneshot``: a program per chunk of 64/128/256 keys, no key
+loop) at batch <= 4 too. ``--oneshot`` narrows it to the default and the one-shot variants at batch 1/2/4,
+context 8192 and 32768, with req_to_token as wide as the context and as wide as the model's context
+(131072, as under SGLang: the split count is a host constant from that width), full and sliding layers,
+into bench_sink_attention_decode_oneshot.{json,md} (about a minute on an H200; ONESHOT_PICKS in
+kernels/sink_attention.py takes its winners):
+
+    python benchmarks/bench_sink_attention.py --decode-sweep --oneshot --out benchmarks/results
+
 The split merge (``--decode-merge``, only that): at batch 1/8/32/128, context 8192 and 32768, the whole
 decode, the decode kernel alone and the merge kernel alone, for the default, the default with the other
 merge, and (batch 1) more splits with either merge, into bench_sink_attention_merge.{json,md}:
@@ -292,10 +301,43 @@ def decode_candidates(batch: int, window_left: int, ctx: int, sms: int) -> dict:
     return out
 
 
-def bench_decode_sweep(contexts, batches, bw):
+def oneshot_candidates(batch: int, window_left: int, max_context: int) -> dict:
+    """name -> one-shot DecodeConfig (oneshot_config, as decode_config would build it from ONESHOT_PICKS):
+    keys per split (c), warps (w), V loaded after the scores (v_late), a split cap above MAX_SPLITS (cap).
+    Sliding layers: the 128-key window in 1, 2 or 4 splits."""
+    P = sa.OneshotPick
+    if window_left >= 0:
+        picks = [P(128), P(128, v_late=True), P(128, num_warps=8), P(64), P(64, v_late=True), P(32)]
+    else:
+        picks = [P(64), P(64, v_late=True), P(64, num_warps=2), P(128), P(128, v_late=True), P(128, num_warps=8),
+                 P(128, v_late=True, num_warps=8), P(256), P(256, num_warps=8), P(256, v_late=True, num_warps=8)]
+        if math.ceil(max_context / 64) > sa.MAX_SPLITS:
+            picks.append(P(64, max_splits=2 * sa.MAX_SPLITS))
+    out = {}
+    for pick in picks:
+        name = (f"oneshot c{pick.chunk} w{pick.num_warps}" + (" v_late" if pick.v_late else "")
+                + ("" if pick.max_splits == sa.MAX_SPLITS else f" cap{pick.max_splits}"))
+        out[name] = sa.oneshot_config(batch, HKV, window_left, max_context, *pick)
+    return out
+
+
+def _resolve_max_contexts(spec: str, ctx: int) -> list:
+    """req_to_token widths for context ctx: "same" is ctx itself; widths below ctx are skipped."""
+    widths = []
+    for item in spec.split(","):
+        w = ctx if item.strip() == "same" else int(item)
+        if w >= ctx and w not in widths:
+            widths.append(w)
+    return widths
+
+
+def bench_decode_sweep(contexts, batches, bw, max_contexts: str = "same", oneshot_only: bool = False):
     """Candidate decode configs beside the default, full layers at every (context, batch) and the sliding
     layer at every batch (its cost does not depend on the context): same inputs and timing as
-    bench_decode (random slots, a graph of back-to-back calls on distinct requests)."""
+    bench_decode (random slots, a graph of back-to-back calls on distinct requests). Each point runs at
+    every req_to_token width of ``max_contexts`` (the split counts are host constants from that width;
+    columns past the context hold slot 0, never read). ``oneshot_only``: the default and the one-shot
+    variants only."""
     max_ctx = max(contexts)
     num_slots = max(batches) * max_ctx + 1
     g = torch.Generator(device=DEVICE).manual_seed(0)
@@ -306,45 +348,55 @@ def bench_decode_sweep(contexts, batches, bw):
     rows = []
     for ctx in contexts:
         n_rows = (num_slots - 1) // ctx
-        req_to_token = (torch.randperm(num_slots - 1, device=DEVICE, generator=g)[: n_rows * ctx] + 1).view(
+        req_to_token_ctx = (torch.randperm(num_slots - 1, device=DEVICE, generator=g)[: n_rows * ctx] + 1).view(
             n_rows, ctx).to(torch.int32)
         layers = [-1] + ([WINDOW_LEFT] if ctx == min(contexts) else [])
-        for window_left in layers:
-            for batch in batches:
-                keys = ctx if window_left < 0 else min(ctx, window_left + 1)
-                kv_bytes = batch * keys * KV_BYTES_PER_KEY
-                n_sets = max(1, min(n_rows // batch, math.ceil(L2_DEFEAT_BYTES / kv_bytes), 256))
-                q = torch.randn(n_sets, batch, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
-                out = torch.empty_like(q)
-                seq_lens = torch.full((batch,), ctx, device=DEVICE, dtype=torch.int64)
-                sets = [torch.arange(s * batch, (s + 1) * batch, device=DEVICE) for s in range(n_sets)]
-                ref = sa.sink_attention_ref(q[0], k_buffer, v_buffer, req_to_token, sets[0], seq_lens, None,
-                                            torch.ones_like(seq_lens), sinks, window_left, SCALE)
-                default = sa.decode_config(batch, HKV, window_left, req_to_token.shape[1], k_buffer.device)
-                configs = {"default": default, **decode_candidates(batch, window_left, ctx, sms)}
-                row = {"context": ctx, "batch": batch, "layer": "full" if window_left < 0 else "sliding128",
-                       "kv_bytes": kv_bytes, "distinct_MB_per_replay": n_sets * kv_bytes / 1e6, "configs": {}}
-                for name, cfg in configs.items():
-                    entry = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
-                    try:
-                        calls = [(lambda s=s: sa.sink_attention_decode(
-                            q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, window_left, SCALE,
-                            out=out[s], config=cfg)) for s in range(n_sets)]
-                        t = graph_time(calls)
-                        entry.update(time_us=t * 1e6, fraction_of_copy_bw=kv_bytes / t / bw,
-                                     max_abs_err_vs_ref=(out[0].float() - ref.float()).abs().max().item())
-                    except Exception as exc:
-                        entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
-                    row["configs"][name] = entry
-                ok = {k: v for k, v in row["configs"].items() if "time_us" in v}
-                if ok:
-                    row["best"] = min(ok, key=lambda k: ok[k]["time_us"])
-                rows.append(row)
-                print(json.dumps({k: row[k] for k in ("context", "batch", "layer")} | {
-                    "default_us": row["configs"]["default"].get("time_us"), "best": row.get("best"),
-                    "best_us": ok[row["best"]]["time_us"] if ok else None}), flush=True)
-                del q, out, ref
-        del req_to_token
+        points = [(w, m, b) for m in _resolve_max_contexts(max_contexts, ctx) for w in layers for b in batches]
+        for window_left, max_context, batch in points:
+            if max_context == ctx:
+                req_to_token = req_to_token_ctx
+            else:
+                req_to_token = torch.zeros(n_rows, max_context, device=DEVICE, dtype=torch.int32)
+                req_to_token[:, :ctx] = req_to_token_ctx
+            keys = ctx if window_left < 0 else min(ctx, window_left + 1)
+            kv_bytes = batch * keys * KV_BYTES_PER_KEY
+            n_sets = max(1, min(n_rows // batch, math.ceil(L2_DEFEAT_BYTES / kv_bytes), 256))
+            q = torch.randn(n_sets, batch, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
+            out = torch.empty_like(q)
+            seq_lens = torch.full((batch,), ctx, device=DEVICE, dtype=torch.int64)
+            sets = [torch.arange(s * batch, (s + 1) * batch, device=DEVICE) for s in range(n_sets)]
+            ref = sa.sink_attention_ref(q[0], k_buffer, v_buffer, req_to_token, sets[0], seq_lens, None,
+                                        torch.ones_like(seq_lens), sinks, window_left, SCALE)
+            default = sa.decode_config(batch, HKV, window_left, req_to_token.shape[1], k_buffer.device)
+            configs = {"default": default}
+            if not oneshot_only:
+                configs.update(decode_candidates(batch, window_left, ctx, sms))
+            if batch <= sa.ONESHOT_MAX_BATCH:
+                configs.update(oneshot_candidates(batch, window_left, max_context))
+            row = {"context": ctx, "max_context": max_context, "batch": batch,
+                   "layer": "full" if window_left < 0 else "sliding128",
+                   "kv_bytes": kv_bytes, "distinct_MB_per_replay": n_sets * kv_bytes / 1e6, "configs": {}}
+            for name, cfg in configs.items():
+                entry = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+                try:
+                    calls = [(lambda s=s: sa.sink_attention_decode(
+                        q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, window_left, SCALE,
+                        out=out[s], config=cfg)) for s in range(n_sets)]
+                    t = graph_time(calls)
+                    entry.update(time_us=t * 1e6, fraction_of_copy_bw=kv_bytes / t / bw,
+                                 max_abs_err_vs_ref=(out[0].float() - ref.float()).abs().max().item())
+                except Exception as exc:
+                    entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                row["configs"][name] = entry
+            ok = {k: v for k, v in row["configs"].items() if "time_us" in v}
+            if ok:
+                row["best"] = min(ok, key=lambda k: ok[k]["time_us"])
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("context", "max_context", "batch", "layer")} | {
+                "default_us": row["configs"]["default"].get("time_us"), "best": row.get("best"),
+                "best_us": ok[row["best"]]["time_us"] if ok else None}), flush=True)
+            del q, out, ref, req_to_token
+        del req_to_token_ctx
     return rows
 
 
@@ -358,7 +410,9 @@ def sweep_markdown(meta, rows) -> str:
     ]
     for r in rows:
         d = r["configs"]["default"]
-        lines += [f"## ctx {r['context']}, batch {r['batch']}, {r['layer']} ({r['kv_bytes'] / 1e6:.1f} MB KV, "
+        width = r.get("max_context", r["context"])
+        lines += [f"## ctx {r['context']}" + ("" if width == r["context"] else f" (max context {width})")
+                  + f", batch {r['batch']}, {r['layer']} ({r['kv_bytes'] / 1e6:.1f} MB KV, "
                   f"{r['distinct_MB_per_replay']:.0f} MB/replay)", "",
                   "| config | splits | time (us) | of copy BW | vs default | max err |",
                   "|---|---:|---:|---:|---:|---:|"]
@@ -639,6 +693,12 @@ def main():
     ap.add_argument("--decode-sweep", action="store_true",
                     help="only the decode config sweep (batches 1,2,4,8,32 unless --batches is given), written to "
                          "bench_sink_attention_decode_sweep.{json,md}")
+    ap.add_argument("--oneshot", action="store_true",
+                    help="with --decode-sweep: only the default and the one-shot variants (batches 1,2,4 and max "
+                         "contexts same,131072 unless given), written to bench_sink_attention_decode_oneshot.{json,md}")
+    ap.add_argument("--max-contexts", default=None,
+                    help="--decode-sweep: req_to_token widths, 'same' = the context (default 'same'; with --oneshot "
+                         "'same,131072')")
     ap.add_argument("--decode-merge", action="store_true",
                     help="only the split-merge comparison (batches 1,8,32,128 unless --batches is given), written to "
                          "bench_sink_attention_merge.{json,md}")
@@ -685,9 +745,11 @@ def main():
         write("bench_sink_attention_merge", {"rows": rows}, lambda: merge_markdown(meta, rows))
         return
     if args.decode_sweep:
-        batches = [int(b) for b in (args.batches or "1,2,4,8,16,32").split(",")]
-        rows = collect(lambda: bench_decode_sweep(contexts, batches, bw))
-        write("bench_sink_attention_decode_sweep", {"rows": rows}, lambda: sweep_markdown(meta, rows))
+        batches = [int(b) for b in (args.batches or ("1,2,4" if args.oneshot else "1,2,4,8,16,32")).split(",")]
+        max_contexts = args.max_contexts or ("same,131072" if args.oneshot else "same")
+        rows = collect(lambda: bench_decode_sweep(contexts, batches, bw, max_contexts, oneshot_only=args.oneshot))
+        stem = "bench_sink_attention_decode_oneshot" if args.oneshot else "bench_sink_attention_decode_sweep"
+        write(stem, {"rows": rows}, lambda: sweep_markdown(meta, rows))
         return
     batches = [int(b) for b in (args.batches or "1,8,32,128").split(",")]
     extend_rows = collect(lambda: bench_extend(args.extend_tokens, sweep=not args.no_sweep))

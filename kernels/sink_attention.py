@@ -27,6 +27,10 @@ a CUDA graph:
     once, either by the last split of a (request, kv head) to arrive (fused: one launch) or by a second
     merge kernel, whichever the configuration measured faster at (decode_config). Sliding layers only
     read their last window_left + 1 keys, one block in one program.
+  - one-shot decode (DecodeConfig.oneshot, for small batches): one program per (request, kv head, chunk
+    of a fixed power-of-two number of keys), no key loop: its q, slot ids, K and V are each one load, all
+    issued before any maths, so a program is three dependent trips to memory and the parallelism is in
+    the grid (max_context / chunk splits, capped). The merge kernel finishes, as above.
 
 Precision: scores, softmax and accumulators are fp32. fp32 inputs use IEEE fp32 dots. When q and K/V are
 both bf16 (or both fp16) the dots run on tensor cores: Q.K^T products are exact in the fp32 accumulator;
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -463,6 +467,145 @@ def _sink_decode_merge_kernel(
              merged.to(OUT.dtype.element_ty), mask=head_ok[:, None] & (n_used > 1))
 
 
+@triton.jit
+def _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, kv_head_off_k, kv_head_off_v, start, key_hi,
+                  D: tl.constexpr, CHUNK: tl.constexpr, HAS_SLOT_MAP: tl.constexpr):
+    """K and V addresses [CHUNK, D] of keys start .. start + CHUNK - 1 (slot ids in one load) and which of
+    them are below key_hi. Both address tiles are made here, before either load: made later, V's layout
+    conversion of the slot ids would wait behind K's use."""
+    key_pos = start + tl.arange(0, CHUNK)
+    key_ok = key_pos < key_hi
+    slot = _load_slots(tok_base, SLOT_MAP, key_pos, key_hi, HAS_SLOT_MAP)
+    offs_d = tl.arange(0, D)
+    k_ptr = K + slot[:, None] * stride_kn + kv_head_off_k + offs_d[None, :]
+    v_ptr = V + slot[:, None] * stride_vn + kv_head_off_v + offs_d[None, :]
+    return k_ptr, v_ptr, key_ok
+
+
+@triton.jit
+def _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2,
+                  V_LATE: tl.constexpr, DOTS_16BIT: tl.constexpr):
+    """One chunk's keys (K tile k [CHUNK, D], V tile v, or with V_LATE v_ptr: V loaded here, after the
+    scores) folded into (acc, m_i, l_i); keys with key_ok False score -inf.
+
+    K enters through a select. The compiler places the conversion that feeds a dot operand right after the
+    load that produced it, and that conversion waits for the data: fed straight from its load, K's would
+    stall the program on K before the V (and q) loads after it are issued, one trip to memory each. A select
+    is not a load, so K's conversion stays here, after every load of the chunk."""
+    k = tl.where(key_ok[:, None], k, 0.0)
+    if DOTS_16BIT:
+        s = tl.dot(q, tl.trans(k))
+    else:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    s = tl.where(key_ok[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # m_i is finite (sink or -1e30): no -inf - -inf
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if V_LATE:
+        v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
+    if DOTS_16BIT:
+        p_hi = p.to(v.dtype)
+        pv = tl.dot(p_hi, v) + tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v)
+    else:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return acc * alpha[:, None] + pv, m_new, l_i
+
+
+@triton.jit
+def _sink_decode_oneshot_kernel(
+    Q, K, V, OUT, PART_O, PART_LSE, SINKS, REQ_TO_TOKEN, SLOT_MAP, REQ_POOL_IDX, SEQ_LENS,
+    stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_r2t,
+    window_left, qk_scale_log2, num_splits, min_split_blocks,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr, MARK_EMPTY: tl.constexpr, V_LATE: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
+):
+    """The one-shot decode (DecodeConfig.oneshot): one (request, kv head, split) whose split is one chunk of
+    CHUNK keys, read without a loop, as three dependent trips to memory: the request's row and length; the
+    chunk's slot ids; then K and V [CHUNK, D] in one load each, with q of the GQA group and the sinks. Then
+    scores [BLOCK_H, CHUNK], the chunk's max, denominator and P.V. The grid (chunks x kv heads x requests,
+    several programs per SM at small batch) keeps the reads in flight that one program's loop would
+    serialise. With V_LATE, V's load waits for the scores instead (a fourth trip, fewer registers held).
+
+    Split boundaries are _split_range's with BLOCK_N = CHUNK, which the merge kernel recomputes: a split
+    owns exactly one chunk while the request has at most num_splits * CHUNK keys (the window's, in a
+    sliding layer); past that (num_splits capped by MAX_SPLITS) each split owns several consecutive chunks
+    and folds them in a loop, each chunk one-shot.
+
+    Partials as _sink_decode_kernel writes them: a request with one used split writes its output here, sink
+    included; otherwise each split writes its normalised output and log2-sum-exp without the sink, and
+    _sink_decode_merge_kernel adds the sink once. A split past the request's chunks exits, marking its lse
+    -inf first if the merge loads every split's row (MARK_EMPTY: the merge tile covers all splits)."""
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
+    req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
+    k_lo, k_hi, n_used = _split_range(seq_len, window_left, split, num_splits, min_split_blocks, CHUNK)
+    if split >= n_used:
+        if MARK_EMPTY:
+            offs_g = tl.arange(0, GROUP_PAD)
+            tl.store(PART_LSE + ((b * tl.num_programs(1) + kv_head) * num_splits + split) * GROUP + offs_g,
+                     tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32), mask=offs_g < GROUP)
+        return
+    single = n_used == 1
+
+    tok_base = REQ_TO_TOKEN + req_row * stride_r2t
+    koff = kv_head * stride_kh
+    voff = kv_head * stride_vh
+    k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo, k_hi,
+                                         D, CHUNK, HAS_SLOT_MAP)
+    k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    head_ok = offs_h < GROUP
+    q_head = kv_head * GROUP + offs_h
+    # q after K, so that it rides K's trip (it has no address to wait for), and through a select, as K in
+    # _oneshot_fold: loaded last, V alone may feed its conversion straight from the load.
+    q = tl.load(Q + b * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+    if HAS_SINKS:
+        sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    if V_LATE:
+        v = k  # not read: _oneshot_fold loads V
+    else:
+        v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
+    q = tl.where(head_ok[:, None], q, 0.0)
+    if not DOTS_16BIT:
+        q = q.to(tl.float32)
+    if HAS_SINKS:
+        m_i = tl.where(single, sink, -1.0e30)
+        l_i = tl.where(single, 1.0, 0.0) + tl.zeros([BLOCK_H], dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
+    acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, V_LATE, DOTS_16BIT)
+    # Only when the request has more than num_splits * CHUNK keys: the split's further chunks.
+    for start in range(k_lo + CHUNK, k_hi, CHUNK):
+        k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, start,
+                                             k_hi, D, CHUNK, HAS_SLOT_MAP)
+        k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
+        if V_LATE:
+            v = k
+        else:
+            v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
+        acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, V_LATE, DOTS_16BIT)
+    has_keys = l_i > 0  # False only for a zero-length CUDA-graph padding row without sinks
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    o_ptr = OUT + b * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
+    if not SPLIT:  # num_splits == 1: no partial code in this variant
+        tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=head_ok[:, None])
+    else:
+        if single:
+            tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=head_ok[:, None])
+        else:
+            # Every used split has at least one key, so l_i > 0 and the lse is finite.
+            row = ((b * tl.num_programs(1) + kv_head) * num_splits + split) * GROUP + offs_h
+            tl.store(PART_O + row[:, None] * D + offs_d[None, :], out, mask=head_ok[:, None])
+            tl.store(PART_LSE + row, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), mask=head_ok)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------------------
@@ -585,10 +728,54 @@ class DecodeConfig:
     # The merge's tile (0: _merge_tile's choice): q heads per merge-kernel program, splits per load.
     merge_heads: int = 0
     merge_splits: int = 0
+    # The one-shot decode (_sink_decode_oneshot_kernel): each split is one chunk of block_n keys (a power of
+    # two >= 16) read in one K and one V load, no key loop; num_splits covers max_context / block_n chunks up
+    # to MAX_SPLITS (oneshot_config). Its merge is always the merge kernel (fused_merge and prefetch are not
+    # read). v_late: V's load is issued after the scores instead of with K.
+    oneshot: bool = False
+    v_late: bool = False
 
 
 SHORT_KEYS = 256  # at most this many keys (a gpt-oss sliding layer: 128): one pass, no split
 LONG_KEYS = 8192  # above this max context the batch-1 and batch-4 choices change (sweep below)
+
+
+class OneshotPick(NamedTuple):
+    """A one-shot decode variant (oneshot_config's arguments): keys per split, V after the scores, warps,
+    the split cap."""
+    chunk: int = 128
+    v_late: bool = False
+    num_warps: int = 4
+    max_splits: int = MAX_SPLITS
+
+
+ONESHOT_MAX_BATCH = 4
+# Where decode_config returns the one-shot decode instead of the split loop: (batch, keys) -> OneshotPick
+# for batch 1 .. ONESHOT_MAX_BATCH (batch 3 takes batch 4's entry), keys "short" (at most SHORT_KEYS: the
+# sliding layers), "<=8k" or ">8k" (max_context past LONG_KEYS: serving, where max_context is the model's
+# context length). A missing entry keeps the split loop's choice. Empty until the H200 sweep of the
+# one-shot variants (benchmarks/bench_sink_attention.py --decode-sweep --oneshot) names winners; then e.g.
+#   ONESHOT_PICKS = {(b, k): OneshotPick(chunk=128) for b in (1, 2, 4) for k in ("<=8k", ">8k")}
+ONESHOT_PICKS: dict = {}
+
+
+def _keys_kind(keys: int) -> str:
+    return "short" if keys <= SHORT_KEYS else ">8k" if keys > LONG_KEYS else "<=8k"
+
+
+def oneshot_config(batch: int, num_kv_heads: int, window_left: int, max_context: int, chunk: int = 128,
+                   v_late: bool = False, num_warps: int = 4, max_splits: int = MAX_SPLITS) -> DecodeConfig:
+    """The one-shot decode from host-known values only (CUDA-graph safe): one split per ``chunk`` keys
+    that a request may have (max_context, or the window's keys), at most ``max_splits``; a request longer
+    than max_splits * chunk keys folds several chunks per split. ``batch`` and ``num_kv_heads`` do not
+    enter (the grid grows with them), kept for decode_config's signature."""
+    del batch, num_kv_heads
+    if chunk < 16 or chunk & (chunk - 1):
+        raise ValueError(f"oneshot_config: chunk must be a power of two >= 16, got {chunk}")
+    keys = max_context if window_left < 0 else min(max_context, window_left + 1)
+    splits = max(1, min(max_splits, triton.cdiv(keys, chunk)))
+    return DecodeConfig(num_splits=splits, block_n=chunk, min_split_blocks=1, num_warps=num_warps, num_stages=1,
+                        fused_merge=False, prefetch=False, oneshot=True, v_late=v_late)
 
 
 def _old_config(splits: int) -> DecodeConfig:
@@ -630,8 +817,15 @@ def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: 
     (benchmarks/results/sweeps/bench_sink_attention_merge.md): batch 1, 4/SM m2 w2 prefetch: 13.1 vs
     24.5 us at 8k, 28.9 vs 40.6 at 32k; batch 8: 49.3 vs 64.9 at 8k, 156.9 vs 203.3 at 32k. So the
     rows above that said "fused merge" keep their split/warp/prefetch choice and use the merge kernel.
+
+    At batch 1 .. ONESHOT_MAX_BATCH, an entry of ONESHOT_PICKS replaces the rows above with the one-shot
+    decode (oneshot_config).
     """
     keys = max_context if window_left < 0 else min(max_context, window_left + 1)
+    if batch <= ONESHOT_MAX_BATCH:
+        pick = ONESHOT_PICKS.get((4 if batch == 3 else batch, _keys_kind(keys)))
+        if pick is not None:
+            return oneshot_config(batch, num_kv_heads, window_left, max_context, *pick)
     if keys <= SHORT_KEYS:
         block_n = max(16, min(128, triton.next_power_of_2(max(keys, 1))))
         return DecodeConfig(num_splits=1, block_n=block_n, num_warps=4, prefetch=False)
@@ -724,6 +918,8 @@ def sink_attention_decode(
     prefetch: Optional[bool] = None,
     merge_heads: Optional[int] = None,
     merge_splits: Optional[int] = None,
+    oneshot: Optional[bool] = None,
+    v_late: Optional[bool] = None,
 ) -> torch.Tensor:
     """One query row per request (row b = request b, at position seq_lens[b] - 1): out [B, Hq, D] in q's
     dtype. ``config`` None picks from the batch, the window, req_to_token's width and the SM count
@@ -742,22 +938,43 @@ def sink_attention_decode(
         config = decode_config(batch, hkv, window_left, req_to_token.shape[1], q.device)
     overrides = dict(num_splits=num_splits, block_n=block_n, min_split_blocks=min_split_blocks,
                      num_warps=num_warps, num_stages=num_stages, fused_merge=fused_merge, prefetch=prefetch,
-                     merge_heads=merge_heads, merge_splits=merge_splits)
+                     merge_heads=merge_heads, merge_splits=merge_splits, oneshot=oneshot, v_late=v_late)
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
     if config.num_splits < 1 or config.min_split_blocks < 1 or config.merge_heads < 0 or config.merge_splits < 0:
         raise ValueError(f"sink_attention_decode: num_splits and min_split_blocks must be >= 1, the merge tile "
                          f">= 0, got {config}")
+    if config.oneshot and (config.block_n < 16 or config.block_n & (config.block_n - 1)):
+        raise ValueError(f"sink_attention_decode: the one-shot chunk (block_n) must be a power of two >= 16, "
+                         f"got {config.block_n}")
     splits = config.num_splits
     group = hq // hkv
     counters = None
     if splits > 1:
         part_o = torch.empty((batch, hkv, splits, group, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((batch, hkv, splits, group), dtype=torch.float32, device=q.device)
-        if config.fused_merge and batch * hkv <= MAX_COUNTERS:
+        if config.fused_merge and not config.oneshot and batch * hkv <= MAX_COUNTERS:
             counters = _split_counters(q.device)
     else:
         part_o = part_lse = out
     sinks_arg = sinks if sinks is not None else q
+    if config.oneshot:
+        _sink_decode_oneshot_kernel[(batch, hkv, splits)](
+            q, k_buffer, v_buffer, out, part_o, part_lse, sinks_arg, req_to_token,
+            slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,
+            q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
+            v_buffer.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
+            int(window_left), float(scale) * LOG2E, splits, config.min_split_blocks,
+            GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
+            D=d, CHUNK=config.block_n, SPLIT=splits > 1,
+            # Empty splits mark their lse only for a merge that loads every split's row (launch_merge's tile).
+            MARK_EMPTY=splits > 1 and _merge_tile(config, group, d, 4, fused=False)[1] >= splits,
+            V_LATE=config.v_late, HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
+            DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype), num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+        if splits > 1:
+            launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)
+        return out
     # The split count and size are runtime arguments: one compiled decode variant serves every batch size
     # (the merge kernel has one per power-of-two bucket of the split count: its tile).
     _sink_decode_kernel[(batch, hkv, splits)](
