@@ -442,7 +442,10 @@ def oneshot_sweep(device: str = "cpu") -> dict:
         x, w, ws, b = make_case(m, n, k, torch.float16, seed=m + k, device=device)
         y = mod.fp8_linear(x, w, ws, b, config=cfg, x_quant=mod.quantize_activation_group128(x))
         check(f"x_quant {cfg.short()}", y, x, w, ws, b)
-        if not torch.equal(y, mod.fp8_linear(x, w, ws, b, config=cfg)):
+        # the tile kernel's in-loop quantisation is another compiled kernel (its bits are only
+        # asserted interpreted, as in `sweep`); the GEMVs' must match everywhere
+        exact = device == "cpu" or isinstance(cfg, G)
+        if exact and not torch.equal(y, mod.fp8_linear(x, w, ws, b, config=cfg)):
             raise AssertionError(f"{cfg.short()}: x_quant changes the result")
     return {"device": device, "oneshot_cases": cases, "max_error_over_bound": worst,
             "seconds": round(time.time() - t0, 1)}
