@@ -8,6 +8,7 @@
 #   bash benchmarks/run_h200.sh b1        # batch-1 decode: launch floor, GEMV fixed cost, per-kernel times, ncu
 #   bash benchmarks/run_h200.sh floor     # how fast a kernel reads 1-1000 MB; a one-shot GEMV prototype
 #   bash benchmarks/run_h200.sh moe3      # MoE prefill one-dot gpu tests + prefill sweep
+#   bash benchmarks/run_h200.sh moedec    # one-shot decode MoE gpu tests + sweep
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -67,6 +68,10 @@ moe3)  # MoE prefill: the one-dot mlp1 variant's gpu tests + the prefill sweep (
     step sweep_moe_prefill 300 python benchmarks/bench_moe.py --out "$R" --sweep-only --sweep-kinds prefill \
         --models 120b --budget-s 220
     (command -v nvcc; ls -d /usr/local/cuda* 2>&1; python -c "import torch.utils.cpp_extension as c; print('CUDA_HOME', c.CUDA_HOME)") > "$R/nvcc_check.txt" 2>&1
+    ;;
+moedec)  # one-shot decode MoE (kernels/moe_decode.py): gpu tests + the T = 1, 2, 4 sweep vs the shipped path
+    step gpu_test_moe_decode 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
+    step bench_moe_decode 240 python benchmarks/bench_moe_decode.py --out "$R" --budget-s 150
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

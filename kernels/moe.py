@@ -140,12 +140,21 @@ class MoeConfig:
     # two dots are each split over 2 warpgroups as m64n64 wgmmas (A re-read from shared memory
     # per small-N MMA); one dot gives m64n128 per warpgroup and contiguous weight rows.
     mlp1_one_dot: bool = False
+    # Decode for a few tokens (`kernels/moe_decode.py`): no sort, no K loop, no split-K. mlp1
+    # programs own `mlp1_block_n` intermediate columns of one pair over all of K (the weight slab
+    # in two loads), h is quantised by its own small launch, and mlp2 programs own `mlp2_block_n`
+    # output columns of one token over its top-k pairs, the weighted combine included. Only the
+    # block_n / warps fields apply.
+    oneshot: bool = False
 
     @property
     def fused_requant(self) -> bool:
-        return self.gemv or self.mlp1_block_n % QUANT_GROUP == 0
+        """h leaves mlp1's stage as e4m3 groups (quantised once), not fp32 for mlp2 to quantise."""
+        return self.gemv or self.oneshot or self.mlp1_block_n % QUANT_GROUP == 0
 
     def short(self) -> str:
+        if self.oneshot:
+            return f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
         if self.gemv:
             return (f"gemv{'-fma' if self.gemv_fma else ''} m{self.block_m} "
                     f"mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}/k{self.mlp1_split_k} "
@@ -199,7 +208,15 @@ _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3
 # T 5..7 not measured. Its split-K sums h in another order than moe_ref: 3e-3 relative (fro)
 # against moe_ref on the kernel's routing, where the split-K rows are 3e-5 (h's e4m3 requantisation
 # rounds a few elements the other way).
+#
+# T <= 4: the one-shot path (`oneshot=True`, kernels/moe_decode.py), from the H200 sweep
+# (benchmarks/results/bench_moe_decode.md, 120b layer, whole layer incl. the front, vs the GEMV
+# rows above): T=1 47.1 -> 40.0 us (mlp1 n4/w4, mlp2 n1/w2), T=2 71.6 -> 65.8, T=4 118.8 -> 115.5
+# (mlp2 n2/w4). T=3 not measured (between two wins). Its mlp1 sums each 128-block in one pass
+# and adds the blocks in order; max rel err vs moe_ref 1.1e-3 / 1.7e-3 / 1.8e-4 (T = 1 / 2 / 4).
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    (1, MoeConfig(1, 4, 4, 1, 1, 2, 1, oneshot=True)),
+    (4, MoeConfig(1, 4, 4, 1, 2, 4, 1, oneshot=True)),
     (8, MoeConfig(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=3, mlp2_split_k=3, gemv=True)),
     (16, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=2)),
     (32, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
@@ -258,6 +275,10 @@ def _check_config(config: MoeConfig) -> None:
         value = getattr(config, name)
         if value < 1 or value & (value - 1):
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
+    if config.oneshot:
+        if config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl:
+            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, fuse_combine, pdl do not apply")
+        return
     if config.gemv:
         # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
         if not (config.block_m <= 16 and 8 <= config.mlp1_block_n <= 64 and 16 <= config.mlp2_block_n <= 128):
@@ -1695,6 +1716,12 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
     top_k = topk_ids.shape[1]
     if num_tokens == 0:
         return out
+    if config.oneshot:
+        from .moe_decode import OneshotConfig, fused_moe_decode_oneshot
+
+        one = OneshotConfig(config.mlp1_block_n, config.mlp1_warps, config.mlp2_block_n, config.mlp2_warps)
+        return fused_moe_decode_oneshot(x, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, limit,
+                                        expert_offset, one, out, x_fp8=xq, x_scale=xs)
     if config.gemv:
         if not topk_weights.is_contiguous():
             topk_weights = topk_weights.contiguous()

@@ -173,7 +173,7 @@ def test_ref_without_activation_quant_is_experts_torch(num_tokens, expert_offset
 
 
 # token counts of the full-shape GPU test: at least one in every bucket of the config table
-GPU_TABLE_TOKENS = (1, 4, 12, 32, 37, 512, 1100)
+GPU_TABLE_TOKENS = (1, 4, 6, 12, 32, 37, 512, 1100)
 
 
 def test_config_table_covers_every_token_count():
@@ -237,9 +237,12 @@ def test_gemv_variants_are_covered():
                 assert getattr(c, knob) in {getattr(d, knob) for d in tested}, (c.short(), knob)
     assert {c.block_m > 1 for c in tested} == {True, False}
     assert {c.mlp2_split_k > 1 for c in tested} == {True, False}
-    # The table takes the GEMV sweep's winner for decode batches up to 8, the split-K kernels above.
-    assert [c.gemv for t, c in mod.H200_HIDDEN_2880_CONFIGS] == [t <= 8 for t, _ in mod.H200_HIDDEN_2880_CONFIGS]
-    assert mod.select_config(1) in mod.decode_gemv_variants(1)
+    # The table: the one-shot kernels up to 4 tokens (bench_moe_decode.md), the GEMV sweep's winner
+    # for 5..8, the split-K kernels above.
+    table = mod.H200_HIDDEN_2880_CONFIGS
+    assert [c.oneshot for t, c in table] == [t <= 4 for t, _ in table]
+    assert [c.gemv for t, c in table] == [4 < t <= 8 for t, _ in table]
+    assert mod.select_config(8) in mod.decode_gemv_variants(8)
     # 8 and 16 rows a program are valid configs, not swept (mlp1's last arriver: 128-254 registers)
     assert max(c.block_m for c in mod.decode_gemv_variants(8)) <= 4
 
@@ -284,7 +287,9 @@ def test_one_dot_config():
     assert one.short() == base.short().replace(f"/s{base.mlp1_stages} ", f"/s{base.mlp1_stages}/1dot ", 1)
     assert all(not c.mlp1_one_dot for _, c in mod.H200_HIDDEN_2880_CONFIGS)
     with pytest.raises(ValueError, match="mlp1_one_dot"):
-        mod._check_config(replace(mod.select_config(1), mlp1_one_dot=True))  # gemv
+        mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
+    with pytest.raises(ValueError, match="mlp1_one_dot"):
+        mod._check_config(replace(mod.select_config(1), mlp1_one_dot=True))  # oneshot
     q1, s1, b1, q2, s2, b2 = make_experts(4, HIDDEN, INTER, seed=0)
     rw, rb = make_router(NUM_EXPERTS, HIDDEN, seed=0)
     with pytest.raises(ValueError, match="mlp1_one_dot"):
@@ -470,7 +475,8 @@ def moe_cases(mod):
     C = mod.MoeConfig
     bound = mod.DECODE_FRONT_MAX_TOKENS
     return [
-        ("decode table T=1", 1, None, 0, 8, True, False, NUM_EXPERTS),
+        ("decode table T=1 (one-shot)", 1, None, 0, 8, True, False, NUM_EXPERTS),
+        ("decode table T=6 (GEMV)", 6, None, 0, 8, True, False, NUM_EXPERTS),
         (f"decode table T={bound}, 32-expert router, EP rank 8..11, no b2", bound, None, 8, 4, False, False, 32),
         ("narrow fp32-h tiles, EP rank 2..5, no b2", 5, C(16, 32, 4, 2, 32, 4, 2), 2, 4, False, False, NUM_EXPERTS),
         ("fused requant, grouped, multi-program sort", 64, C(64, 128, 4, 2, 128, 4, 2, group_m=2, align_chunk=32),
