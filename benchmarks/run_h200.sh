@@ -9,6 +9,7 @@
 #   bash benchmarks/run_h200.sh floor     # how fast a kernel reads 1-1000 MB; a one-shot GEMV prototype
 #   bash benchmarks/run_h200.sh moe3      # MoE prefill one-dot gpu tests + prefill sweep
 #   bash benchmarks/run_h200.sh moedec    # one-shot decode MoE gpu tests + sweep
+#   bash benchmarks/run_h200.sh sweep5    # (x2) one-shot kernels: gpu tests | sink + fp8 GEMV sweeps
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -72,6 +73,23 @@ moe3)  # MoE prefill: the one-dot mlp1 variant's gpu tests + the prefill sweep (
 moedec)  # one-shot decode MoE (kernels/moe_decode.py): gpu tests + the T = 1, 2, 4 sweep vs the shipped path
     step gpu_test_moe_decode 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
     step bench_moe_decode 240 python benchmarks/bench_moe_decode.py --out "$R" --budget-s 150
+    ;;
+sweep5)  # (nvidia-h200-x2) lane 0: gpu tests of session 5's one-shot kernels; lane 1: their sweeps
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step gpu_test_fp8_oneshot 120 python tests/test_kernel_fp8_gemm.py --gpu-oneshot
+        step gpu_test_residual_norm 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_residual_norm.py
+        step gpu_test_moe_table 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py \
+            -k "full_shapes_and_cuda_graph or routing_bit_exact or decode_front"
+        step gpu_test_sink_attention 150 python tests/test_kernel_sink_attention.py --gpu
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step sweep_sink_oneshot 200 python benchmarks/bench_sink_attention.py --decode-sweep --oneshot --out "$R"
+        step sweep_fp8_oneshot 200 python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,2,4 --sweep-shapes qkv,o \
+            --decode-sweep oneshot --compile-workers 14 --budget-s 90 --out "$R"
+    ) &
+    wait
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
