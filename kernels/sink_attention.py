@@ -756,7 +756,16 @@ ONESHOT_MAX_BATCH = 4
 # context length). A missing entry keeps the split loop's choice. Empty until the H200 sweep of the
 # one-shot variants (benchmarks/bench_sink_attention.py --decode-sweep --oneshot) names winners; then e.g.
 #   ONESHOT_PICKS = {(b, k): OneshotPick(chunk=128) for b in (1, 2, 4) for k in ("<=8k", ">8k")}
-ONESHOT_PICKS: dict = {}
+#
+# H200 sweep (benchmarks/results/sweeps/bench_sink_attention_decode_oneshot.md, 2026-11-30): the one-shot
+# decode wins only by a little, and only here: batch 1 at max context <= 8k, full layers, chunk 128 / V late
+# 12.2 vs 13.1 us; sliding layers (one 128-key chunk) 3.8 vs 4.0 us (batch 1), 4.2 vs 4.4 (2), 4.8 vs 5.0
+# (4). Everywhere else the split loop is faster (batch 2-4 at 8k by 5-14 %, every 32k point); at batch 1
+# with max context 131072 it was 1.05x at 8k but slower at 32k, so ">8k" keeps the split loop. Its
+# programs still wait three memory latencies in a row (length -> slot ids -> K/V), which the merge
+# launch adds to: the read floor of 16.8 MB is 5.6 us (diag_floor.md).
+ONESHOT_PICKS: dict = {(1, "<=8k"): OneshotPick(chunk=128, v_late=True),
+                       **{(b, "short"): OneshotPick(chunk=128) for b in (1, 2, 4)}}
 
 
 def _keys_kind(keys: int) -> str:

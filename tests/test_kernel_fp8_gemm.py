@@ -627,7 +627,7 @@ GPU_ONESHOT_M = (1, 2, 4)
 
 def gpu_oneshot_check(shapes=("qkv", "o")) -> list[dict]:
     """The one-shot decode kernel compiled at qkv / o, M = 1, 2, 4: every `oneshot_variants`
-    config within the oracle's bound, x quantised in-kernel bit-equal to x pre-quantised; the
+    config within the oracle's bound, with x quantised in-kernel and pre-quantised; the
     heuristic's picks with and without x_quant; and the served chain, the residual norm's
     quantised output read through `x_quant`, captured in a CUDA graph and replayed on new inputs."""
     mod = _kernel_module()
@@ -643,11 +643,16 @@ def gpu_oneshot_check(shapes=("qkv", "o")) -> list[dict]:
             want, mag = oracle(x, w, ws, b)
             xq = mod.quantize_activation_group128(x)
             errs = {}
+            # Same codes either way (the quantisers' bits are tested on their own); the compiled
+            # kernels may still contract the fp32 block maths differently (the H200 run of
+            # 2026-11-30 found qkv M=2 n1 w4 not bit-equal), so each form is held to the oracle.
+            x_quant_bit_equal = {}
             for cfg in mod.oneshot_variants(m, n, k):
                 y = mod.fp8_linear(x, w, ws, b, config=cfg)
-                if not torch.equal(y, mod.fp8_linear(x, w, ws, b, config=cfg, x_quant=xq)):
-                    raise AssertionError(f"{name} M={m} {cfg.short()}: x_quant differs from in-kernel quantisation")
+                yq = mod.fp8_linear(x, w, ws, b, config=cfg, x_quant=xq)
+                x_quant_bit_equal[cfg.short()] = torch.equal(y, yq)
                 errs[cfg.short()] = max_excess(y, want, mag, ACC_REL_GPU)
+                errs[cfg.short() + " (x_quant)"] = max_excess(yq, want, mag, ACC_REL_GPU)
             picks = {}
             for pq in (False, True):
                 cfg = mod.gemm_config(m, n, k, x.device, x_prequantized=pq)
@@ -680,6 +685,7 @@ def gpu_oneshot_check(shapes=("qkv", "o")) -> list[dict]:
             worst = max(errs, key=errs.get)
             row = {"layer": name, "M": m, "N": n, "K": k, "picks": picks, "configs": len(errs),
                    "max_err_over_bound": errs[worst], "worst": worst, "graph_err_over_bound": err_graph,
+                   "x_quant_not_bit_equal": [c for c, eq in x_quant_bit_equal.items() if not eq],
                    "seconds": round(time.time() - t0, 1)}
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -234,6 +234,8 @@ def test_decode_config_picks_the_sweep_winners(monkeypatch):
         window_left = -1 if row["layer"] == "full" else 127
         got = mod.decode_config(row["batch"], 8, window_left, row.get("max_context", row["context"]),
                                 torch.device("cpu"))
+        if got.oneshot:  # an ONESHOT_PICKS point: the one-shot sweep's test below judges it
+            continue
         best = row["configs"][row["best"]]
         # Fields added after the sweep (the merge tile) were at their defaults when it ran. Which merge runs
         # is the merge sweep's call (next test), made after the merge kernel lost its serial loop.
@@ -247,9 +249,11 @@ ONESHOT_SLACK = 1.05  # a pick within 5 % of the fastest: one table entry serves
 
 
 def test_decode_config_picks_near_the_oneshot_sweep_winners(monkeypatch):
-    """At every point of the H200 one-shot sweep (batch 1/2/4, max context = the context or the model's),
-    decode_config returns a configuration that was measured there and ran within 5 % of the fastest:
-    ONESHOT_PICKS follows that sweep."""
+    """ONESHOT_PICKS follows the H200 one-shot sweep (batch 1/2/4, max context = the context or the
+    model's): at every point decode_config returns a configuration measured there. One table entry
+    (batch, keys kind) serves several points, e.g. ">8k" both a short request and a 32k one under the
+    model's max context, so the entry is held to its worst point: within 5 % of the fastest there, or
+    no candidate measured at all of that entry's points has a better worst ratio (minimax)."""
     mod = _kernel_module()
     if not os.path.exists(ONESHOT_SWEEP_JSON):
         pytest.skip("no one-shot decode sweep results in this checkout")
@@ -259,6 +263,7 @@ def test_decode_config_picks_near_the_oneshot_sweep_winners(monkeypatch):
     fields = [k for k in mod.DecodeConfig.__dataclass_fields__ if k != "fused_merge"]
     defaults = mod.DecodeConfig()
     assert rows
+    entries: dict = {}  # (batch entry, keys kind, layer) -> {label: [time / fastest at each point]}, picked label
     for row in rows:
         window_left = -1 if row["layer"] == "full" else 127
         got = mod.decode_config(row["batch"], 8, window_left, row["max_context"], torch.device("cpu"))
@@ -268,8 +273,21 @@ def test_decode_config_picks_near_the_oneshot_sweep_winners(monkeypatch):
         where = f"ctx {row['context']} max {row['max_context']} batch {row['batch']} {row['layer']}"
         assert timed, f"{where}: decode_config picks {got}, not measured there"
         best = row["configs"][row["best"]]["time_us"]
-        assert min(timed.values()) <= ONESHOT_SLACK * best, (
-            f"{where}: picks {got} at {min(timed.values()):.1f} us, {row['best']} ran {best:.1f} us")
+        keys = row["max_context"] if window_left < 0 else min(row["max_context"], window_left + 1)
+        key = (4 if row["batch"] == 3 else row["batch"], mod._keys_kind(keys), row["layer"])
+        ratios, picked = entries.setdefault(key, ({}, set()))
+        picked.add("oneshot" if got.oneshot else "split loop")
+        for name, e in row["configs"].items():
+            if "time_us" in e:
+                label = "split loop" if name == "default" or not e.get("oneshot") else name
+                if name == "default" or e.get("oneshot"):
+                    ratios.setdefault(label, []).append(e["time_us"] / best)
+        ratios.setdefault("picked", []).append(min(timed.values()) / best)
+    for key, (ratios, picked) in entries.items():
+        n = len(ratios["picked"])
+        worst_pick = max(ratios["picked"])
+        rivals = [max(r) for label, r in ratios.items() if label != "picked" and len(r) == n]
+        assert worst_pick <= ONESHOT_SLACK or worst_pick <= min(rivals) + 1e-9, (key, picked, worst_pick, rivals)
 
 
 def test_oneshot_config_from_host_values():
@@ -294,6 +312,7 @@ def test_decode_config_takes_oneshot_picks(monkeypatch):
     mod = _kernel_module()
     monkeypatch.setattr(mod, "_num_sms", lambda device: H200_SMS)
     cpu = torch.device("cpu")
+    monkeypatch.setattr(mod, "ONESHOT_PICKS", {})
     before = {(b, w, m): mod.decode_config(b, 8, w, m, cpu) for b in (1, 2, 3, 4, 5) for w in (-1, 127)
               for m in (8192, 32768, 131072)}
     assert not any(c.oneshot for c in before.values())
