@@ -10,6 +10,7 @@
 #   bash benchmarks/run_h200.sh moe3      # MoE prefill one-dot gpu tests + prefill sweep
 #   bash benchmarks/run_h200.sh moedec    # one-shot decode MoE gpu tests + sweep
 #   bash benchmarks/run_h200.sh sweep5    # (x2) one-shot kernels: gpu tests | sink + fp8 GEMV sweeps
+#   bash benchmarks/run_h200.sh final5    # (x2) session 5's committed grids, diagnosis and kernel tables
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -88,6 +89,27 @@ sweep5)  # (nvidia-h200-x2) lane 0: gpu tests of session 5's one-shot kernels; l
         step sweep_sink_oneshot 200 python benchmarks/bench_sink_attention.py --decode-sweep --oneshot --out "$R"
         step sweep_fp8_oneshot 200 python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,2,4 --sweep-shapes qkv,o \
             --decode-sweep oneshot --compile-workers 14 --budget-s 90 --out "$R"
+    ) &
+    wait
+    ;;
+final5)  # (nvidia-h200-x2) after session 5's one-shot kernels. Lane 0: the GEMV/norm chain's gpu test, the
+         # layers' gpu tests, the committed decode grid (1 GPU measured, 2-8 modelled, probe on/off with
+         # 100 paired rounds); lane 1: batch-1 diagnosis, prefill grid (+8k breakdown), kernel tables
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step gpu_test_fp8_oneshot 90 python tests/test_kernel_fp8_gemm.py --gpu-oneshot
+        step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
+        step bench_decode 400 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+            --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+            --probe-rounds 100 --profile --out "$R"
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step diag_decode_b1 150 python benchmarks/diag_decode_b1.py --out "$R"
+        step bench_prefill 160 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+            --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
+        step bench_fp8_gemm 100 python benchmarks/bench_fp8_gemm.py --out "$R" --sweep off
+        step bench_moe 120 python benchmarks/bench_moe.py --out "$R" --no-sweep
     ) &
     wait
     ;;
