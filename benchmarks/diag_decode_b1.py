@@ -123,8 +123,8 @@ def part_gemv() -> list[dict]:
 
 LAYER_PARTS = [
     ("_residual_rms_norm", "residual add + RMSNorm"), ("_rope_kv", "RoPE + KV write"),
-    ("_fp8_gemv_kernel", "qkv/o GEMV"), ("_fp8_gemm_kernel", "qkv/o GEMM"),
-    ("_sink_decode", "attention"), ("_mlp1", "MoE mlp1"), ("_mlp2", "MoE mlp2"),
+    ("_fp8_gemv", "qkv/o GEMV"), ("_fp8_gemm_kernel", "qkv/o GEMM"),
+    ("_sink_decode", "attention"), ("_mlp1", "MoE mlp1"), ("_mlp2", "MoE mlp2"), ("_quantize_h", "MoE h quantisation"),
     ("_front", "MoE routing"), ("_combine", "MoE combine"), ("splitK", "MoE router GEMM"),
     ("nvjet", "router/LM head GEMM"), ("rsqrt", "RMSNorm"), ("cat_mul_slice", "RoPE"),
     ("index", "KV write / gather"), ("add", "residual add"), ("copy", "copies"),
@@ -179,11 +179,16 @@ def part_step(model_name: str, context: int = 8192) -> dict:
 
     probe = {}
     for point in ("tap", "head"):
-        os.environ["SGLANG_EXT_PROBE_LAUNCH"] = point
-        off, on, diff = time_decode_probe_pair(model, context)
-        probe[point] = {"off_us": off * 1e6, "on_us": on * 1e6, "overhead_us": diff * 1e6,
-                        "overhead_pct": 100 * diff / off}
+        for priority in ("high", "normal"):
+            os.environ["SGLANG_EXT_PROBE_LAUNCH"] = point
+            os.environ["SGLANG_EXT_PROBE_PRIORITY"] = priority
+            spread: dict = {}
+            off, on, diff = time_decode_probe_pair(model, context, rounds=100, spread=spread)
+            probe[f"{point}, {priority} priority"] = {
+                "off_us": off * 1e6, "on_us": on * 1e6, "overhead_us": diff * 1e6, "overhead_pct": 100 * diff / off,
+                "iqr_us": [spread["q1_s"] * 1e6, spread["q3_s"] * 1e6]}
     os.environ.pop("SGLANG_EXT_PROBE_LAUNCH", None)
+    os.environ.pop("SGLANG_EXT_PROBE_PRIORITY", None)
     model = None
     torch.cuda.empty_cache()
     return {"model": model_name, "context": context, "batch": 1, "step_us": step * 1e6, "probe": probe,
@@ -287,8 +292,10 @@ def markdown(meta: dict, data: dict) -> str:
         lines += [f"## {st['model']} decode step, batch 1, context {st['context']} (graph replay)", "",
                   f"Step {st['step_us']:.1f} us; kernels {st['kernel_sum_us']:.1f} us summed over "
                   f"{st['launches_per_step']:.0f} launches; gaps {st['step_us'] - st['kernel_sum_us']:.1f} us. "
-                  "Probe (window 2048) overhead by where its side stream starts, paired graphs: "
+                  "Probe (window 2048) overhead by where its side stream starts and its priority, paired "
+                  "graphs (median of the per-round differences, IQR in brackets): "
                   + "; ".join(f"{k}: {v['overhead_us']:.1f} us = {v['overhead_pct']:.2f} %"
+                              + (" [{:.1f}..{:.1f} us]".format(*v["iqr_us"]) if "iqr_us" in v else "")
                               for k, v in st["probe"].items()), "",
                   bc.md_table([{"part": k, "us": v, "pct": 100 * v / st["step_us"]}
                                for k, v in _parts(st["kernels"]).items()],

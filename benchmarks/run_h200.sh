@@ -11,6 +11,7 @@
 #   bash benchmarks/run_h200.sh moedec    # one-shot decode MoE gpu tests + sweep
 #   bash benchmarks/run_h200.sh sweep5    # (x2) one-shot kernels: gpu tests | sink + fp8 GEMV sweeps
 #   bash benchmarks/run_h200.sh final5    # (x2) session 5's committed grids, diagnosis and kernel tables
+#   bash benchmarks/run_h200.sh final5b   # (x2) sliced quantising norm + probe priority: TP1 decode, b1 diagnosis
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -110,6 +111,23 @@ final5)  # (nvidia-h200-x2) after session 5's one-shot kernels. Lane 0: the GEMV
             --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
         step bench_fp8_gemm 100 python benchmarks/bench_fp8_gemm.py --out "$R" --sweep off
         step bench_moe 120 python benchmarks/bench_moe.py --out "$R" --no-sweep
+    ) &
+    wait
+    ;;
+final5b)  # (nvidia-h200-x2) the row-sliced quantising norm and the probe stream priority. Lane 0: gpu tests
+          # of the norm and the probe, TP1 decode rows (probe on/off, 100 paired rounds); lane 1: batch-1
+          # diagnosis (per-kernel, probe by launch point x priority)
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step gpu_test_norm_probe 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_residual_norm.py \
+            tests/test_probe_cuda_graph.py tests/test_layers.py
+        step bench_decode_tp1 300 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+            --contexts 8192,32768 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" \
+            --stem bench_decode_tp1
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step diag_decode_b1 200 python benchmarks/diag_decode_b1.py --out "$R"
     ) &
     wait
     ;;

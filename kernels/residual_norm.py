@@ -31,6 +31,7 @@ def _residual_rms_norm_kernel(
     n_cols, eps, tap_eps, tap_col0,
     stride_h, stride_d, stride_ho, stride_xo, stride_tap, stride_q, stride_qsm, stride_qsk,
     HAS_DELTA: tl.constexpr, HAS_TAP: tl.constexpr, BLOCK: tl.constexpr,
+    SLICE: tl.constexpr,  # 0: one program per row; else program (row, j) writes columns [j*SLICE, +SLICE)
     QUANTIZE: tl.constexpr,  # also x_out's e4m3 codes and 1x128 scales (BLOCK >= 128)
     HW_ROUND: tl.constexpr,  # compiled only: the cast rounds to e4m3 (see fp8_gemm._quantize_tile)
     ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
@@ -45,9 +46,24 @@ def _residual_rms_norm_kernel(
         if ROUND_BF16:
             s = _round_to_bf16_grid(s)
         h = s.to(H_OUT.dtype.element_ty)
-        tl.store(H_OUT + row * stride_ho + offs, h, mask=ok)
     hf = h.to(tl.float32)
     mean_sq = tl.sum(hf * hf, axis=0) / n_cols
+    if SLICE > 0:
+        # Every program of the row computes the same statistics (same loads, same reduction: same
+        # bits), then only its slice: at decode one program quantising a whole 2880-wide row
+        # waits ~3 us on its own divisions (H200, diag_decode_b1.md); 23 programs share it.
+        offs = tl.program_id(1) * SLICE + tl.arange(0, SLICE)
+        ok = offs < n_cols
+        h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(DELTA + row * stride_d + offs, mask=ok, other=0.0)
+            s = h.to(tl.float32) + d.to(tl.float32)
+            if ROUND_BF16:
+                s = _round_to_bf16_grid(s)
+            h = s.to(H_OUT.dtype.element_ty)
+        hf = h.to(tl.float32)
+    if HAS_DELTA:
+        tl.store(H_OUT + row * stride_ho + offs, h, mask=ok)
     w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
     x = w * (hf * tl.math.rsqrt(mean_sq + eps))
     if ROUND_BF16:
@@ -56,9 +72,13 @@ def _residual_rms_norm_kernel(
     tl.store(X_OUT + row * stride_xo + offs, x, mask=ok)
     if QUANTIZE:
         # the stored (rounded) values, zeros past n_cols: the quantiser's view of x_out
-        q, scale = _quantize_tile(tl.reshape(x.to(tl.float32), (BLOCK // 128, 128)), HW_ROUND)
-        tl.store(Q + row * stride_q + offs, tl.reshape(q, (BLOCK,)), mask=ok)
-        groups = tl.arange(0, BLOCK // 128)
+        COLS: tl.constexpr = SLICE if SLICE > 0 else BLOCK
+        q, scale = _quantize_tile(tl.reshape(x.to(tl.float32), (COLS // 128, 128)), HW_ROUND)
+        tl.store(Q + row * stride_q + offs, tl.reshape(q, (COLS,)), mask=ok)
+        if SLICE > 0:
+            groups = tl.program_id(1) * (SLICE // 128) + tl.arange(0, COLS // 128)
+        else:
+            groups = tl.arange(0, COLS // 128)
         tl.store(Q_SCALE + row * stride_qsm + groups * stride_qsk, scale, mask=groups * 128 < n_cols)
     if HAS_TAP:
         tap = hf * tl.math.rsqrt(mean_sq + tap_eps)
@@ -79,6 +99,9 @@ def _check(h, delta, weight, tap):
         if features.dim() != 2 or features.shape[0] < h.shape[0] or not 0 <= col0 <= features.shape[1] - h.shape[1]:
             raise ValueError(f"residual_rms_norm: h {tuple(h.shape)} does not fit the tap buffer "
                              f"{tuple(features.shape)} at column {col0}")
+
+
+SLICED_MAX_ROWS = 16  # quantising norms of at most this many rows: one program per (row, 128 columns)
 
 
 def _quant_buffers(t: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,12 +135,16 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
     if quantize:
         block = max(block, GROUP)  # whole 128-column groups
     codes, scales = quant if quantize else (x_out, x_out)
-    _residual_rms_norm_kernel[(t,)](
+    # Decode batches split each row's quantisation over one program per 128-column group; prefill
+    # rows keep one program each (there are enough rows, and each program re-reads its whole row).
+    slice_cols = GROUP if quantize and t <= SLICED_MAX_ROWS and block > GROUP else 0
+    grid = (t, triton.cdiv(c, slice_cols) if slice_cols else 1)
+    _residual_rms_norm_kernel[grid](
         h, delta if delta is not None else h, weight, h_out, x_out, features, codes, scales,
         c, float(eps), float(tap_eps), col0,
         h.stride(0), delta.stride(0) if delta is not None else 0, h_out.stride(0), x_out.stride(0),
         features.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
-        HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block,
+        HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block, SLICE=slice_cols,
         QUANTIZE=quantize, HW_ROUND=not _interpreted(),
         ROUND_BF16=_interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
         num_warps=8 if block >= 4096 else 4,

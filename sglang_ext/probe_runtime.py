@@ -147,6 +147,13 @@ class ProbeRuntime:
         self.launch_point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", "tap")
         if self.launch_point not in ("tap", "head"):
             raise ValueError(f"SGLANG_EXT_PROBE_LAUNCH={self.launch_point!r}: expected 'tap' or 'head'")
+        # The side stream's priority. PyTorch instantiates CUDA graphs with per-node priorities (the
+        # capturing stream's), so "high" lets the probe's few small launches take SM slots ahead of
+        # the base model's queued programs: they finish inside the step instead of waiting behind
+        # its wide one-shot grids and trailing it (diag_decode_b1.md measures both).
+        self.stream_priority = os.environ.get("SGLANG_EXT_PROBE_PRIORITY", "high")
+        if self.stream_priority not in ("high", "normal"):
+            raise ValueError(f"SGLANG_EXT_PROBE_PRIORITY={self.stream_priority!r}: expected 'high' or 'normal'")
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
@@ -169,7 +176,10 @@ class ProbeRuntime:
         self.req_to_token = req_to_token
         # The fused decode step's scratch and counters: grown, never freed (graphs hold pointers).
         self._workspace = ProbeStepWorkspace(device) if device.type == "cuda" else None
-        self._side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._side_stream = None
+        if device.type == "cuda":
+            highest = torch.cuda.Stream.priority_range()[1]  # (least, greatest): lower numbers run first
+            self._side_stream = torch.cuda.Stream(device, priority=highest if self.stream_priority == "high" else 0)
         logger.info("sglang-ext: probe K/V pool of %d slots x %d values", num_slots, 2 * self.config.head_dim)
 
     # -- taps ---------------------------------------------------------------------

@@ -62,18 +62,22 @@ from sglang_ext.layers import fp8
 torch.manual_seed(1)
 cases = 0
 for dtype in (torch.float32, torch.bfloat16, torch.float16):
-    # ragged groups (320 = 2.5 x 128, 2880 = 22.5), a width under one group (100), an all-zero row
-    for t, c, with_delta, with_tap in ((1, 320, True, True), (3, 100, True, False), (2, 2880, False, False)):
+    # ragged groups (320 = 2.5 x 128, 2880 = 22.5), a width under one group (100), an all-zero row;
+    # up to SLICED_MAX_ROWS rows one program per (row, 128 columns), more rows one program a row
+    for t, c, with_delta, with_tap in ((1, 320, True, True), (3, 100, True, False), (2, 2880, False, False),
+                                       (20, 320, True, True)):
         h = (torch.randn(t, c) * torch.logspace(-2, 1, c)[torch.randperm(c)]).to(dtype)
         if t > 1:
             h[-1] = 0.0
         delta = torch.randn(t, c).to(dtype) if with_delta else None
         w = (torch.rand(c) + 0.5).to(dtype)
-        feats = torch.zeros((t, 2 * c), dtype=dtype)
+        feats, feats0 = torch.zeros((t, 2 * c), dtype=dtype), torch.full((t, 2 * c), float("nan"), dtype=dtype)
         tap = (feats, c, 1e-6) if with_tap else None
         s, x, (q, scale) = residual_rms_norm(h, delta, w, 1e-5, tap, quantize=True)
-        s0, x0 = residual_rms_norm(h, delta, w, 1e-5, tap)
+        s0, x0 = residual_rms_norm(h, delta, w, 1e-5, (feats0, c, 1e-6) if with_tap else None)
         assert torch.equal(s, s0) and torch.equal(x, x0), "quantize must not change the other outputs"
+        if with_tap:
+            assert torch.equal(feats[:, c:], feats0[:, c:]), "quantize must not change the tap"
         assert q.shape == (t, c) and q.dtype == torch.float8_e4m3fn and scale.shape == (t, -(-c // 128))
         for name, (qr, sr) in (("torch", fp8.quantize_activation_group128(x)),
                                ("triton", quantize_activation_group128(x))):
@@ -95,7 +99,7 @@ def test_residual_norm_quantized_output_is_the_quantiser_bits_under_interpreter(
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", CHECK_QUANT], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert '"cases": 9' in out.stdout
+    assert '"cases": 12' in out.stdout
 
 
 def test_layers_norm_quantize_on_the_torch_path():
@@ -143,7 +147,7 @@ def test_residual_norm_gpu_full_width(tokens):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 4, 128])
+@pytest.mark.parametrize("tokens", [1, 4, 16, 17, 128])
 def test_residual_norm_gpu_quantized_output(tokens):
     """Compiled (the cast rounds to e4m3): the codes and scales of the rounded norm equal the torch
     quantiser's on the returned x, bit for bit, and feed fp8_linear's x_quant."""

@@ -285,3 +285,37 @@ def test_launch_point_head_starts_the_step_after_the_last_layer_not_at_the_tap(m
     monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", "lm_head")
     with pytest.raises(ValueError, match="SGLANG_EXT_PROBE_LAUNCH"):
         ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
+
+
+def test_side_stream_priority_is_read_once_and_checked(monkeypatch):
+    """SGLANG_EXT_PROBE_PRIORITY picks the side stream's priority (default high: the probe's launches
+    go ahead of the base model's queued programs); a bad value fails at construction, naming it."""
+    cfg = ProbeConfig.from_dict({
+        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
+        "base_model_layer_ids": [1, 3], "num_attention_heads": 2, "head_dim": 8,
+        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
+    head = SingProbeHead(cfg)
+    monkeypatch.delenv("SGLANG_EXT_PROBE_PRIORITY", raising=False)
+    assert ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32).stream_priority == "high"
+    monkeypatch.setenv("SGLANG_EXT_PROBE_PRIORITY", "normal")
+    assert ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32).stream_priority == "normal"
+    monkeypatch.setenv("SGLANG_EXT_PROBE_PRIORITY", "urgent")
+    with pytest.raises(ValueError, match="SGLANG_EXT_PROBE_PRIORITY"):
+        ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
+
+
+@pytest.mark.gpu
+def test_side_stream_priority_on_cuda(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = ProbeConfig.from_dict({
+        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
+        "base_model_layer_ids": [1, 3], "num_attention_heads": 2, "head_dim": 8,
+        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
+    head = SingProbeHead(cfg)
+    least, greatest = torch.cuda.Stream.priority_range()
+    for value, want in (("high", greatest), ("normal", 0)):
+        monkeypatch.setenv("SGLANG_EXT_PROBE_PRIORITY", value)
+        runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32, "cuda")
+        runtime.bind(torch.zeros(2, 16, dtype=torch.int32, device="cuda"), 40)
+        assert runtime._side_stream.priority == want
