@@ -12,6 +12,7 @@
 #   bash benchmarks/run_h200.sh sweep5    # (x2) one-shot kernels: gpu tests | sink + fp8 GEMV sweeps
 #   bash benchmarks/run_h200.sh final5    # (x2) session 5's committed grids, diagnosis and kernel tables
 #   bash benchmarks/run_h200.sh final5b   # (x2) sliced quantising norm + probe priority: TP1 decode, b1 diagnosis
+#   bash benchmarks/run_h200.sh final5c   # (x2) decode grid with the probe beside the LM head + probe gpu tests
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -128,6 +129,22 @@ final5b)  # (nvidia-h200-x2) the row-sliced quantising norm and the probe stream
     (
         export CUDA_VISIBLE_DEVICES=1
         step diag_decode_b1 200 python benchmarks/diag_decode_b1.py --out "$R"
+    ) &
+    wait
+    ;;
+final5c)  # (nvidia-h200-x2) the probe launched beside the LM head by default. Lane 0: the committed decode grid;
+          # lane 1: the probe's gpu tests (side stream, CUDA graphs) and bench_probe
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step bench_decode 400 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+            --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+            --probe-rounds 100 --profile --out "$R"
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step gpu_test_probe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_kernel.py \
+            tests/test_probe_tail.py tests/test_probe_step.py tests/test_probe_cuda_graph.py
+        step bench_probe 100 python benchmarks/bench_probe.py --out "$R"
     ) &
     wait
     ;;

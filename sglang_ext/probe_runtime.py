@@ -143,8 +143,10 @@ class ProbeRuntime:
         self.overlap = os.environ.get("SGLANG_EXT_PROBE_OVERLAP", "1") != "0"
         # Where the side stream starts: "tap" = right after the deepest tap, beside the remaining
         # layers; "head" = after the last layer, beside the LM head (one long bandwidth-bound GEMM,
-        # where the probe's bytes are all it takes from the step).
-        self.launch_point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", "tap")
+        # where the probe's bytes are all it takes from the step). Since the decode kernels became
+        # one-shot grids that fill every SM, "head" costs less: H200 batch 1 ctx 8k, 100 paired
+        # rounds, 120b 6.2 vs 9.6 us, 20b 5.5 vs 9.7 us (benchmarks/results/diag_decode_b1.md).
+        self.launch_point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", "head")
         if self.launch_point not in ("tap", "head"):
             raise ValueError(f"SGLANG_EXT_PROBE_LAUNCH={self.launch_point!r}: expected 'tap' or 'head'")
         # The side stream's priority. PyTorch instantiates CUDA graphs with per-node priorities (the

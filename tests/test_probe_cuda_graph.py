@@ -200,7 +200,8 @@ def test_runtime_step_captured_in_a_cuda_graph_replays_fresh_batches():
     assert worst_ref < 2e-2
 
 
-def test_step_starts_after_the_deepest_tap_whatever_the_config_order():
+def test_step_starts_after_the_deepest_tap_whatever_the_config_order(monkeypatch):
+    monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", "tap")  # the launch point this rule belongs to
     cfg = ProbeConfig.from_dict({
         "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
         "base_model_layer_ids": [5, 1, 3], "num_attention_heads": 2, "head_dim": 8,
