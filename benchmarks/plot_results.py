@@ -112,12 +112,15 @@ def model_error(rows: list[dict], key_fields: tuple, value: str) -> list[str]:
         m = modelled.get(tuple(r.get(k) for k in key_fields))
         if m is not None:
             err = 100 * (m[value] - r[value]) / r[value]
+            # the run dates: a measured row older than the modelled one was taken with older kernels
             lines.append("| " + " | ".join(str(r.get(k)) for k in key_fields) +
-                         f" | {r[value]:.3f} | {m[value]:.3f} | {err:+.1f}% |")
+                         f" | {r[value]:.3f} | {m[value]:.3f} | {err:+.1f}% | {r.get('run_date', '')[:16]} / "
+                         f"{m.get('run_date', '')[:16]} |")
     if not lines:
         return []
-    head = "| " + " | ".join(key_fields) + f" | measured {value} | modelled {value} | model error |"
-    return [head, "|" + "---|" * (len(key_fields) + 3)] + lines
+    head = ("| " + " | ".join(key_fields) + f" | measured {value} | modelled {value} | model error "
+            "| run dates (measured / modelled) |")
+    return [head, "|" + "---|" * (len(key_fields) + 4)] + lines
 
 
 def summary(decode: list[dict], prefill: list[dict], raw_decode=(), raw_prefill=()) -> str:

@@ -144,12 +144,14 @@ def test_runtime_step_captured_in_a_cuda_graph_replays_fresh_batches():
 
     def step():
         # As the model runs it: the batch is announced first, so the step starts on the side
-        # stream at the last tap (a fork/join inside the captured graph) and joins at finish().
+        # stream at its launch point (after the last tap, or once the layers are done: a fork/join
+        # inside the captured graph) and joins at finish().
         batch = (static.out_cache_loc, static.req_pool_indices, static.seq_lens, None)
         runtime.expect_batch(*batch)
         runtime.begin(padded, device)
         for layer, h in zip(taps, static.hidden):
             runtime.capture(layer, h)
+        runtime.layers_done()
         assert runtime._early is not None
         return runtime.as_customized_info(runtime.finish(*batch))
 
