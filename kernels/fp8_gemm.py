@@ -857,8 +857,10 @@ def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None
     24 K blocks (qkv 7.0 us vs 9.3; N 256..23040 at K 2880 within 5 % of the best tile) and 4
     warps at 32 (o 5.8 vs 8.2); with x quantised in every program, 8-row tiles / 8 warps up to
     `ONESHOT_QUANT_MAX_WEIGHT_BYTES` (o 6.5 vs 8.2, N 2048 x 2880 5.7 vs 6.8; at qkv 9.3 = no
-    gain, so it keeps x_once). Otherwise `split_k_gemv_config`; M = 2..4 stay there until the
-    sweep (`bench_fp8_gemm.py --decode-sweep oneshot`) measures the one-shot rows."""
+    gain, so it keeps x_once). Otherwise `split_k_gemv_config`. M = 2..4 stay there: the H200 sweep
+    (`bench_fp8_gemm.py --decode-sweep oneshot`, benchmarks/results/sweeps/fp8_gemm_decode_oneshot.md)
+    found every one-shot tile slower there (qkv M = 2: best 11.5 us vs x_once's 9.2, pre-quantised;
+    its M = 1 picks held: qkv 7.29 vs 9.47 us, o 6.89 vs 8.11)."""
     kb = triton.cdiv(k, GROUP)
     if m == 1 and oneshot_applies(m, n, k):
         if x_prequantized:
@@ -1122,6 +1124,9 @@ def _red_chunk(cfg: Fp8GemvConfig, split: int, rows_p2: int) -> int:
     return min(triton.next_power_of_2(split), 1 << (cap.bit_length() - 1))
 
 
+INTERPRETED_ONESHOT_BLOCK_N = 16
+
+
 def pow2_chunks(k_blocks: int) -> tuple[int, int]:
     """K blocks -> (C1, C2): the one-shot kernel's two slab loads, C1 the largest power of two
     <= k_blocks, C2 a power of two covering the rest (0 if none): 23 -> (16, 8), 32 -> (32, 0)."""
@@ -1139,6 +1144,11 @@ def _launch_oneshot(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfi
     bn = cfg.block_n
     if not 1 <= bn <= GROUP or bn & (bn - 1):
         raise ValueError(f"fp8 one-shot GEMV: block_n must be a power of two <= {GROUP}, got {bn}")
+    if _interpreted() and cfg == gemv_config(m, n, k, x.device, x_prequantized=not quantize_x):
+        # The interpreter pays per program, and each output element's sums do not depend on the
+        # tile width, so the served model's interpreted runs (tests) take the heuristic's pick
+        # 16 rows wide: the same bits, several times fewer programs. Explicit configs run as given.
+        bn = max(bn, INTERPRETED_ONESHOT_BLOCK_N)
     c1, c2 = pow2_chunks(triton.cdiv(k, GROUP))
     for r0 in range(0, m, ONESHOT_MAX_ROWS):
         rows = min(ONESHOT_MAX_ROWS, m - r0)

@@ -46,8 +46,9 @@ differ from the split-K path's in its last bits and, rarely, round to the neighb
 bit-reproducible run to run. CUDA-graph capturable (no host syncs).
 
 Launch configs: `OneshotConfig`; `oneshot_variants()` lists what the H200 sweep
-(benchmarks/bench_moe_decode.py) times against the shipped table. Nothing here is wired into
-`fused_moe_fp8` or the model until that sweep says which variant, if any, wins.
+(benchmarks/bench_moe_decode.py, results benchmarks/results/bench_moe_decode.md) times against the
+shipped table. `fused_moe_fp8` runs this path where its table says `MoeConfig.oneshot` (1..4
+tokens on the H200: 47.1 -> 40.0 us a 120b layer at T = 1).
 """
 
 from __future__ import annotations

@@ -219,12 +219,30 @@ def check_h_quant(md, device) -> dict:
     return {"h_quant_groups": hs.numel(), "negative_zero_codes": int((hq.view(torch.uint8) == 0x80).sum())}
 
 
+def check_interpreter_tiles(mod, md, device) -> dict:
+    """`fused_moe_fp8` on the table's one-shot row runs wide tiles under the interpreter (fewer
+    programs, see `_experts`): the same bits as that row's own tiles given explicitly."""
+    q1, s1, b1, q2, s2, b2 = make_experts(8, 288, 160, seed=91, device=device)
+    rw, rb = make_router(8, 288, seed=92, device=device)
+    x = make_x(1, 288, seed=93, device=device)
+    row = mod.select_config(1)
+    assert row.oneshot
+    got, weights, ids = mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, top_k=TOP_K, limit=LIMIT,
+                                          return_routing=True)
+    narrow = md.OneshotConfig(row.mlp1_block_n, row.mlp1_warps, row.mlp2_block_n, row.mlp2_warps)
+    want = md.fused_moe_decode_oneshot(x, weights, ids, q1, s1, b1, q2, s2, b2, LIMIT, 0, narrow)
+    assert torch.equal(got, want), "the interpreter's wide one-shot tiles changed the bits"
+    return {"interpreter_tiles_equal": True}
+
+
 def run_part(part: int, device: str = "cpu") -> dict:
     mod, md = _modules()
     t0 = time.time()
     result = {"part": part, "device": device, "cases": []}
     if part == 0:
         result.update(check_h_quant(md, device))
+    if part == 1 and device == "cpu":
+        result.update(check_interpreter_tiles(mod, md, device))
     for i, (name, p, *case) in enumerate(interpreted_cases(md)):
         if p == part:
             result["cases"].append(check_case(mod, md, device, name, *case, seed=300 + 17 * i))
@@ -290,6 +308,7 @@ def test_oneshot_interpreted():
         assert p.returncode == 0, f"interpreted part failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
         results += [json.loads(line) for line in stdout.strip().splitlines() if line.startswith("{")]
     assert len(results) == 2 and results[0]["h_quant_groups"] == 8 * 3 and results[0]["negative_zero_codes"] > 0
+    assert results[1]["interpreter_tiles_equal"]
     _, md = _modules()
     assert sum(len(r["cases"]) for r in results) == len(interpreted_cases(md))
     print(json.dumps(results))
