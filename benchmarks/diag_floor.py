@@ -49,6 +49,22 @@ def _stream_read_kernel(SRC, OUT, n_words, BLOCK: tl.constexpr, ITERS: tl.conste
 
 
 @triton.jit
+def _gemv_x_side(X, XS, WS, BIAS, rows_c, stride_wsn, K, nkb, k1, b1, k2, b2, C2: tl.constexpr, PREQ: tl.constexpr):
+    """Everything but the weight: x (or its codes) over both K chunks, their scales (PREQ) or zeros
+    (quantised later), the weight scales, the bias. C2 == 0: the second chunk repeats the first."""
+    x1 = tl.load(X + k1, mask=k1 < K, other=0.0)
+    ws1 = tl.load(WS + (rows_c // 128)[:, None] * stride_wsn + b1[None, :], mask=(b1 < nkb)[None, :], other=0.0)
+    s1 = tl.load(XS + b1, mask=b1 < nkb, other=0.0) if PREQ else tl.zeros(b1.shape, dtype=tl.float32)
+    x2, ws2, s2 = x1, ws1, s1
+    if C2 > 0:
+        x2 = tl.load(X + k2, mask=k2 < K, other=0.0)
+        ws2 = tl.load(WS + (rows_c // 128)[:, None] * stride_wsn + b2[None, :], mask=(b2 < nkb)[None, :], other=0.0)
+        s2 = tl.load(XS + b2, mask=b2 < nkb, other=0.0) if PREQ else tl.zeros(b2.shape, dtype=tl.float32)
+    bias = tl.load(BIAS + rows_c).to(tl.float32)
+    return x1, ws1, s1, x2, ws2, s2, bias
+
+
+@triton.jit
 def _gemv_oneshot_kernel(X, XS, W, WS, BIAS, Y, N, K, stride_wn, stride_wsn,
                          BLOCK_N: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, READ_ONLY: tl.constexpr,
                          X_FIRST: tl.constexpr, PREQ: tl.constexpr):
@@ -67,32 +83,14 @@ def _gemv_oneshot_kernel(X, XS, W, WS, BIAS, Y, N, K, stride_wn, stride_wsn,
     b2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
     k2 = b2[:, None] * 128 + offs_k[None, :]
     if X_FIRST:
-        x1 = tl.load(X + k1, mask=k1 < K, other=0.0)
-        ws1 = tl.load(WS + (rows_c // 128)[:, None] * stride_wsn + b1[None, :], mask=(b1 < nkb)[None, :], other=0.0)
-        if PREQ:
-            s1 = tl.load(XS + b1, mask=b1 < nkb, other=0.0)
-        if C2 > 0:
-            x2 = tl.load(X + k2, mask=k2 < K, other=0.0)
-            ws2 = tl.load(WS + (rows_c // 128)[:, None] * stride_wsn + b2[None, :], mask=(b2 < nkb)[None, :],
-                          other=0.0)
-            if PREQ:
-                s2 = tl.load(XS + b2, mask=b2 < nkb, other=0.0)
-        bias = tl.load(BIAS + rows_c).to(tl.float32)
+        x1, ws1, s1, x2, ws2, s2, bias = _gemv_x_side(X, XS, WS, BIAS, rows_c, stride_wsn, K, nkb, k1, b1, k2, b2,
+                                                      C2, PREQ)
     w1 = tl.load(W + rows_c[:, None, None] * stride_wn + k1[None, :, :], mask=(k1 < K)[None, :, :], other=0.0)
     if C2 > 0:
         w2 = tl.load(W + rows_c[:, None, None] * stride_wn + k2[None, :, :], mask=(k2 < K)[None, :, :], other=0.0)
     if not X_FIRST:
-        x1 = tl.load(X + k1, mask=k1 < K, other=0.0)
-        ws1 = tl.load(WS + (rows_c // 128)[:, None] * stride_wsn + b1[None, :], mask=(b1 < nkb)[None, :], other=0.0)
-        if PREQ:
-            s1 = tl.load(XS + b1, mask=b1 < nkb, other=0.0)
-        if C2 > 0:
-            x2 = tl.load(X + k2, mask=k2 < K, other=0.0)
-            ws2 = tl.load(WS + (rows_c // 128)[:, None] * stride_wsn + b2[None, :], mask=(b2 < nkb)[None, :],
-                          other=0.0)
-            if PREQ:
-                s2 = tl.load(XS + b2, mask=b2 < nkb, other=0.0)
-        bias = tl.load(BIAS + rows_c).to(tl.float32)
+        x1, ws1, s1, x2, ws2, s2, bias = _gemv_x_side(X, XS, WS, BIAS, rows_c, stride_wsn, K, nkb, k1, b1, k2, b2,
+                                                      C2, PREQ)
     if READ_ONLY:
         acc = tl.sum(tl.sum(w1.to(tl.float32), axis=2), axis=1)
         if C2 > 0:

@@ -328,6 +328,15 @@ def _quantize_e4m3(v, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _gpt_oss_activation(acc_g, acc_l, limit, alpha):
+    """gpt-oss's clamped SwiGLU on mlp1's fp32 gate / linear sums (every mlp1 kernel's epilogue):
+    gate clamped above at `limit`, linear to +-limit, gate * sigmoid(alpha * gate) * (linear + 1)."""
+    gate = tl.minimum(acc_g, limit)
+    lin = tl.minimum(tl.maximum(acc_l, -limit), limit)
+    return gate * tl.sigmoid(gate * alpha) * (lin + 1.0)
+
+
+@triton.jit
 def _round_to_bf16(v):
     """fp32 v rounded to the nearest bf16 value (ties to even), still fp32: the cast after it is
     exact. The interpreter's fp32 -> bf16 cast truncates; this keeps one code path (on a GPU
@@ -864,9 +873,7 @@ def _mlp1_kernel(
         b1_ptrs = B1 + expert * stride_b1_e + gate_rows
         acc_g += tl.load(b1_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         acc_l += tl.load(b1_ptrs + 1, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    gate = tl.minimum(acc_g, limit)
-    lin = tl.minimum(tl.maximum(acc_l, -limit), limit)
-    h = gate * tl.sigmoid(gate * alpha) * (lin + 1.0)
+    h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
     h = tl.where(ok, h, 0.0)
     if FUSED_REQUANT:
         GROUPS: tl.constexpr = BLOCK_N // 128
@@ -1117,9 +1124,7 @@ def _mlp1_gemv_kernel(
         b1_ptrs = B1 + expert * stride_b1_e + 2 * cols
         acc_g += tl.load(b1_ptrs, mask=c_ok, other=0.0).to(tl.float32)[None, :]
         acc_l += tl.load(b1_ptrs + 1, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    gate = tl.minimum(acc_g, limit)
-    lin = tl.minimum(tl.maximum(acc_l, -limit), limit)
-    h = gate * tl.sigmoid(gate * alpha) * (lin + 1.0)
+    h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
     ok = row_ok[:, None] & c_ok[None, :]
     q, scale = _quantize_e4m3(tl.where(ok, h, 0.0), 1)
     tl.store(HQ + rows[:, None] * inter + cols[None, :], q, mask=ok)

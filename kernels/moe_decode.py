@@ -65,6 +65,7 @@ from sglang_ext.kernels.moe import (
     FP8,
     QUANT_GROUP,
     _check_weights,
+    _gpt_oss_activation,
     _quantize_e4m3,
     _round_to_bf16,
     _uses_decode_front,
@@ -222,9 +223,7 @@ def _mlp1_oneshot_kernel(
         acc += bias
     # rows 2c, 2c+1 -> column c: gate, linear; `_mlp1_kernel`'s epilogue
     acc_g, acc_l = tl.split(tl.reshape(acc, [BLOCK_N, 2]))
-    gate = tl.minimum(acc_g, limit)
-    lin = tl.minimum(tl.maximum(acc_l, -limit), limit)
-    h = gate * tl.sigmoid(gate * alpha) * (lin + 1.0)
+    h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(HF + pair.to(tl.int64) * inter + cols, h, mask=cols < inter)
 

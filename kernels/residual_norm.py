@@ -50,8 +50,9 @@ def _residual_rms_norm_kernel(
     mean_sq = tl.sum(hf * hf, axis=0) / n_cols
     if SLICE > 0:
         # Every program of the row computes the same statistics (same loads, same reduction: same
-        # bits), then only its slice: at decode one program quantising a whole 2880-wide row
-        # waits ~3 us on its own divisions (H200, diag_decode_b1.md); 23 programs share it.
+        # bits), then only its slice: at decode one program quantising a whole 2880-wide row took
+        # 3.55 us a call against 1.98 unquantised (H200, diag_decode_b1.md); sliced over 23
+        # programs it takes 2.27.
         offs = tl.program_id(1) * SLICE + tl.arange(0, SLICE)
         ok = offs < n_cols
         h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)

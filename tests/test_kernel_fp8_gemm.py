@@ -435,6 +435,15 @@ def oneshot_sweep(device: str = "cpu") -> dict:
     if not torch.equal(y.view(1, 24), mod.fp8_linear(x, w, ws, b, config=picks[0])):
         raise AssertionError("the M = 1 pre-quantised pick differs from quantising x in it")
     check("oneshot heuristic", mod.fp8_linear(x, w, ws, b), x, w, ws, b)
+    if device == "cpu":
+        # the interpreter runs the heuristic's pick 16 rows wide (`_launch_oneshot`); a config
+        # unequal to the pick runs as given: hw_round is off in the interpreter anyway, so this is
+        # the pick's own tiles, and the bits must not change
+        from dataclasses import replace
+
+        narrow = mod.fp8_linear(x, w, ws, b, config=replace(picks[0], hw_round=False), x_quant=xq)
+        if picks[0].block_n >= mod.INTERPRETED_ONESHOT_BLOCK_N or not torch.equal(y.view(1, 24), narrow):
+            raise AssertionError("the interpreter's wide one-shot tiles changed the bits (or were not used)")
     # x_quant through the split-K GEMV kernels and the tiled GEMM: what they would have computed
     for m, n, k, cfg in ((3, 200, 320, G(64, 2)), (3, 200, 320, G(64, 2, x_once=True)),
                          (2, 72, 320, G(64, 2, x_once=True, use_dot=False)),
