@@ -13,6 +13,7 @@
 #   bash benchmarks/run_h200.sh final5    # (x2) session 5's committed grids, diagnosis and kernel tables
 #   bash benchmarks/run_h200.sh final5b   # (x2) sliced quantising norm + probe priority: TP1 decode, b1 diagnosis
 #   bash benchmarks/run_h200.sh final5c   # (x2) decode grid with the probe beside the LM head + probe gpu tests
+#   bash benchmarks/run_h200.sh pdl       # (x2) programmatic dependent launch: step time + bits | gpu tests with PDL on
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -145,6 +146,26 @@ final5c)  # (nvidia-h200-x2) the probe launched beside the LM head by default. L
         step gpu_test_probe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_kernel.py \
             tests/test_probe_tail.py tests/test_probe_step.py tests/test_probe_cuda_graph.py
         step bench_probe 100 python benchmarks/bench_probe.py --out "$R"
+    ) &
+    wait
+    ;;
+pdl)  # (nvidia-h200-x2) lane 0: diag_pdl (plain vs PDL graphs, bits, probe with PDL); lane 1: the gpu tests of
+      # every kernel that now launches as a programmatic dependent (PDL on: the default on sm90)
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        python -c "import triton; from triton.language.extra.cuda import gdc_wait; print('triton', triton.__version__)" \
+            > "$R/pdl_triton.txt" 2>&1
+        step diag_pdl 420 python benchmarks/diag_pdl.py --out "$R"
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step gpu_test_pdl 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
+        step gpu_test_fp8_gemm 150 python tests/test_kernel_fp8_gemm.py --gpu
+        step gpu_test_kernels 240 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py \
+            tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py tests/test_layers.py
+        step gpu_test_sink_attention 120 python tests/test_kernel_sink_attention.py --gpu
+        step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+        step gpu_test_probe_graph 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_cuda_graph.py
     ) &
     wait
     ;;

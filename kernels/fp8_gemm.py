@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
+from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.layers import fp8 as fp8_torch
 
 GROUP = 128  # the scale block along K (activations and weights) and along N (weights)
@@ -673,6 +674,26 @@ def _oneshot_store(C, acc, bias, row, M, N, offs_n, cols, stride_cm, stride_cn, 
 
 
 @triton.jit
+def _oneshot_x_rows(X, X_SCALE, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                    ROWS: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, QUANTIZE_X: tl.constexpr):
+    """`_oneshot_x` of rows 0..ROWS-1; the rows past ROWS repeat row 0 (never used)."""
+    xa0, sa0, xb0, sb0 = _oneshot_x(X, X_SCALE, 0, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                    C1, C2, QUANTIZE_X)
+    xa1, sa1, xb1, sb1 = xa0, sa0, xb0, sb0
+    xa2, sa2, xb2, sb2 = xa0, sa0, xb0, sb0
+    xa3, sa3, xb3, sb3 = xa0, sa0, xb0, sb0
+    if ROWS > 1:
+        xa1, sa1, xb1, sb1 = _oneshot_x(X, X_SCALE, 1, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                        C1, C2, QUANTIZE_X)
+    if ROWS > 2:
+        xa2, sa2, xb2, sb2 = _oneshot_x(X, X_SCALE, 2, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                        C1, C2, QUANTIZE_X)
+        xa3, sa3, xb3, sb3 = _oneshot_x(X, X_SCALE, 3, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
+                                        C1, C2, QUANTIZE_X)
+    return xa0, sa0, xb0, sb0, xa1, sa1, xb1, sb1, xa2, sa2, xb2, sb2, xa3, sa3, xb3, sb3
+
+
+@triton.jit
 def _fp8_gemv_oneshot_kernel(
     X, X_SCALE, W, W_SCALE, BIAS, C,
     M, N, K,
@@ -687,6 +708,7 @@ def _fp8_gemv_oneshot_kernel(
     HW_ROUND: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ROUND_BF16: tl.constexpr,
+    USE_PDL: tl.constexpr,  # kernels/pdl.py: the weight side before the wait, x after it
 ):
     """Decode (M <= 4), one shot: program p owns weight rows [p BLOCK_N, p BLOCK_N + BLOCK_N) and
     ALL of K: no K loop, no split, so no fp32 partials, no arrival counter and no last-arriver
@@ -701,17 +723,11 @@ def _fp8_gemv_oneshot_kernel(
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = (offs_n % N).to(tl.int64)  # past the N edge: reload a real row, dropped at the store
-    # the x side first: its latency overlaps the weight's instead of following it
-    xa0, sa0, xb0, sb0 = _oneshot_x(X, X_SCALE, 0, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
-                                    C1, C2, QUANTIZE_X)
-    if ROWS > 1:
-        xa1, sa1, xb1, sb1 = _oneshot_x(X, X_SCALE, 1, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
-                                        C1, C2, QUANTIZE_X)
-    if ROWS > 2:
-        xa2, sa2, xb2, sb2 = _oneshot_x(X, X_SCALE, 2, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
-                                        C1, C2, QUANTIZE_X)
-        xa3, sa3, xb3, sb3 = _oneshot_x(X, X_SCALE, 3, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk,
-                                        C1, C2, QUANTIZE_X)
+    # the x side first: its latency overlaps the weight's instead of following it (with PDL x is
+    # the previous kernel's output, so it comes after the weight slab and the wait instead)
+    if not USE_PDL:
+        xa0, sa0, xb0, sb0, xa1, sa1, xb1, sb1, xa2, sa2, xb2, sb2, xa3, sa3, xb3, sb3 = _oneshot_x_rows(
+            X, X_SCALE, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk, ROWS, C1, C2, QUANTIZE_X)
     offs_k = tl.arange(0, 128)
     ba = tl.arange(0, C1)
     ka = ba[:, None] * 128 + offs_k[None, :]
@@ -730,6 +746,10 @@ def _fp8_gemv_oneshot_kernel(
         wb = tl.load(w_rows + kb[None, :, :] * stride_wk, mask=(kb < K)[None, :, :], other=0.0)
     else:
         wsb = wsa
+    if USE_PDL:
+        pdl_wait_then_release(USE_PDL)
+        xa0, sa0, xb0, sb0, xa1, sa1, xb1, sb1, xa2, sa2, xb2, sb2, xa3, sa3, xb3, sb3 = _oneshot_x_rows(
+            X, X_SCALE, M, K, stride_xm, stride_xk, stride_xsm, stride_xsk, ROWS, C1, C2, QUANTIZE_X)
     acc = _oneshot_row(wa, wsa, xa0, sa0, wb, wsb, xb0, sb0, C2, QUANTIZE_X, HW_ROUND)
     _oneshot_store(C, acc, bias, 0, M, N, offs_n, cols, stride_cm, stride_cn, HAS_BIAS, ROUND_BF16)
     if ROWS > 1:
@@ -1163,6 +1183,7 @@ def _launch_oneshot(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfi
             ROWS=triton.next_power_of_2(rows), BLOCK_N=bn, C1=c1, C2=c2, QUANTIZE_X=quantize_x,
             HW_ROUND=cfg.hw_round and not _interpreted(), HAS_BIAS=bias is not None,
             ROUND_BF16=_interpreted() and out.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+            **pdl_launch_kwargs(x.device, rows),
         )
     return out
 

@@ -88,6 +88,7 @@ from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
+from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.layers.fp8 import (
     BLOCK as QUANT_GROUP,
     dequantize_activation_group128,
@@ -648,6 +649,7 @@ def _decode_front_kernel(
     QUANT_BLOCK_T: tl.constexpr,
     BLOCK_M: tl.constexpr,
     TORCH_CPU_SOFTMAX: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: the router rows before the wait, x after it
 ):
     # Programs 0 .. R-1 each read EXPERTS_PER_PROGRAM router rows over one BLOCK_K slice of H
     # (R = 96 for both gpt-oss sizes: the 737 KB of a 128-expert router is in flight at once on
@@ -662,10 +664,14 @@ def _decode_front_kernel(
         token_ok = tokens < num_tokens
         cols = split * BLOCK_K + tl.arange(0, BLOCK_K)
         col_ok = cols < hidden
-        xv = tl.load(X + tokens.to(tl.int64)[:, None] * stride_x + cols[None, :],
-                     mask=token_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         offs_j = tl.arange(0, EXPERTS_PER_PROGRAM)
         experts = first_expert + offs_j
+        if USE_PDL and not ROW_LOOP:
+            rows = tl.load(RW + experts.to(tl.int64)[:, None] * stride_rw + cols[None, :],
+                           mask=(experts < num_experts)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        pdl_wait_then_release(USE_PDL)
+        xv = tl.load(X + tokens.to(tl.int64)[:, None] * stride_x + cols[None, :],
+                     mask=token_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         if ROW_LOOP:
             # a row at a time: [16, EPP, BLOCK_K] products would not fit in registers
             acc = tl.zeros([T_PAD, EXPERTS_PER_PROGRAM], tl.float32)
@@ -675,8 +681,9 @@ def _decode_front_kernel(
                 dot = tl.sum(xv * row.to(tl.float32)[None, :], axis=1)  # bf16 products are exact in fp32
                 acc = tl.where(offs_j[None, :] == j, dot[:, None], acc)
         else:
-            rows = tl.load(RW + experts.to(tl.int64)[:, None] * stride_rw + cols[None, :],
-                           mask=(experts < num_experts)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            if not USE_PDL:
+                rows = tl.load(RW + experts.to(tl.int64)[:, None] * stride_rw + cols[None, :],
+                               mask=(experts < num_experts)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
             acc = tl.sum(xv[:, None, :] * rows[None, :, :], axis=2)
         tl.store(PART + (split * num_tokens + tokens[:, None]) * num_experts + experts[None, :], acc,
                  mask=token_ok[:, None] & (experts < num_experts)[None, :])
@@ -715,6 +722,7 @@ def _decode_front_kernel(
             _sort_few_pairs(top_i, tokens, num_tokens, expert_offset, num_local, max_blocks, SORTED_PAIRS,
                             BLOCK_EXPERT, TOP_K, K_PAD, T_PAD, BLOCK_M)
     else:
+        pdl_wait_then_release(USE_PDL)
         _quantize_x_column(pid - num_router, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T)
 
 
@@ -1559,7 +1567,7 @@ def _decode_front(x, router_weight, router_bias, top_k, sort, tiling=None):
         EXPERTS_PER_PROGRAM=tiling.experts, BLOCK_K=tiling.block_k, NUM_SPLITS=tiling.splits,
         ROW_LOOP=tiling.row_loop, HAS_BIAS=router_bias is not None,
         QUANT_BLOCK_T=QUANT_BLOCK_T, BLOCK_M=block_m, TORCH_CPU_SOFTMAX=dev.type == "cpu",
-        num_warps=8 if t_pad > 4 else 4,
+        num_warps=8 if t_pad > 4 else 4, **pdl_launch_kwargs(dev, t),
     )
     return (weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks), logits
 

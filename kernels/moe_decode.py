@@ -73,6 +73,7 @@ from sglang_ext.kernels.moe import (
     moe_ref,
     route_and_quantize,
 )
+from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.layers.moe import SWIGLU_ALPHA
 
 __all__ = ["OneshotConfig", "DEFAULT_ONESHOT", "oneshot_variants", "fused_moe_decode_oneshot",
@@ -178,7 +179,9 @@ def _mlp1_oneshot_kernel(
     C1: tl.constexpr,  # K blocks of the first load (a power of two)
     C2: tl.constexpr,  # K blocks of the second (a power of two, or 0), masked past H
     HAS_B1: tl.constexpr,
+    USE_PDL: tl.constexpr,  # kernels/pdl.py: the expert ids are the previous launch's output: nothing before the wait
 ):
+    pdl_wait_then_release(USE_PDL)
     pair = tl.program_id(0)
     tile = tl.program_id(1)
     expert = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
@@ -229,8 +232,9 @@ def _mlp1_oneshot_kernel(
 
 
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
-def _quantize_h_kernel(HF, HQ, HS, TOPK_IDS, inter, expert_offset, num_local):
+def _quantize_h_kernel(HF, HQ, HS, TOPK_IDS, inter, expert_offset, num_local, USE_PDL: tl.constexpr):
     """Program (pair, group): one 1x128 group of h to e4m3 + its scale (`_quantize_e4m3`)."""
+    pdl_wait_then_release(USE_PDL)
     pair = tl.program_id(0)
     g = tl.program_id(1)
     expert = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
@@ -242,6 +246,27 @@ def _quantize_h_kernel(HF, HQ, HS, TOPK_IDS, inter, expert_offset, num_local):
     q, scale = _quantize_e4m3(tl.load(HF + offs, mask=ok, other=0.0), 1)  # [1, 128], [1]
     tl.store(HQ + offs, q, mask=ok)
     tl.store(HS + pair.to(tl.int64) * ((inter + 127) // 128) + g + tl.arange(0, 1), scale)
+
+
+@triton.jit
+def _mlp2_h_side(HQ, HS, HF, h_ptrs, hs_ptrs, k1, kb1, h_ok1, s_ok1, k2, kb2, h_ok2, s_ok2,
+                 C2: tl.constexpr, QUANT_H: tl.constexpr):
+    """Every pair's h over the K blocks of both loads: (codes, scales) x 2, or (fp32 h, unused) x 2
+    with QUANT_H; C2 == 0: the second pair repeats the first (never used)."""
+    if QUANT_H:
+        ha1 = tl.load(HF + h_ptrs + k1[None, :, :], mask=h_ok1, other=0.0)
+        hb1 = tl.zeros_like(s_ok1.to(tl.float32))
+    else:
+        ha1 = tl.load(HQ + h_ptrs + k1[None, :, :], mask=h_ok1, other=0.0)
+        hb1 = tl.load(hs_ptrs + kb1[None, :], mask=s_ok1, other=0.0)
+    ha2, hb2 = ha1, hb1
+    if C2 > 0:
+        if QUANT_H:
+            ha2 = tl.load(HF + h_ptrs + k2[None, :, :], mask=h_ok2, other=0.0)
+        else:
+            ha2 = tl.load(HQ + h_ptrs + k2[None, :, :], mask=h_ok2, other=0.0)
+            hb2 = tl.load(hs_ptrs + kb2[None, :], mask=s_ok2, other=0.0)
+    return ha1, hb1, ha2, hb2
 
 
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
@@ -262,6 +287,7 @@ def _mlp2_combine_oneshot_kernel(
     HAS_B2: tl.constexpr,
     QUANT_H: tl.constexpr,  # h arrives fp32 and is quantised here (else e4m3 + scales)
     STORE_Y: tl.constexpr,
+    USE_PDL: tl.constexpr,  # kernels/pdl.py: ids (two launches back) and the slab before the wait, h after
 ):
     token = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -283,23 +309,17 @@ def _mlp2_combine_oneshot_kernel(
     h_ptrs = pairs[:, None, None] * inter
     hs_ptrs = HS + pairs[:, None] * num_kb
     ws_ptrs = W2S + expert[:, None] * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n  # one 128-row block
-    # h and the scales of every pair first, then every pair's slab
-    if QUANT_H:
-        hf1 = tl.load(HF + h_ptrs + k1[None, :, :], mask=h_ok1, other=0.0)
-    else:
-        hq1 = tl.load(HQ + h_ptrs + k1[None, :, :], mask=h_ok1, other=0.0)
-        hs1 = tl.load(hs_ptrs + kb1[None, :], mask=s_ok1, other=0.0)
+    kb2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
+    k2 = kb2[:, None] * 128 + offs_k[None, :]
+    h_ok2 = local[:, None, None] & (k2 < inter)[None, :, :]
+    s_ok2 = local[:, None] & (kb2 < num_kb)[None, :]
+    # h and the scales of every pair first, then every pair's slab (with PDL h is the previous
+    # launch's output: it follows the slab and the wait)
+    if not USE_PDL:
+        ha1, hb1, ha2, hb2 = _mlp2_h_side(HQ, HS, HF, h_ptrs, hs_ptrs, k1, kb1, h_ok1, s_ok1, k2, kb2, h_ok2, s_ok2,
+                                          C2, QUANT_H)
     ws1 = tl.load(ws_ptrs + kb1[None, :], mask=s_ok1, other=0.0)
     if C2 > 0:
-        kb2 = C1 + tl.arange(0, C2)
-        k2 = kb2[:, None] * 128 + offs_k[None, :]
-        h_ok2 = local[:, None, None] & (k2 < inter)[None, :, :]
-        s_ok2 = local[:, None] & (kb2 < num_kb)[None, :]
-        if QUANT_H:
-            hf2 = tl.load(HF + h_ptrs + k2[None, :, :], mask=h_ok2, other=0.0)
-        else:
-            hq2 = tl.load(HQ + h_ptrs + k2[None, :, :], mask=h_ok2, other=0.0)
-            hs2 = tl.load(hs_ptrs + kb2[None, :], mask=s_ok2, other=0.0)
         ws2 = tl.load(ws_ptrs + kb2[None, :], mask=s_ok2, other=0.0)
     if HAS_B2:
         bias = tl.load(B2 + expert[:, None] * stride_b2_e + rows_c[None, :], mask=local[:, None],
@@ -308,10 +328,16 @@ def _mlp2_combine_oneshot_kernel(
     w1 = tl.load(w_rows[:, :, None, None] + k1[None, None, :, :], mask=h_ok1[:, None, :, :], other=0.0)
     if C2 > 0:
         w2 = tl.load(w_rows[:, :, None, None] + k2[None, None, :, :], mask=h_ok2[:, None, :, :], other=0.0)
+    if USE_PDL:
+        pdl_wait_then_release(USE_PDL)
+        ha1, hb1, ha2, hb2 = _mlp2_h_side(HQ, HS, HF, h_ptrs, hs_ptrs, k1, kb1, h_ok1, s_ok1, k2, kb2, h_ok2, s_ok2,
+                                          C2, QUANT_H)
     if QUANT_H:  # masked groups are all zero: scale 1, codes 0
-        hq1, hs1 = _quantize_e4m3(hf1, 2)
+        hq1, hs1 = _quantize_e4m3(ha1, 2)
         if C2 > 0:
-            hq2, hs2 = _quantize_e4m3(hf2, 2)
+            hq2, hs2 = _quantize_e4m3(ha2, 2)
+    else:
+        hq1, hs1, hq2, hs2 = ha1, hb1, ha2, hb2
     d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[:, None, :, :], axis=3)  # [K_PAD, BLOCK_N, C1]
     y = tl.sum(d1 * (hs1 * ws1)[:, None, :], axis=2)  # [K_PAD, BLOCK_N]
     if C2 > 0:
@@ -352,7 +378,8 @@ def quantize_h(h: torch.Tensor, topk_ids: torch.Tensor, expert_offset: int = 0, 
     hq = torch.empty((num_pairs, inter), dtype=FP8, device=h.device) if hq is None else hq
     hs = torch.empty((num_pairs, groups), dtype=torch.float32, device=h.device) if hs is None else hs
     if num_pairs:
-        _quantize_h_kernel[(num_pairs, groups)](h, hq, hs, ids, inter, expert_offset, num_local, num_warps=1)
+        _quantize_h_kernel[(num_pairs, groups)](h, hq, hs, ids, inter, expert_offset, num_local, num_warps=1,
+                                                **pdl_launch_kwargs(h.device, ids.numel() // topk_ids.shape[-1]))
     return hq, hs
 
 
@@ -434,7 +461,7 @@ def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offs
         w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
         b1.stride(0) if b1 is not None else 0,
         TOP_K=ids.shape[-1], BLOCK_N=config.mlp1_block_n, C1=c1, C2=c2, HAS_B1=b1 is not None,
-        num_warps=config.mlp1_warps,
+        num_warps=config.mlp1_warps, **pdl_launch_kwargs(h.device, num_pairs // ids.shape[-1]),
     )
 
 
@@ -452,7 +479,7 @@ def launch_mlp2_combine(hq, hs, h, weights, ids, w2, w2_scale_inv, b2, out, expe
         b2.stride(0) if b2 is not None else 0,
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), BLOCK_N=config.mlp2_block_n, C1=c1, C2=c2,
         HAS_B2=b2 is not None, QUANT_H=config.quant_in_mlp2, STORE_Y=pair_out is not None,
-        num_warps=config.mlp2_warps,
+        num_warps=config.mlp2_warps, **pdl_launch_kwargs(out.device, num_tokens),
     )
 
 

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .fp8_gemm import GROUP, _interpreted, _quantize_tile, _round_to_bf16_grid, quantize_activation_group128_ref
+from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
 @triton.jit
@@ -35,7 +36,9 @@ def _residual_rms_norm_kernel(
     QUANTIZE: tl.constexpr,  # also x_out's e4m3 codes and 1x128 scales (BLOCK >= 128)
     HW_ROUND: tl.constexpr,  # compiled only: the cast rounds to e4m3 (see fp8_gemm._quantize_tile)
     ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
+    USE_PDL: tl.constexpr,  # kernels/pdl.py
 ):
+    pdl_wait_then_release(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < n_cols
@@ -148,7 +151,7 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
         HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block, SLICE=slice_cols,
         QUANTIZE=quantize, HW_ROUND=not _interpreted(),
         ROUND_BF16=_interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
-        num_warps=8 if block >= 4096 else 4,
+        num_warps=8 if block >= 4096 else 4, **pdl_launch_kwargs(h.device, t),
     )
     return (h_out, x_out, quant) if quantize else (h_out, x_out)
 

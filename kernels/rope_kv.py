@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .fp8_gemm import _interpreted, _round_to_bf16_grid
+from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
 @triton.jit
@@ -43,6 +44,7 @@ def _rope_kv_kernel(
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: cos/sin (gathered at the step's start) before the wait
 ):
     """grid (tokens, cdiv(Hq, BLOCK_H) + cdiv(Hkv, BLOCK_H)): BLOCK_H heads of one token per
     program; the first programs rotate q heads, the rest rotate k heads and copy v heads."""
@@ -52,6 +54,7 @@ def _rope_kv_kernel(
     offs_d = tl.arange(0, HALF)
     cos = tl.load(COS_SIN + t * stride_cs + offs_d)
     sin = tl.load(COS_SIN + t * stride_cs + HALF + offs_d)
+    pdl_wait_then_release(USE_PDL)
     if hb < q_blocks:
         heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         mask = (heads < num_q_heads)[:, None]
@@ -114,6 +117,7 @@ def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: to
         v_cache.stride(1),
         HALF=d // 2, BLOCK_H=block_h, num_warps=1 if d * block_h <= 1024 else 4,
         ROUND_BF16=_interpreted() and torch.bfloat16 in (q_out.dtype, k_cache.dtype),
+        **pdl_launch_kwargs(q.device, t),
     )
     return q_out
 

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
+from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp2 is one instruction
 MAX_SPLITS = 256
@@ -433,11 +434,13 @@ def _sink_decode_merge_kernel(
     PART_O, PART_LSE, SINKS, OUT, SEQ_LENS, stride_ot, stride_oh, window_left, num_splits, min_split_blocks,
     GROUP: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     S_CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr, SPECULATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """The merge as a second launch, one program per (request, kv head, HEADS q heads of its group): when
     no arrival counters can be had (first call inside a CUDA-graph capture), or where decode_config
     measured it faster. Few heads per program when splits are many: at batch 1 one program per q head
     spreads the partials' reads over 64 SMs instead of looping over them on 8."""
+    pdl_wait_then_release(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     head0 = tl.program_id(2) * HEADS
@@ -520,6 +523,7 @@ def _sink_decode_oneshot_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, MARK_EMPTY: tl.constexpr, V_LATE: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """The one-shot decode (DecodeConfig.oneshot): one (request, kv head, split) whose split is one chunk of
     CHUNK keys, read without a loop, as three dependent trips to memory: the request's row and length; the
@@ -543,6 +547,16 @@ def _sink_decode_oneshot_kernel(
     seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
     req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
     k_lo, k_hi, n_used = _split_range(seq_len, window_left, split, num_splits, min_split_blocks, CHUNK)
+    tok_base = REQ_TO_TOKEN + req_row * stride_r2t
+    koff = kv_head * stride_kh
+    voff = kv_head * stride_vh
+    if USE_PDL:
+        # kernels/pdl.py: the request's row, length and slot ids are written before the step (two or
+        # more launches back), so the first two trips overlap the previous kernel; K/V (the newest
+        # key is the previous kernel's) and q after the wait
+        k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo, k_hi,
+                                             D, CHUNK, HAS_SLOT_MAP)
+        pdl_wait_then_release(USE_PDL)
     if split >= n_used:
         if MARK_EMPTY:
             offs_g = tl.arange(0, GROUP_PAD)
@@ -551,11 +565,9 @@ def _sink_decode_oneshot_kernel(
         return
     single = n_used == 1
 
-    tok_base = REQ_TO_TOKEN + req_row * stride_r2t
-    koff = kv_head * stride_kh
-    voff = kv_head * stride_vh
-    k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo, k_hi,
-                                         D, CHUNK, HAS_SLOT_MAP)
+    if not USE_PDL:
+        k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo,
+                                             k_hi, D, CHUNK, HAS_SLOT_MAP)
     k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
@@ -890,7 +902,7 @@ def launch_merge(part_o: torch.Tensor, part_lse: torch.Tensor, sinks: Optional[t
         part_o, part_lse, sinks if sinks is not None else out, out, seq_lens, out.stride(0), out.stride(1),
         int(window_left), splits, config.min_split_blocks,
         GROUP=group, HEADS=heads, D=d, BLOCK_N=config.block_n, S_CHUNK=chunk, HAS_SINKS=sinks is not None,
-        SPECULATE=chunk >= splits, num_warps=num_warps,
+        SPECULATE=chunk >= splits, num_warps=num_warps, **pdl_launch_kwargs(out.device, batch),
     )
 
 
@@ -979,7 +991,7 @@ def sink_attention_decode(
             MARK_EMPTY=splits > 1 and _merge_tile(config, group, d, 4, fused=False)[1] >= splits,
             V_LATE=config.v_late, HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
             DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype), num_warps=config.num_warps,
-            num_stages=config.num_stages,
+            num_stages=config.num_stages, **pdl_launch_kwargs(q.device, batch),
         )
         if splits > 1:
             launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)

@@ -1,0 +1,135 @@
+"""Programmatic dependent launch (kernels/pdl.py) on the gpt-oss decode step: time and bits.
+
+    python benchmarks/diag_pdl.py --out benchmarks/results [--models 120b,20b] [--batches 1,4,8]
+
+For each model and batch (context 8192, one GPU, the model-step harness) the step is captured
+twice from the same model and inputs, once with every PDL-capable kernel launched plainly and
+once as programmatic dependents, and the two graphs are replayed alternately (paired rounds, as
+bench_decode times the probe). Reported: both medians, the median of the per-round differences
+with its quartiles, and whether the PDL graph's logits equal the plain graph's bit for bit on
+every one of `--check` replays (a kernel that read its predecessor's output before its wait
+would show up here as a mismatch). At batch 1 the probe's overhead is measured again with PDL on
+(paired graphs, 100 rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+
+
+def paired(graph_a, graph_b, rounds: int, reps: int = 3):
+    """(median a, median b, median b - a, (q1, q3) of b - a), seconds per replay."""
+    a_times, b_times = [], []
+    for g in (graph_a, graph_b, graph_a, graph_b):
+        g.replay()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for g, times in ((graph_a, a_times), (graph_b, b_times)):
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            for _ in range(reps):
+                g.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / reps)
+    diffs = [b - a for a, b in zip(a_times, b_times)]
+    q1, _, q3 = statistics.quantiles(diffs, n=4)
+    return statistics.median(a_times), statistics.median(b_times), statistics.median(diffs), (q1, q3)
+
+
+def step_row(model_name: str, batch: int, context: int, rounds: int, check: int, probe: bool) -> dict:
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels.pdl import set_pdl
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    outs = {}
+    graphs = {}
+    for pdl in (False, True):
+        set_pdl(pdl)
+        graphs[pdl] = bc.capture_graph(lambda pdl=pdl: outs.__setitem__(pdl, model.forward(**inputs)))
+    set_pdl(None)
+    graphs[False].replay()
+    torch.cuda.synchronize()
+    reference = outs[False].clone()
+    mismatches = 0
+    for _ in range(check):
+        graphs[True].replay()
+        torch.cuda.synchronize()
+        mismatches += int(not torch.equal(outs[True], reference))
+    off, on, diff, (q1, q3) = paired(graphs[False], graphs[True], rounds)
+    row = {"model": model_name, "batch": batch, "context": context, "plain_us": off * 1e6, "pdl_us": on * 1e6,
+           "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
+           "tok_s_plain": batch / off, "tok_s_pdl": batch / on, "bit_checks": check,
+           "bit_mismatches": mismatches}
+    graphs.clear()
+    outs.clear()
+    if probe:
+        from bench_decode import time_decode_probe_pair
+
+        set_pdl(True)
+        spread: dict = {}
+        p_off, p_on, p_diff = time_decode_probe_pair(model, context, rounds=100, spread=spread)
+        set_pdl(None)
+        row["probe_with_pdl"] = {"off_us": p_off * 1e6, "on_us": p_on * 1e6, "overhead_us": p_diff * 1e6,
+                                 "overhead_pct": 100 * p_diff / p_off,
+                                 "iqr_us": [spread["q1_s"] * 1e6, spread["q3_s"] * 1e6]}
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def markdown(meta: dict, rows: list) -> str:
+    lines = [f"# Programmatic dependent launch on the decode step ({meta.get('gpu', 'GPU')})", "",
+             f"`{meta['command']}` — {meta.get('date', '')}", "",
+             "Same model, inputs and kernels captured twice: plain launches vs programmatic dependents "
+             "(kernels/pdl.py). Paired rounds of 3 replays each; diff = PDL - plain (median of the "
+             "per-round differences, quartiles in brackets). Bits: the PDL graph's logits against the "
+             "plain graph's on every check replay.", "",
+             bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"]),
+                           "bits": f"{r['bit_checks'] - r['bit_mismatches']}/{r['bit_checks']} equal"} for r in rows],
+                         [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
+                          ("plain us", "plain_us", "{:.1f}"), ("PDL us", "pdl_us", "{:.1f}"),
+                          ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None), ("diff %", "diff_pct", "{:+.2f}"),
+                          ("tok/s plain", "tok_s_plain", "{:.0f}"), ("tok/s PDL", "tok_s_pdl", "{:.0f}"),
+                          ("bits", "bits", None)]), ""]
+    for r in rows:
+        p = r.get("probe_with_pdl")
+        if p:
+            lines.append(f"- {r['model']} batch {r['batch']}: probe overhead with PDL on {p['overhead_us']:.1f} us = "
+                         f"{p['overhead_pct']:.2f} % of {p['off_us']:.1f} us (IQR {p['iqr_us'][0]:.1f}..{p['iqr_us'][1]:.1f} us, "
+                         "100 paired rounds)")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--models", default="120b,20b")
+    ap.add_argument("--batches", default="1,4,8")
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--check", type=int, default=50)
+    args = ap.parse_args()
+    bc.import_project()
+    meta = bc.run_meta("python benchmarks/diag_pdl.py " + " ".join(sys.argv[1:]))
+    rows = []
+    for m in args.models.split(","):
+        for b in (int(x) for x in args.batches.split(",")):
+            rows.append(step_row(m, b, args.context, args.rounds, args.check, probe=b == 1))
+            print(rows[-1], flush=True)
+    bc.write_results(args.out, "diag_pdl", meta, rows, markdown(meta, rows))
+    print(markdown(meta, rows))
+
+
+if __name__ == "__main__":
+    main()

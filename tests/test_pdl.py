@@ -1,0 +1,70 @@
+"""Programmatic dependent launch (kernels/pdl.py): off where it cannot run, and on a GPU the
+decode step's bits do not depend on it.
+
+Oracle for the GPU test: the same harness step captured with plain launches. Every kernel only
+changes *when* its loads are issued under PDL, never its arithmetic, so the logits must be equal
+bit for bit; a kernel that read its predecessor's output before its wait would differ (on some
+replays: the test replays many times)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+
+from sglang_ext.kernels import pdl
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+
+def test_pdl_is_off_on_cpu_and_under_the_interpreter(monkeypatch):
+    assert pdl.pdl_launch_kwargs(torch.device("cpu"), 1) == {"USE_PDL": False, "launch_pdl": False}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pdl.set_pdl(True)  # a forced "on" still cannot run inline PTX in the interpreter
+    try:
+        assert not pdl.pdl_enabled(torch.device("cuda"))
+    finally:
+        pdl.set_pdl(None)
+
+
+@pytest.mark.gpu
+def test_pdl_only_for_the_one_shot_row_counts():
+    assert pdl.pdl_launch_kwargs(torch.device("cuda"), pdl.PDL_MAX_ROWS)["launch_pdl"] == pdl.pdl_enabled(
+        torch.device("cuda"))
+    assert pdl.pdl_launch_kwargs(torch.device("cuda"), pdl.PDL_MAX_ROWS + 1) == {"USE_PDL": False, "launch_pdl": False}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_step_bits_equal_with_and_without_pdl(batch):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm90+")
+    import bench_common as bc
+    from model_step import GPT_OSS_20B, ModelStep, Sharding
+
+    torch.manual_seed(0)
+    # three layers: sliding and full attention, the MoE, the norms' quantisation, all at real width
+    dims = dataclasses.replace(GPT_OSS_20B, num_layers=3, probe_layers=(0, 1, 2))
+    model = ModelStep(dims, Sharding(1, 1, 1, 0), batch=batch, context=4096)
+    inputs = model.decode_inputs(4096)
+    outs, graphs = {}, {}
+    try:
+        for use in (False, True):
+            pdl.set_pdl(use)
+            graphs[use] = bc.capture_graph(lambda use=use: outs.__setitem__(use, model.forward(**inputs)))
+    finally:
+        pdl.set_pdl(None)
+    graphs[False].replay()
+    torch.cuda.synchronize()
+    reference = outs[False].clone()
+    assert torch.isfinite(reference.float()).all()
+    for i in range(100):
+        graphs[True].replay()
+        if i % 10 == 0:  # back-to-back replays in between: the early starts overlap real work
+            torch.cuda.synchronize()
+            assert torch.equal(outs[True], reference), f"replay {i}"
+    torch.cuda.synchronize()
+    assert torch.equal(outs[True], reference)
