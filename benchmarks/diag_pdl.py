@@ -45,7 +45,55 @@ def paired(graph_a, graph_b, rounds: int, reps: int = 3):
     return statistics.median(a_times), statistics.median(b_times), statistics.median(diffs), (q1, q3)
 
 
-def step_row(model_name: str, batch: int, context: int, rounds: int, check: int, probe: bool) -> dict:
+def critical_path(graph, replays: int = 5) -> list[dict]:
+    """Where a PDL replay's time goes: kernels overlap under PDL, so a kernel's own duration
+    says little; its increment end(i) - end(i-1) over the previous kernel in time order is what
+    it adds to the step (the critical path), summed per kernel name over the replays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = []
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        start = evt.time_range.start
+        end = evt.time_range.end
+        if end > start:
+            kernels.append((end, start, evt.name[:90]))
+    kernels.sort()
+    by_name: dict[str, dict] = {}
+    prev_end = None
+    for end, start, name in kernels:
+        inc = end - (prev_end if prev_end is not None and prev_end > start else start)
+        prev_end = max(prev_end or end, end)
+        r = by_name.setdefault(name, {"name": name, "calls": 0, "increment_us": 0.0, "duration_us": 0.0})
+        r["calls"] += 1
+        r["increment_us"] += max(inc, 0.0)
+        r["duration_us"] += end - start
+    rows = sorted(by_name.values(), key=lambda r: -r["increment_us"])
+    for r in rows:
+        r["calls"] /= replays
+        r["increment_us"] /= replays
+        r["duration_us"] /= replays
+        r["per_call"] = r["increment_us"] / max(r["calls"], 1e-9)
+    return rows
+
+
+def table_with_mlp2_per_pair(block_n: int, warps: int):
+    """The MoE table with its one-shot rows' mlp2 as the per-pair kernel of this tile."""
+    from dataclasses import replace
+
+    from sglang_ext.kernels import moe
+
+    return tuple((t, replace(c, mlp2_block_n=block_n, mlp2_warps=warps, mlp2_per_pair=True) if c.oneshot else c)
+                 for t, c in moe.H200_HIDDEN_2880_CONFIGS)
+
+
+def step_row(model_name: str, batch: int, context: int, rounds: int, check: int, probe: bool,
+             mlp2_variants: tuple = ()) -> dict:
     from model_step import MODELS, ModelStep, Sharding
 
     from sglang_ext.kernels.pdl import set_pdl
@@ -71,6 +119,27 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
            "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
            "tok_s_plain": batch / off, "tok_s_pdl": batch / on, "bit_checks": check,
            "bit_mismatches": mismatches}
+    if batch == 1:
+        row["critical_path"] = critical_path(graphs[True])
+    # MoE one-shot mlp2 as the per-pair kernel (kernels/moe_decode.py), PDL on, against the table's
+    from sglang_ext.kernels import moe
+
+    table = moe.H200_HIDDEN_2880_CONFIGS
+    row["mlp2_per_pair"] = []
+    for block_n, warps in mlp2_variants:
+        moe.H200_HIDDEN_2880_CONFIGS = table_with_mlp2_per_pair(block_n, warps)
+        holder = {}
+        try:
+            set_pdl(True)
+            g = bc.capture_graph(lambda: holder.__setitem__("out", model.forward(**inputs)))
+        finally:
+            set_pdl(None)
+            moe.H200_HIDDEN_2880_CONFIGS = table
+        base, var, d, (v1, v3) = paired(graphs[True], g, rounds)
+        row["mlp2_per_pair"].append({"tile": f"n{block_n}/w{warps}", "table_us": base * 1e6, "variant_us": var * 1e6,
+                                     "diff_us": d * 1e6, "iqr_us": [v1 * 1e6, v3 * 1e6],
+                                     "logits_equal": (holder["out"] == outs[True]).float().mean().item()})
+        del g
     graphs.clear()
     outs.clear()
     if probe:
@@ -108,6 +177,29 @@ def markdown(meta: dict, rows: list) -> str:
             lines.append(f"- {r['model']} batch {r['batch']}: probe overhead with PDL on {p['overhead_us']:.1f} us = "
                          f"{p['overhead_pct']:.2f} % of {p['off_us']:.1f} us (IQR {p['iqr_us'][0]:.1f}..{p['iqr_us'][1]:.1f} us, "
                          "100 paired rounds)")
+    pp = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
+          for r in rows for v in r.get("mlp2_per_pair", [])]
+    if pp:
+        lines += ["", "## MoE one-shot mlp2 per pair (kernels/moe_decode.py) vs the table's, PDL on", "",
+                  "Paired rounds against the table's graph of the same model; logits equal = fraction of "
+                  "equal logits (the per-pair kernel sums each output row in its own tile layout).", "",
+                  bc.md_table(pp, [("model", "model", None), ("batch", "batch", None), ("mlp2 tile", "tile", None),
+                                   ("table us", "table_us", "{:.1f}"), ("per-pair us", "variant_us", "{:.1f}"),
+                                   ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None),
+                                   ("logits equal", "logits_equal", "{:.3f}")])]
+    for r in rows:
+        cp = r.get("critical_path")
+        if cp:
+            total = sum(k["increment_us"] for k in cp)
+            lines += ["", f"## {r['model']} batch {r['batch']}: the PDL step's critical path (profiler, "
+                      f"{total:.0f} us of increments)", "",
+                      "Increment = a kernel's end minus the previous kernel's end (or its own start after a "
+                      "gap): what it adds to the step. Duration includes the time it waited for its "
+                      "predecessor after starting early.", "",
+                      bc.md_table(cp[:20], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
+                                            ("increment us", "increment_us", "{:.1f}"),
+                                            ("increment per call", "per_call", "{:.2f}"),
+                                            ("duration us", "duration_us", "{:.1f}")])]
     return "\n".join(lines) + "\n"
 
 
@@ -119,13 +211,18 @@ def main():
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--check", type=int, default=50)
+    ap.add_argument("--mlp2-per-pair", default="", help="block_n:warps,...: also time the MoE's one-shot rows "
+                    "with the per-pair mlp2 of these tiles (PDL on), paired against the table")
+    ap.add_argument("--no-probe", action="store_true")
     args = ap.parse_args()
+    variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
     bc.import_project()
     meta = bc.run_meta("python benchmarks/diag_pdl.py " + " ".join(sys.argv[1:]))
     rows = []
     for m in args.models.split(","):
         for b in (int(x) for x in args.batches.split(",")):
-            rows.append(step_row(m, b, args.context, args.rounds, args.check, probe=b == 1))
+            rows.append(step_row(m, b, args.context, args.rounds, args.check, probe=b == 1 and not args.no_probe,
+                                 mlp2_variants=variants if b <= 4 else ()))
             print(rows[-1], flush=True)
     bc.write_results(args.out, "diag_pdl", meta, rows, markdown(meta, rows))
     print(markdown(meta, rows))

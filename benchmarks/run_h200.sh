@@ -14,6 +14,8 @@
 #   bash benchmarks/run_h200.sh final5b   # (x2) sliced quantising norm + probe priority: TP1 decode, b1 diagnosis
 #   bash benchmarks/run_h200.sh final5c   # (x2) decode grid with the probe beside the LM head + probe gpu tests
 #   bash benchmarks/run_h200.sh pdl       # (x2) programmatic dependent launch: step time + bits | gpu tests with PDL on
+#   bash benchmarks/run_h200.sh final6    # (x2) decode grid with PDL (+ 120b b128 ctx 4k) | diag_pdl + PDL gpu tests
+#   bash benchmarks/run_h200.sh pair      # (x2) MoE per-pair mlp2: decode MoE sweep + gpu tests | in-step A/B (PDL on)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -166,6 +168,38 @@ pdl)  # (nvidia-h200-x2) lane 0: diag_pdl (plain vs PDL graphs, bits, probe with
         step gpu_test_sink_attention 120 python tests/test_kernel_sink_attention.py --gpu
         step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
         step gpu_test_probe_graph 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_cuda_graph.py
+    ) &
+    wait
+    ;;
+final6)  # (nvidia-h200-x2) lane 0: the committed decode grid with PDL (final5c's command) and the 120b batch-128
+         # row at 4k; lane 1: diag_pdl (PDL only up to 4 rows, critical path) + the gpu checks final-pdl left unrun
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step bench_decode 420 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,128 \
+            --contexts 8192,32768 --configs 1:1:1,2:1:1,2:2:1,4:1:1,4:4:1,8:1:1,8:8:1 --probe-configs 1:1:1 \
+            --probe-rounds 100 --profile --out "$R"
+        step bench_decode_120b_b128 120 python benchmarks/bench_decode.py --models 120b --batches 128 --contexts 4096 \
+            --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" --stem bench_decode_120b_b128_ctx4096
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step diag_pdl 300 python benchmarks/diag_pdl.py --out "$R"
+        step gpu_test_fp8_gemv_oneshot 120 python tests/test_kernel_fp8_gemm.py --gpu-oneshot
+        step gpu_test_sink_full 150 python tests/test_kernel_sink_attention.py --gpu-full
+    ) &
+    wait
+    ;;
+pair)  # (nvidia-h200-x2) lane 0: the one-shot MoE sweep with the per-pair mlp2 tiles + its gpu tests; lane 1: the
+       # decode step with the table's mlp2 vs per-pair tiles, paired graphs, PDL on
+    (
+        export CUDA_VISIBLE_DEVICES=0
+        step bench_moe_decode 300 python benchmarks/bench_moe_decode.py --out "$R" --budget-s 150
+        step gpu_test_moe_decode 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
+    ) &
+    (
+        export CUDA_VISIBLE_DEVICES=1
+        step diag_pdl_pair 480 python benchmarks/diag_pdl.py --out "$R/pair" --batches 1,4 --check 20 --rounds 30 \
+            --no-probe --mlp2-per-pair 8:4,4:2,16:8,4:4
     ) &
     wait
     ;;

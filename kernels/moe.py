@@ -147,6 +147,7 @@ class MoeConfig:
     # output columns of one token over its top-k pairs, the weighted combine included. Only the
     # block_n / warps fields apply.
     oneshot: bool = False
+    mlp2_per_pair: bool = False  # oneshot: mlp2 per (pair, rows) + last-arriver combine (OneshotConfig)
 
     @property
     def fused_requant(self) -> bool:
@@ -155,7 +156,8 @@ class MoeConfig:
 
     def short(self) -> str:
         if self.oneshot:
-            return f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
+            return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
+                    + (" per-pair" if self.mlp2_per_pair else ""))
         if self.gemv:
             return (f"gemv{'-fma' if self.gemv_fma else ''} m{self.block_m} "
                     f"mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}/k{self.mlp1_split_k} "
@@ -291,6 +293,8 @@ def _check_config(config: MoeConfig) -> None:
         if config.mlp1_one_dot:
             raise ValueError("MoeConfig.mlp1_one_dot: the grouped mlp1 kernel only, not gemv")
         return
+    if config.mlp2_per_pair:
+        raise ValueError("MoeConfig.mlp2_per_pair: the one-shot path only")
     if config.fuse_combine or config.gemv_fma or config.pdl:
         raise ValueError("MoeConfig: fuse_combine, gemv_fma and pdl need gemv")
     if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:
@@ -1732,13 +1736,15 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
     if config.oneshot:
         from .moe_decode import ONESHOT_MAX_SLAB_BYTES, OneshotConfig, fused_moe_decode_oneshot
 
-        one = OneshotConfig(config.mlp1_block_n, config.mlp1_warps, config.mlp2_block_n, config.mlp2_warps)
+        one = OneshotConfig(config.mlp1_block_n, config.mlp1_warps, config.mlp2_block_n, config.mlp2_warps,
+                            mlp2_per_pair=config.mlp2_per_pair)
         if x.device.type == "cpu" and config == select_config(num_tokens):
             # The interpreter pays per program, and each output element's sums do not depend on
             # the tile width, so the served model's interpreted runs (tests) take the table's
             # row with wide tiles: the same bits, ~4x faster (tiny model decode step 70 -> 19 s).
             # Explicit configs run as given.
-            wide = OneshotConfig(max(one.mlp1_block_n, 32), one.mlp1_warps, max(one.mlp2_block_n, 16), one.mlp2_warps)
+            wide = OneshotConfig(max(one.mlp1_block_n, 32), one.mlp1_warps, max(one.mlp2_block_n, 16), one.mlp2_warps,
+                                 mlp2_per_pair=one.mlp2_per_pair)
             if max(wide.slab_bytes_per_thread(hidden, inter, top_k)) <= ONESHOT_MAX_SLAB_BYTES:
                 one = wide
         return fused_moe_decode_oneshot(x, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, limit,

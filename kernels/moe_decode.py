@@ -73,6 +73,7 @@ from sglang_ext.kernels.moe import (
     moe_ref,
     route_and_quantize,
 )
+from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.layers.moe import SWIGLU_ALPHA
 
@@ -100,17 +101,19 @@ class OneshotConfig:
     mlp2_block_n: int = 2
     mlp2_warps: int = 4
     quant_in_mlp2: bool = False
+    mlp2_per_pair: bool = False  # mlp2 program (pair, rows) + last-arriver combine (`_mlp2_pair_oneshot_kernel`)
 
     def short(self) -> str:
         return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
-                + (" hq-in-mlp2" if self.quant_in_mlp2 else ""))
+                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else ""))
 
     def slab_bytes_per_thread(self, hidden: int, inter: int, top_k: int = 4) -> tuple[int, int]:
         """(mlp1, mlp2) weight bytes in flight per thread: rows x padded K blocks x 128 / threads."""
         c1 = sum(pow2_chunks(triton.cdiv(hidden, QUANT_GROUP)))
         c2 = sum(pow2_chunks(triton.cdiv(inter, QUANT_GROUP)))
+        pairs = 1 if self.mlp2_per_pair else triton.next_power_of_2(top_k)
         return (2 * self.mlp1_block_n * c1 * QUANT_GROUP // (32 * self.mlp1_warps),
-                triton.next_power_of_2(top_k) * self.mlp2_block_n * c2 * QUANT_GROUP // (32 * self.mlp2_warps))
+                pairs * self.mlp2_block_n * c2 * QUANT_GROUP // (32 * self.mlp2_warps))
 
 
 # Untuned: 8 W1 rows (24 KB, 2880 programs at batch 1) and 4 pairs x 2 W2 rows (24 KB, 1440
@@ -128,15 +131,20 @@ DEFAULT_ONESHOT = OneshotConfig()
 ONESHOT_MLP1_TILES = ((2, 2), (4, 4), (4, 2), (8, 4), (8, 8), (16, 8))
 ONESHOT_MLP2_TILES = ((1, 2), (2, 4), (2, 2), (4, 8), (4, 4), (8, 8))
 ONESHOT_MLP2_QUANT_TILES = ((1, 8), (2, 8), (4, 8))
+# per-pair mlp2 (one expert's W2 rows per program, as mlp1's tiles): 96-384 weight bytes a thread
+ONESHOT_MLP2_PAIR_TILES = ((4, 2), (8, 4), (8, 2), (16, 4), (16, 8), (4, 4))
 
 
 def oneshot_variants() -> list[OneshotConfig]:
     """What benchmarks/bench_moe_decode.py times: every mlp1 tile (4..32 W1 rows, 2..8 warps, 192
     or 384 weight bytes per thread at H = I = 2880) with every mlp2 tile (1..8 W2 rows x 4 pairs),
-    h quantised by its own launch, then with the mlp2 tiles that quantise h themselves."""
+    h quantised by its own launch, then with the mlp2 tiles that quantise h themselves, then with
+    the per-pair mlp2 tiles (4..16 rows of one pair's expert)."""
     C = OneshotConfig
     mlp2 = [(n, w, False) for n, w in ONESHOT_MLP2_TILES] + [(n, w, True) for n, w in ONESHOT_MLP2_QUANT_TILES]
-    return [C(n1, w1, n2, w2, q) for n2, w2, q in mlp2 for n1, w1 in ONESHOT_MLP1_TILES]
+    return ([C(n1, w1, n2, w2, q) for n2, w2, q in mlp2 for n1, w1 in ONESHOT_MLP1_TILES]
+            + [C(n1, w1, n2, w2, mlp2_per_pair=True) for n2, w2 in ONESHOT_MLP2_PAIR_TILES
+               for n1, w1 in ONESHOT_MLP1_TILES])
 
 
 def pow2_chunks(kb: int) -> tuple[int, int]:
@@ -153,6 +161,8 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
         if value < 1 or value & (value - 1):
             raise ValueError(f"OneshotConfig.{name} must be a power of two, got {value}")
     # a program's rows stay inside one 128-row scale block
+    if config.mlp2_per_pair and config.quant_in_mlp2:
+        raise ValueError("OneshotConfig: mlp2_per_pair reads h's e4m3 groups; quant_in_mlp2 does not apply")
     if config.mlp1_block_n > 64 or config.mlp2_block_n > 128 or config.mlp1_warps > 16 or config.mlp2_warps > 16:
         raise ValueError("OneshotConfig: mlp1_block_n <= 64 (2x W1 rows), mlp2_block_n <= 128, warps <= 16")
     b1, b2 = config.slab_bytes_per_thread(hidden, inter, top_k)
@@ -360,6 +370,100 @@ def _mlp2_combine_oneshot_kernel(
     tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=rows < hidden)
 
 
+@triton.jit(do_not_specialize=["expert_offset", "num_local"])
+def _mlp2_pair_oneshot_kernel(
+    HQ, HS,  # h e4m3 [P, I] and scales [P, cdiv(I, 128)]
+    TOPK_W, TOPK_IDS,  # [T * TOP_K]: weights (any float dtype), global expert ids
+    W2, W2S, B2,  # [E, H, I] e4m3, [E, cdiv(H, 128), cdiv(I, 128)] fp32, [E, H]
+    OUT,  # [T, H] (row stride stride_out)
+    PAIR_Y,  # fp32 [P, H]: y per pair (b2 included; 0 for another rank's expert), then combined
+    COUNTERS,  # int32 [T * cdiv(H, BLOCK_N)], zero between launches
+    hidden, inter, expert_offset, num_local, stride_out,
+    stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
+    TOP_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # W2 rows (output columns) of the pair's expert
+    C1: tl.constexpr,
+    C2: tl.constexpr,
+    HAS_B2: tl.constexpr,
+    USE_PDL: tl.constexpr,  # kernels/pdl.py: id (three launches back) and slab before the wait, h after
+):
+    """mlp2 + combine with mlp1's work split (`OneshotConfig.mlp2_per_pair`): program (pair, tile)
+    holds BLOCK_N rows x all of K of ONE pair's expert and that pair's h row, so h costs a
+    program I bytes instead of `_mlp2_combine_oneshot_kernel`'s TOP_K x I (which its registers
+    then lack for weight bytes in flight). Each program stores its y; the last of a (token,
+    tile)'s TOP_K programs to arrive combines them as `_combine_kernel` does (fp32, slot order,
+    one rounding; bits independent of arrival order) and resets the counter."""
+    pair = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    token = pair // TOP_K
+    eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
+    local = (eid >= 0) & (eid < num_local)
+    expert = tl.where(local, eid, 0).to(tl.int64)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_c = tl.minimum(rows, hidden - 1).to(tl.int64)
+    num_kb = (inter + 127) // 128
+    offs_k = tl.arange(0, 128)
+    kb1 = tl.arange(0, C1)
+    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
+    kb2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
+    k2 = kb2[:, None] * 128 + offs_k[None, :]
+    h_ok1 = local & (k1 < inter)
+    h_ok2 = local & (k2 < inter)
+    s_ok1 = local & (kb1 < num_kb)
+    s_ok2 = local & (kb2 < num_kb)
+    h_row = pair * inter
+    hs_row = HS + pair * num_kb
+    if not USE_PDL:  # h first: its latency overlaps the slab's
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
+    ws_ptrs = W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n  # one 128-row block
+    ws1 = tl.load(ws_ptrs + kb1, mask=s_ok1, other=0.0)
+    if C2 > 0:
+        ws2 = tl.load(ws_ptrs + kb2, mask=s_ok2, other=0.0)
+    if HAS_B2:
+        bias = tl.load(B2 + expert * stride_b2_e + rows_c, mask=local, other=0.0).to(tl.float32)
+    w_rows = W2 + expert * stride_w2_e + rows_c * stride_w2_n
+    w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=h_ok1[None, :, :], other=0.0)
+    if C2 > 0:
+        w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=h_ok2[None, :, :], other=0.0)
+    if USE_PDL:
+        pdl_wait_then_release(USE_PDL)
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
+    # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks (mlp1's order)
+    d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
+    y = tl.sum(d1 * (hs1 * ws1)[None, :], axis=1)
+    if C2 > 0:
+        d2 = tl.sum(w2.to(tl.float32) * hq2.to(tl.float32)[None, :, :], axis=2)
+        y += tl.sum(d2 * (hs2 * ws2)[None, :], axis=1)
+    if HAS_B2:
+        y += bias
+    y = tl.where(local, y, 0.0)  # another rank's expert: 0, as `_combine_kernel`'s masked load
+    row_ok = rows < hidden
+    tl.store(PAIR_Y + pair * hidden + rows, y, mask=row_ok)
+    # last arriver of the token's TOP_K programs for this tile (the stores above before the release)
+    counter = COUNTERS + token * tl.num_programs(1) + tile
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == TOP_K - 1:
+        tl.store(counter, 0)  # for the next launch: no memset per call
+        tl.debug_barrier()
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            w_j = tl.load(TOPK_W + token * TOP_K + j).to(tl.float32)
+            y_j = tl.load(PAIR_Y + (token * TOP_K + j) * hidden + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+            acc += w_j * y_j
+        if OUT.dtype.element_ty == tl.bfloat16:
+            acc = _round_to_bf16(acc)
+        tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=row_ok)
+
+
 # ---------------------------------------------------------------------------------------------
 # launchers
 # ---------------------------------------------------------------------------------------------
@@ -465,12 +569,32 @@ def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offs
     )
 
 
+PAIR_COUNTERS_OWNER = "moe_decode_mlp2_pair"
+
+
 def launch_mlp2_combine(hq, hs, h, weights, ids, w2, w2_scale_inv, b2, out, expert_offset, config, pair_out=None):
     """Step 3 (checked operands): out [T, H] <- `_mlp2_combine_oneshot_kernel` from h's e4m3 groups
-    (hq, hs), or from fp32 h when `config.quant_in_mlp2`."""
+    (hq, hs), or from fp32 h when `config.quant_in_mlp2`; `_mlp2_pair_oneshot_kernel` when
+    `config.mlp2_per_pair`."""
     num_local, hidden, inter = w2.shape
     num_tokens, top_k = ids.shape
     c1, c2 = pow2_chunks(triton.cdiv(inter, QUANT_GROUP))
+    if config.mlp2_per_pair:
+        tiles = triton.cdiv(hidden, config.mlp2_block_n)
+        counters = arrival_counters(PAIR_COUNTERS_OWNER, out.device, num_tokens * tiles)
+        if counters is None:  # first call inside a capture: the graph zeroes its own
+            counters = torch.zeros(num_tokens * tiles, dtype=torch.int32, device=out.device)
+        pair_y = pair_out if pair_out is not None else torch.empty(
+            (num_tokens * top_k, hidden), dtype=torch.float32, device=out.device)
+        _mlp2_pair_oneshot_kernel[(num_tokens * top_k, tiles)](
+            hq, hs, weights, ids, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv, out, pair_y, counters,
+            hidden, inter, expert_offset, num_local, out.stride(0),
+            w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
+            b2.stride(0) if b2 is not None else 0,
+            TOP_K=top_k, BLOCK_N=config.mlp2_block_n, C1=c1, C2=c2, HAS_B2=b2 is not None,
+            num_warps=config.mlp2_warps, **pdl_launch_kwargs(out.device, num_tokens),
+        )
+        return
     _mlp2_combine_oneshot_kernel[(num_tokens, triton.cdiv(hidden, config.mlp2_block_n))](
         hq if hq is not None else h, hs if hs is not None else h, h, weights, ids,
         w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv, out, pair_out if pair_out is not None else h,

@@ -267,6 +267,8 @@ def test_launcher_rejects_bad_shapes():
     C = mod.MoeConfig
     with pytest.raises(ValueError, match="need gemv"):
         mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, config=C(16, 128, 4, 2, 32, 4, 2, fuse_combine=True))
+    with pytest.raises(ValueError, match="one-shot path only"):
+        mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, config=C(16, 128, 4, 2, 32, 4, 2, mlp2_per_pair=True))
     with pytest.raises(ValueError, match="one row per program"):
         mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, config=C(2, 32, 4, 1, 64, 4, 1, gemv=True, gemv_fma=True))
     with pytest.raises(ValueError, match="FMA slab"):  # 128 W1 rows x 4 K blocks at 2 warps: 512 B a thread

@@ -11,7 +11,8 @@ once, as tests/test_kernel_moe.py does it: the variable must be set before the k
 imported) on fresh random small shapes whose every edge is ragged: hidden / intermediate 160 or
 288 (1.25 / 2.25 groups of 128; 2I = 320 / 576 W1 rows), 4-8 experts, T = 1..4, biases on and
 off, expert parallelism (experts 2..6 of 8 local, b2 left to the caller), routing given or from
-the decode front, h quantised by its own launch or inside mlp2, wide and narrow tiles. The
+the decode front, h quantised by its own launch or inside mlp2, mlp2 per token or per pair (last
+arriver combines), wide and narrow tiles. The
 interpreter's per-op cost makes narrow tiles slow, so most cases use the widest tiles the config
 allows; the GPU tests run the H200 variants.
 
@@ -96,6 +97,10 @@ def interpreted_cases(md):
         ("T4 H160 I160 5 experts, biases", 1, 4, 160, 160, 5, 5, 0, True, True, "layer", wide, False, False),
         ("T1 narrow tiles mlp1 n16 mlp2 n32, H160 I160 4 experts", 1, 1, 160, 160, 4, 4, 0, True, True, "layer",
          C(16, 4, 32, 4), False, False),
+        ("T2 EP experts 2..6 of 8, per-pair mlp2, no b2, H160 I288", 0, 2, 160, 288, 5, 8, 2, True, False, "experts",
+         C(64, 4, 128, 16, mlp2_per_pair=True), True, False),
+        ("T4 H288 I160 6 experts, biases, per-pair mlp2 n32", 1, 4, 288, 160, 6, 6, 0, True, True, "layer",
+         C(64, 4, 32, 4, mlp2_per_pair=True), False, False),
     ]
 
 
@@ -261,7 +266,7 @@ def test_configs_and_chunks():
     assert md.pow2_chunks(1) == (1, 0) and md.pow2_chunks(16) == (16, 0) and md.pow2_chunks(17) == (16, 1)
     variants = md.oneshot_variants()
     assert len(set(variants)) == len(variants) and md.DEFAULT_ONESHOT in variants
-    assert {v.quant_in_mlp2 for v in variants} == {False, True}
+    assert {v.quant_in_mlp2 for v in variants} == {False, True} and {v.mlp2_per_pair for v in variants} == {False, True}
     for v in variants:  # every variant the sweep times is valid at the real shapes
         md._check_config(v, 2880, 2880, TOP_K)
     labels = [v.short() for v in variants]
@@ -275,7 +280,8 @@ def test_launcher_rejects_bad_calls():
     weights, ids = route(x, *make_router(4, 160, seed=3), TOP_K)
     C = md.OneshotConfig
     for bad, match in ((C(mlp1_block_n=3), "power of two"), (C(mlp1_block_n=128), "mlp1_block_n <= 64"),
-                       (C(mlp2_block_n=256), "mlp2_block_n <= 128"), (C(mlp2_block_n=128, mlp2_warps=1), "bytes per")):
+                       (C(mlp2_block_n=256), "mlp2_block_n <= 128"), (C(mlp2_block_n=128, mlp2_warps=1), "bytes per"),
+                       (C(mlp2_per_pair=True, quant_in_mlp2=True), "does not apply")):
         with pytest.raises(ValueError, match=match):
             md.fused_moe_decode_oneshot(x, weights, ids, *experts, config=bad)
     with pytest.raises(ValueError, match="both be"):
@@ -330,7 +336,8 @@ def gpu_configs():
     """The default, the extremes of the sweep's tiles, h quantised in mlp2."""
     _, md = _modules()
     C = md.OneshotConfig
-    return [md.DEFAULT_ONESHOT, C(2, 2, 1, 2), C(16, 8, 8, 8), C(8, 4, 4, 4, quant_in_mlp2=True)]
+    return [md.DEFAULT_ONESHOT, C(2, 2, 1, 2), C(16, 8, 8, 8), C(8, 4, 4, 4, quant_in_mlp2=True),
+            C(4, 4, 8, 4, mlp2_per_pair=True)]
 
 
 def gpu_oneshot(num_tokens: int, config) -> dict:
@@ -390,7 +397,7 @@ def gpu_oneshot(num_tokens: int, config) -> dict:
     return result
 
 
-GPU_CASES = [(t, 0) for t in (1, 2, 4)] + [(1, i) for i in range(1, len(gpu_configs()))]
+GPU_CASES = [(t, 0) for t in (1, 2, 4)] + [(1, i) for i in range(1, len(gpu_configs()))] + [(4, len(gpu_configs()) - 1)]
 
 
 @pytest.mark.gpu

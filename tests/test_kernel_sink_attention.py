@@ -962,6 +962,7 @@ if __name__ == "__main__":
     # python tests/test_kernel_sink_attention.py --oneshot DTYPE[,DTYPE...] [--device cuda]
     # python tests/test_kernel_sink_attention.py --backend          (interpreter: TRITON_INTERPRET=1)
     # python tests/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
+    # python tests/test_kernel_sink_attention.py --gpu-full         (full shapes + graph only)
     argv = sys.argv[1:]
     if "--backend" in argv:
         print(json.dumps(backend_parity()), flush=True)
@@ -972,6 +973,8 @@ if __name__ == "__main__":
             res = oneshot_sweep(name, device=dev)
             res["seconds"] = round(time.time() - t0, 1)
             print(json.dumps(res), flush=True)
+    elif "--gpu-full" in argv:
+        print(json.dumps({"full_shapes": gpu_full_shapes()}), flush=True)
     elif "--gpu" in argv:
         for name in ("float32", "bfloat16"):
             print(json.dumps(sweep(name, device="cuda")), flush=True)
