@@ -217,9 +217,13 @@ _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3
 # rows above): T=1 47.1 -> 40.0 us (mlp1 n4/w4, mlp2 n1/w2), T=2 71.6 -> 65.8, T=4 118.8 -> 115.5
 # (mlp2 n2/w4). T=3 not measured (between two wins). Its mlp1 sums each 128-block in one pass
 # and adds the blocks in order; max rel err vs moe_ref 1.1e-3 / 1.7e-3 / 1.8e-4 (T = 1 / 2 / 4).
+# mlp2 is the per-pair kernel (8 W2 rows of one pair's expert, 4 warps): in the whole 120b decode
+# step with PDL, paired graphs (benchmarks/results/diag_pdl_pair.md), batch 1 -17 us (IQR
+# -20..-16) and batch 4 -56 us against n1/w2 / n2/w4 per token, logits bit-equal; n4/w2 and
+# n16/w8 per pair were slower.
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (1, MoeConfig(1, 4, 4, 1, 1, 2, 1, oneshot=True)),
-    (4, MoeConfig(1, 4, 4, 1, 2, 4, 1, oneshot=True)),
+    (1, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
+    (4, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
     (8, MoeConfig(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=3, mlp2_split_k=3, gemv=True)),
     (16, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=2)),
     (32, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,

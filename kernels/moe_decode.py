@@ -1,5 +1,5 @@
 """One-shot decode MoE for a few tokens (T <= 4 in mind): the experts' part of the gpt-oss FP8 MoE
-as three launches with no K loop, no split-K and no last arriver, beside kernels/moe.py's GEMV path.
+as three launches with no K loop and no split-K, beside kernels/moe.py's GEMV path.
 
 Why: at batch 1 on an H200 the shipped decode path (`MoeConfig.gemv`, split-K + last-arriver
 reduction) runs 120b's mlp1 in 27.7 us over 66 MB of weights (4 experts; a streaming read takes
@@ -33,6 +33,12 @@ P = T * top_k (token, slot) pairs, pair p = t * top_k + j:
      widened to fp32, foreign pairs' y = 0, the same `acc += w * y` expression, so the same FMA
      contraction where the compiler contracts), so `out` is what `_combine_kernel` makes of the
      same per-pair outputs (`pair_out` exposes them for that check).
+     Or, with `OneshotConfig.mlp2_per_pair` (the table's choice since session 6),
+     `_mlp2_pair_oneshot_kernel`, grid (P, cdiv(H, mlp2_block_n)): program (p, n) holds one pair's
+     W2 rows and that pair's h row only (mlp1's shape of work: h costs I bytes a program, not
+     top_k x I), stores y_p, and the last of the token's top_k programs for the tile to reach an
+     arrival counter combines the stored y in slot order as above (same bits whatever the arrival
+     order) and resets the counter.
 
 Expert parallelism as `fused_moe_fp8`: the weights hold experts expert_offset .. +E_local-1;
 pairs routed elsewhere are skipped by mlp1 and the h quantisation and contribute y = 0 to the
@@ -42,8 +48,10 @@ Numerics vs the existing paths: x's and h's quantisation and the combine are the
 operations; the GEMV sums are the same exact e4m3 products summed in another fp32 order (per
 128-block sums, scaled, summed over blocks in one pass; split-K sums per split first), so h can
 differ from the split-K path's in its last bits and, rarely, round to the neighbouring e4m3 value
-(tests/test_kernel_moe_decode.py reports the measured differences). No atomics: results are
-bit-reproducible run to run. CUDA-graph capturable (no host syncs).
+(tests/test_kernel_moe_decode.py reports the measured differences). No atomic adds of values
+(the per-pair mlp2's counters only pick who combines): results are bit-reproducible run to run.
+CUDA-graph capturable (no host syncs). Every kernel here is a programmatic dependent launch at
+T <= 4 (kernels/pdl.py).
 
 Launch configs: `OneshotConfig`; `oneshot_variants()` lists what the H200 sweep
 (benchmarks/bench_moe_decode.py, results benchmarks/results/bench_moe_decode.md) times against the

@@ -56,9 +56,10 @@ def pdl_enabled(device: torch.device) -> bool:
 
 
 # Up to this many token rows a launch is a programmatic dependent: the one-shot decode kernels'
-# range, where the step is a chain of short kernels. H200, benchmarks/results/diag_pdl.md: batch 1
-# 120b 2773 -> 2604 us, batch 4 -1.4 %; at batch 8, where the GEMVs and the MoE are split-K and
-# grouped kernels without PDL, the few PDL launches left cost +0.2 %.
+# range, where the step is a chain of short kernels. H200, paired graphs: batch 1 120b 2773 ->
+# 2600 us, batch 4 -1.4 % (benchmarks/results/diag_pdl.md); at batch 8, where the GEMVs and the
+# MoE are split-K and grouped kernels without PDL, the few PDL launches left cost +0.2 %
+# (results/history/diag_pdl_session6_every_row_count.md), -0.06 % (noise) with this limit.
 PDL_MAX_ROWS = 4
 
 

@@ -234,7 +234,8 @@ def check_interpreter_tiles(mod, md, device) -> dict:
     assert row.oneshot
     got, weights, ids = mod.fused_moe_fp8(x, rw, rb, q1, s1, b1, q2, s2, b2, top_k=TOP_K, limit=LIMIT,
                                           return_routing=True)
-    narrow = md.OneshotConfig(row.mlp1_block_n, row.mlp1_warps, row.mlp2_block_n, row.mlp2_warps)
+    narrow = md.OneshotConfig(row.mlp1_block_n, row.mlp1_warps, row.mlp2_block_n, row.mlp2_warps,
+                              mlp2_per_pair=row.mlp2_per_pair)
     want = md.fused_moe_decode_oneshot(x, weights, ids, q1, s1, b1, q2, s2, b2, LIMIT, 0, narrow)
     assert torch.equal(got, want), "the interpreter's wide one-shot tiles changed the bits"
     return {"interpreter_tiles_equal": True}
