@@ -76,14 +76,14 @@ def _precompile_worker(tasks) -> int:
     from sglang_ext.kernels import moe_decode as mdd
 
     dev = "cuda"
-    nb = -(-HIDDEN // 128)
+    nh, ni, n2i = (-(-n // 128) for n in (HIDDEN, INTER, 2 * INTER))  # scale blocks (2I = 5760: 45, not 2 x 23)
     args = (torch.zeros(EXPERTS, HIDDEN, dtype=torch.bfloat16, device=dev),
             torch.zeros(EXPERTS, dtype=torch.bfloat16, device=dev),
             torch.empty(EXPERTS, 2 * INTER, HIDDEN, dtype=FP8, device=dev),
-            torch.empty(EXPERTS, 2 * nb, nb, device=dev),
+            torch.empty(EXPERTS, n2i, nh, device=dev),
             torch.empty(EXPERTS, 2 * INTER, dtype=torch.bfloat16, device=dev),
             torch.empty(EXPERTS, HIDDEN, INTER, dtype=FP8, device=dev),
-            torch.empty(EXPERTS, nb, nb, device=dev), torch.empty(EXPERTS, HIDDEN, dtype=torch.bfloat16, device=dev))
+            torch.empty(EXPERTS, nh, ni, device=dev), torch.empty(EXPERTS, HIDDEN, dtype=torch.bfloat16, device=dev))
     for kind, tokens, config in tasks:
         x = torch.randn(tokens, HIDDEN, device=dev).to(torch.bfloat16)
         if kind == "shipped":
@@ -239,10 +239,12 @@ def summary(rows) -> list:
 
 def markdown(meta, rows) -> str:
     bw = meta["copy_bandwidth_Bps"]
-    lines = [f"# One-shot decode MoE vs the shipped path, gpt-oss-120b layer ({meta.get('gpu')})", "",
+    model = {128: "gpt-oss-120b", 32: "gpt-oss-20b"}.get(EXPERTS, f"{EXPERTS}-expert")
+    lines = [f"# One-shot decode MoE vs the shipped path, {model} layer ({meta.get('gpu')})", "",
              f"`{meta['command']}` — {meta['date']}, torch {meta['torch']}, triton {meta.get('triton')}, "
              f"{meta['elapsed_s']} s (kernels precompiled in {meta.get('precompile_s') or 0:.0f} s). Copy bandwidth "
-             f"{bw / 1e12:.2f} TB/s measured now. 128 experts, H = I = 2880, top-4, random FP8 weights and router; "
+             f"{bw / 1e12:.2f} TB/s measured now. {EXPERTS} experts, H = {HIDDEN}, I = {INTER}, top-4, random FP8 weights "
+             "and router; "
              f"per-call times from CUDA-graph replays over {CALLS} distinct token batches (distinct experts: > L2). "
              "% copy BW: bytes that must be read (touched experts, router, tokens) / time / copy bandwidth.", "",
              "## Summary: fastest bit-reproducible one-shot config per batch vs the shipped table's", "",
@@ -282,11 +284,12 @@ def main():
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu smoke runs only:
     ap.add_argument("--dims", default="128,2880,2880", help=argparse.SUPPRESS)  # experts,hidden,inter
     ap.add_argument("--variants", type=int, default=0, help=argparse.SUPPRESS)  # only the first N
+    ap.add_argument("--filter", default="", help="time only the one-shot variants whose label contains this")
     args = ap.parse_args()
     global DEVICE, EXPERTS, HIDDEN, INTER
     DEVICE = bench_moe.DEVICE = args.device
     EXPERTS, HIDDEN, INTER = (int(v) for v in args.dims.split(","))
-    variants = md.oneshot_variants()[:args.variants or None]
+    variants = [v for v in md.oneshot_variants() if args.filter in v.short()][:args.variants or None]
     t0 = time.time()
     tokens = [int(t) for t in args.tokens.split(",")]
     errors, rows = [], []

@@ -17,6 +17,7 @@
 #   bash benchmarks/run_h200.sh final6    # (x2) decode grid with PDL (+ 120b b128 ctx 4k) | diag_pdl + PDL gpu tests
 #   bash benchmarks/run_h200.sh pair      # (x2) MoE per-pair mlp2: decode MoE sweep + gpu tests | in-step A/B (PDL on)
 #   bash benchmarks/run_h200.sh pair1     # (one GPU) per-pair mlp2: in-step A/B on 120b (PDL on) + its gpu tests
+#   bash benchmarks/run_h200.sh t8        # (one GPU) one-shot MoE (per-pair mlp2) at 8 tokens, 120b and 20b + MoE gpu tests
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -208,6 +209,13 @@ pair1)  # one GPU: pair's lanes one after the other, 120b only, no sweep
     step diag_pdl_pair 330 python benchmarks/diag_pdl.py --out "$R/pair" --models 120b --batches 1,4 --check 20 \
         --rounds 30 --no-probe --mlp2-per-pair 8:4,4:2,16:8
     step gpu_test_moe_decode 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
+    ;;
+t8)  # one GPU: does the one-shot MoE (per-pair mlp2) beat the 8-token row? + the MoE gpu tests (the table changed)
+    step bench_moe_decode_t8_120b 150 python benchmarks/bench_moe_decode.py --out "$R/t8_120b" --tokens 8 \
+        --filter per-pair --budget-s 60
+    step bench_moe_decode_t8_20b 150 python benchmarks/bench_moe_decode.py --out "$R/t8_20b" --tokens 8 \
+        --dims 32,2880,2880 --filter per-pair --budget-s 60
+    step gpu_test_moe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

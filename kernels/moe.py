@@ -220,7 +220,9 @@ _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3
 # mlp2 is the per-pair kernel (8 W2 rows of one pair's expert, 4 warps): in the whole 120b decode
 # step with PDL, paired graphs (benchmarks/results/diag_pdl_pair.md), batch 1 -17 us (IQR
 # -20..-16) and batch 4 -56 us against n1/w2 / n2/w4 per token, logits bit-equal; n4/w2 and
-# n16/w8 per pair were slower.
+# n16/w8 per pair were slower. At T = 8 the one-shot path ties the GEMV row on 120b (216 vs 217
+# us) and loses on 20b (207 vs 181: 32 pairs on 32 experts, each pair re-reads its expert)
+# (results/sweeps/moe_decode_t8_*.md), so 5..8 tokens keep the GEMV row.
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (1, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
     (4, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
