@@ -45,10 +45,13 @@ def paired(graph_a, graph_b, rounds: int, reps: int = 3):
     return statistics.median(a_times), statistics.median(b_times), statistics.median(diffs), (q1, q3)
 
 
-def critical_path(graph, replays: int = 5) -> list[dict]:
+def critical_path(graph, num_layers: int, replays: int = 5) -> list[dict]:
     """Where a PDL replay's time goes: kernels overlap under PDL, so a kernel's own duration
     says little; its increment end(i) - end(i-1) over the previous kernel in time order is what
-    it adds to the step (the critical path), summed per kernel name over the replays."""
+    it adds to the step (the critical path), summed per kernel name over the replays. A kernel
+    launched once per layer is split into even (sliding-attention) and odd (full) layers, one
+    launched twice per layer into its first and second launch of the layer (qkv / o, input /
+    post-attention norm)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -64,9 +67,23 @@ def critical_path(graph, replays: int = 5) -> list[dict]:
         if end > start:
             kernels.append((end, start, evt.name[:90]))
     kernels.sort()
+    per_replay: dict[str, int] = {}
+    for _, _, name in kernels:
+        per_replay[name] = per_replay.get(name, 0) + 1
+    seen: dict[str, int] = {}
+    labelled = []
+    for end, start, name in kernels:
+        n = per_replay[name] // replays
+        i = seen.get(name, 0) % max(n, 1)
+        seen[name] = seen.get(name, 0) + 1
+        if n == num_layers:
+            name = f"{name} ({'even' if i % 2 == 0 else 'odd'} layers)"
+        elif n == 2 * num_layers:
+            name = f"{name} ({'1st' if i % 2 == 0 else '2nd'} of a layer)"
+        labelled.append((end, start, name))
     by_name: dict[str, dict] = {}
     prev_end = None
-    for end, start, name in kernels:
+    for end, start, name in labelled:
         inc = end - (prev_end if prev_end is not None and prev_end > start else start)
         prev_end = max(prev_end or end, end)
         r = by_name.setdefault(name, {"name": name, "calls": 0, "increment_us": 0.0, "duration_us": 0.0})
@@ -120,7 +137,7 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
            "tok_s_plain": batch / off, "tok_s_pdl": batch / on, "bit_checks": check,
            "bit_mismatches": mismatches}
     if batch == 1:
-        row["critical_path"] = critical_path(graphs[True])
+        row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
     # MoE one-shot mlp2 as the per-pair kernel (kernels/moe_decode.py), PDL on, against the table's
     from sglang_ext.kernels import moe
 
@@ -196,7 +213,7 @@ def markdown(meta: dict, rows: list) -> str:
                       "Increment = a kernel's end minus the previous kernel's end (or its own start after a "
                       "gap): what it adds to the step. Duration includes the time it waited for its "
                       "predecessor after starting early.", "",
-                      bc.md_table(cp[:20], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
+                      bc.md_table(cp[:24], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
                                             ("increment us", "increment_us", "{:.1f}"),
                                             ("increment per call", "per_call", "{:.2f}"),
                                             ("duration us", "duration_us", "{:.1f}")])]

@@ -18,6 +18,7 @@
 #   bash benchmarks/run_h200.sh pair      # (x2) MoE per-pair mlp2: decode MoE sweep + gpu tests | in-step A/B (PDL on)
 #   bash benchmarks/run_h200.sh pair1     # (one GPU) per-pair mlp2: in-step A/B on 120b (PDL on) + its gpu tests
 #   bash benchmarks/run_h200.sh t8        # (one GPU) one-shot MoE (per-pair mlp2) at 8 tokens, 120b and 20b + MoE gpu tests
+#   bash benchmarks/run_h200.sh final6b   # (one GPU) with the per-pair mlp2: PDL bits test, diag_pdl batch 1, TP1 decode rows
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -216,6 +217,13 @@ t8)  # one GPU: does the one-shot MoE (per-pair mlp2) beat the 8-token row? + th
     step bench_moe_decode_t8_20b 150 python benchmarks/bench_moe_decode.py --out "$R/t8_20b" --tokens 8 \
         --dims 32,2880,2880 --filter per-pair --budget-s 60
     step gpu_test_moe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    ;;
+final6b)  # one GPU, the session's last state: PDL bits (gpu test), diag_pdl at batch 1 (critical path split by
+          # layer position, probe with PDL), the TP1 decode rows at 8k with the probe
+    step gpu_test_pdl 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
+    step diag_pdl 250 python benchmarks/diag_pdl.py --out "$R" --batches 1 --check 30
+    step bench_decode_tp1 180 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8 --contexts 8192 \
+        --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" --stem bench_decode_tp1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
