@@ -125,7 +125,10 @@ def test_chunked_prefill_scores_equal_one_shot(probe_server, tiny_checkpoints, t
     prompt = random_prompt(PROMPT_LEN, seed=5)
     requests.post(probe_server.url + "/flush_cache", timeout=60)
     want = generate(probe_server.url, prompt)
-    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--chunked-prefill-size", "64", "--disable-radix-cache"]
+    # Token ids in and out only: no tokenizer needed (SGLang 0.5.23 loads it several times in each of
+    # its three processes, ~30 s of a ~75 s start on two cores).
+    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--chunked-prefill-size", "64", "--disable-radix-cache",
+            "--skip-tokenizer-init"]
     with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
         got = generate(srv.url, prompt)
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoints["fp32"], dtype=torch.float32).eval()
@@ -190,7 +193,9 @@ def test_bf16_served_scores_within_2e2_of_hf(tiny_calm_checkpoints, tiny_probe, 
     model keeps its fp32 checks at 2e-4 above."""
     prompt = random_prompt(PROMPT_LEN, seed=6)
     calm = tiny_calm_checkpoints
-    with SGLangServer(calm["bf16"], ["--probe-ckpt", tiny_probe], vocab_dir=vocab_dir) as srv:
+    # Token ids in, token ids and scores out: no tokenizer needed (SGLang 0.5.23 loads it several times
+    # in each of its three processes, ~30 s of a ~75 s start on two cores).
+    with SGLangServer(calm["bf16"], ["--probe-ckpt", tiny_probe, "--skip-tokenizer-init"], vocab_dir=vocab_dir) as srv:
         out = generate(srv.url, prompt)
     labels, want = reference_scores(calm["bf16"], tiny_probe, prompt, out["output_ids"], dtype=torch.bfloat16)
     _, truth = reference_scores(calm["fp32"], tiny_probe, prompt, out["output_ids"])

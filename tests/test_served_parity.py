@@ -14,6 +14,11 @@ from sglang_ext.launch.server import SGLangServer
 pytestmark = pytest.mark.server
 
 PROMPT_LEN, NEW_TOKENS = 300, 64
+# Every request here sends token ids and every check reads token ids and logprobs, so the servers
+# start without a tokenizer: SGLang 0.5.23 loads it several times in each of its three processes
+# (~30 s of a ~75 s start on two cores). Text in and out is served by the tokenizer-ful servers of
+# test_probe_serving.py and test_faults.py.
+IDS_ONLY = ["--skip-tokenizer-init"]
 
 
 def generate(url, ids, n=NEW_TOKENS, **extra):
@@ -38,7 +43,7 @@ def hf_greedy(model, ids, n=NEW_TOKENS):
 
 @pytest.fixture(scope="module")
 def fp32_server(tiny_checkpoints, vocab_dir):
-    with SGLangServer(tiny_checkpoints["fp32"], ["--dtype", "float32"], vocab_dir=vocab_dir) as srv:
+    with SGLangServer(tiny_checkpoints["fp32"], ["--dtype", "float32", *IDS_ONLY], vocab_dir=vocab_dir) as srv:
         yield srv
 
 
@@ -86,7 +91,7 @@ def test_concurrent_batch_equals_single(fp32_server, fp32_reference):
 
 @pytest.fixture(scope="module")
 def bf16_server(tiny_checkpoints, vocab_dir):
-    with SGLangServer(tiny_checkpoints["bf16"], vocab_dir=vocab_dir) as srv:
+    with SGLangServer(tiny_checkpoints["bf16"], IDS_ONLY, vocab_dir=vocab_dir) as srv:
         yield srv
 
 
@@ -122,5 +127,5 @@ def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, bf16_se
 def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir, bf16_server):
     prompt = random_prompt(PROMPT_LEN, seed=0)
     want = generate(bf16_server.url, prompt)["output_ids"]
-    with SGLangServer(tiny_checkpoints["mxfp4"], vocab_dir=vocab_dir) as srv:
+    with SGLangServer(tiny_checkpoints["mxfp4"], IDS_ONLY, vocab_dir=vocab_dir) as srv:
         assert generate(srv.url, prompt)["output_ids"] == want
