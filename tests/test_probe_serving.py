@@ -4,6 +4,8 @@ Oracle: transformers' GptOssForCausalLM hidden states (`output_hidden_states[i]`
 input of layer i) -> weightless RMS-norm taps -> the plain-torch reference head over the
 whole sequence -> sigmoid. The score that arrives with output token k is the row of
 position (prompt_len - 1 + k).
+
+The bf16 criterion, on the "calm" tiny model with its own server, is in test_probe_serving_bf16.py.
 """
 
 import json
@@ -182,29 +184,6 @@ def test_eight_concurrent_streams_equal_each_alone(probe_server):
         assert a["output_ids"] == t["output_ids"]
         torch.testing.assert_close(as_matrix(t["meta_info"]["token_probe_probs"], labels),
                                    as_matrix(a["meta_info"]["token_probe_probs"], labels), rtol=0, atol=1e-5)
-
-
-def test_bf16_served_scores_within_2e2_of_hf(tiny_calm_checkpoints, tiny_probe, vocab_dir):
-    """The issue's bf16 criterion: served bf16 scores within 2e-2 of HF transformers' hidden states
-    through the reference head. On the default tiny model HF's own bf16 run is 0.085 off its fp32
-    run (the random weights amplify bf16 rounding ~16 % by the deepest tap), so two correct bf16
-    implementations cannot agree to 2e-2 there; the "calm" init (same architecture, smaller
-    attention/expert weights: ~1 % hidden-state drift) makes the check meaningful. The default
-    model keeps its fp32 checks at 2e-4 above."""
-    prompt = random_prompt(PROMPT_LEN, seed=6)
-    calm = tiny_calm_checkpoints
-    # Token ids in, token ids and scores out: no tokenizer needed (SGLang 0.5.23 loads it several times
-    # in each of its three processes, ~30 s of a ~75 s start on two cores).
-    with SGLangServer(calm["bf16"], ["--probe-ckpt", tiny_probe, "--skip-tokenizer-init"], vocab_dir=vocab_dir) as srv:
-        out = generate(srv.url, prompt)
-    labels, want = reference_scores(calm["bf16"], tiny_probe, prompt, out["output_ids"], dtype=torch.bfloat16)
-    _, truth = reference_scores(calm["fp32"], tiny_probe, prompt, out["output_ids"])
-    got = as_matrix(out["meta_info"]["token_probe_probs"], labels)
-    err_hf, err_truth = (got - want).abs().max().item(), (got - truth).abs().max().item()
-    print(f"bf16 served scores (calm tiny): max |error| {err_hf:.4f} vs HF bf16 + reference head, "
-          f"{err_truth:.4f} vs the fp32 truth (HF bf16 vs truth {(want - truth).abs().max().item():.4f})")
-    assert got.std() > 0.05
-    assert err_hf <= 2e-2 and err_truth <= 2e-2
 
 
 BAD_CASES = {
