@@ -16,9 +16,38 @@ if not has_cuda_driver():
     ctypes.CDLL(str(build_libcuda_stub() / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
 
 
+# Seconds each of the long test files takes in `launch/test.sh` on a 2-core machine (two xdist
+# workers, both busy), measured; every other file takes ~30 s or less and counts 0. With
+# `--dist loadfile` a worker asks for the next file when its current one is nearly done, in
+# collection order: the longest go first so that the short ones fill the end and both workers
+# finish together (alphabetical order left a 490 s file for last). A new long file belongs here.
+FILE_SECONDS = {
+    "test_faults.py": 480,
+    "test_probe_serving.py": 400,
+    "test_served_parity.py": 400,
+    "test_fp8.py": 280,
+    "test_kernel_sink_attention.py": 126,
+    "test_probe_serving_bf16.py": 120,
+    "test_kernel_moe.py": 117,
+    "test_cli.py": 109,
+    "test_kernel_fp8_gemm.py": 104,
+    "test_probe_kernel.py": 72,
+    "test_kernel_moe_decode.py": 35,
+}
+
+
+def pytest_configure(config):
+    # xdist >= 3.8 re-sorts files by their number of tests (most first) unless told not to, which
+    # would undo the order below; older xdist has no such option and keeps collection order.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    # Longest files first; a stable sort keeps each file's tests together and in their order.
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA; GPU results live in benchmarks/results/")
