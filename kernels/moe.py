@@ -144,8 +144,9 @@ class MoeConfig:
     # Decode for a few tokens (`kernels/moe_decode.py`): no sort, no K loop, no split-K. mlp1
     # programs own `mlp1_block_n` intermediate columns of one pair over all of K (the weight slab
     # in two loads), h is quantised by its own small launch, and mlp2 programs own `mlp2_block_n`
-    # output columns of one token over its top-k pairs, the weighted combine included. Only the
-    # block_n / warps fields apply.
+    # output columns of one token over its top-k pairs, the weighted combine included (or, with
+    # mlp2_per_pair, rows of one pair's expert, combined by the last arriver). Only the block_n /
+    # warps fields and mlp2_per_pair apply.
     oneshot: bool = False
     mlp2_per_pair: bool = False  # oneshot: mlp2 per (pair, rows) + last-arriver combine (OneshotConfig)
 
