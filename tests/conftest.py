@@ -17,22 +17,23 @@ if not has_cuda_driver():
 
 
 # Seconds each of the long test files takes in `launch/test.sh` on a 2-core machine (two xdist
-# workers, both busy), measured; every other file takes ~30 s or less and counts 0. With
-# `--dist loadfile` a worker asks for the next file when its current one is nearly done, in
+# workers, both busy; measured, junit times); every other file takes under ~20 s and counts 0.
+# With `--dist loadfile` a worker asks for the next file when its current one is nearly done, in
 # collection order: the longest go first so that the short ones fill the end and both workers
-# finish together (alphabetical order left a 490 s file for last). A new long file belongs here.
+# finish together (in xdist's own order, most tests first, a 490 s file with five tests went
+# last). A new long file belongs here.
 FILE_SECONDS = {
-    "test_faults.py": 480,
-    "test_probe_serving.py": 400,
-    "test_served_parity.py": 400,
-    "test_fp8.py": 280,
-    "test_kernel_sink_attention.py": 126,
-    "test_probe_serving_bf16.py": 120,
-    "test_kernel_moe.py": 117,
-    "test_cli.py": 109,
-    "test_kernel_fp8_gemm.py": 104,
-    "test_probe_kernel.py": 72,
-    "test_kernel_moe_decode.py": 35,
+    "test_faults.py": 415,
+    "test_probe_serving.py": 358,
+    "test_served_parity.py": 310,
+    "test_fp8.py": 211,
+    "test_kernel_sink_attention.py": 114,
+    "test_kernel_moe.py": 97,
+    "test_probe_serving_bf16.py": 95,
+    "test_kernel_fp8_gemm.py": 91,
+    "test_cli.py": 69,
+    "test_kernel_moe_decode.py": 32,
+    "test_probe_kernel.py": 28,
 }
 
 
