@@ -568,7 +568,14 @@ def causal_flops(t: int, window_left: int) -> float:
     return 4.0 * HQ * D * keys  # QK^T and PV, 2 FLOPs per multiply-add each
 
 
-def bench_extend(tokens, sweep: bool):
+EXTEND_SWEEP = ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3))
+# --extend-sweep: both layer kinds, wider: tiles of 8..32 positions x 8 heads, key blocks 32..128
+EXTEND_SWEEP_WIDE = ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 4, 2),
+                     (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 2), (256, 64, 8, 3),
+                     (256, 128, 8, 2), (256, 64, 8, 2), (128, 64, 4, 4), (64, 128, 4, 2))
+
+
+def bench_extend(tokens, sweep: bool, configs=EXTEND_SWEEP, sweep_sliding: bool = False):
     g = torch.Generator(device=DEVICE).manual_seed(1)
     k_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     v_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
@@ -600,9 +607,9 @@ def bench_extend(tokens, sweep: bool):
             case = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, **common, sinks=s,
                         window_left=window_left)
             row["peers"] = run_peers("extend", [case], t, out)
-            if sweep and window_left < 0 and with_sinks:
+            if sweep and (window_left < 0 or sweep_sliding) and with_sinks:
                 row["config_sweep"] = {}
-                for block_m, block_n, warps, stages in ((128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)):
+                for block_m, block_n, warps, stages in configs:
                     key = f"block_m={block_m} block_n={block_n} warps={warps} stages={stages}"
                     try:
                         tc = event_time(ours(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages))
@@ -699,6 +706,9 @@ def main():
     ap.add_argument("--max-contexts", default=None,
                     help="--decode-sweep: req_to_token widths, 'same' = the context (default 'same'; with --oneshot "
                          "'same,131072')")
+    ap.add_argument("--extend-sweep", action="store_true",
+                    help="only extend (full and sliding layers, with and without sinks), each with sinks swept over "
+                         "EXTEND_SWEEP_WIDE, written to bench_sink_attention_extend_sweep.{json,md}")
     ap.add_argument("--decode-merge", action="store_true",
                     help="only the split-merge comparison (batches 1,8,32,128 unless --batches is given), written to "
                          "bench_sink_attention_merge.{json,md}")
@@ -750,6 +760,12 @@ def main():
         rows = collect(lambda: bench_decode_sweep(contexts, batches, bw, max_contexts, oneshot_only=args.oneshot))
         stem = "bench_sink_attention_decode_oneshot" if args.oneshot else "bench_sink_attention_decode_sweep"
         write(stem, {"rows": rows}, lambda: sweep_markdown(meta, rows))
+        return
+    if args.extend_sweep:
+        extend_rows = collect(lambda: bench_extend(args.extend_tokens, sweep=True, configs=EXTEND_SWEEP_WIDE,
+                                                   sweep_sliding=True))
+        write("bench_sink_attention_extend_sweep", {"extend": extend_rows},
+              lambda: markdown(meta, [], extend_rows))
         return
     batches = [int(b) for b in (args.batches or "1,8,32,128").split(",")]
     extend_rows = collect(lambda: bench_extend(args.extend_tokens, sweep=not args.no_sweep))

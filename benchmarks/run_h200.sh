@@ -19,6 +19,7 @@
 #   bash benchmarks/run_h200.sh pair1     # (one GPU) per-pair mlp2: in-step A/B on 120b (PDL on) + its gpu tests
 #   bash benchmarks/run_h200.sh t8        # (one GPU) one-shot MoE (per-pair mlp2) at 8 tokens, 120b and 20b + MoE gpu tests
 #   bash benchmarks/run_h200.sh final6b   # (one GPU) with the per-pair mlp2: PDL bits test, diag_pdl batch 1, TP1 decode rows
+#   bash benchmarks/run_h200.sh prefill7  # (one GPU) MoE prefill two-pass mlp1 diagnosis + ncu, extend sweep
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -224,6 +225,18 @@ final6b)  # one GPU, the session's last state: PDL bits (gpu test), diag_pdl at 
     step diag_pdl 250 python benchmarks/diag_pdl.py --out "$R" --batches 1 --check 30
     step bench_decode_tp1 180 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8 --contexts 8192 \
         --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" --stem bench_decode_tp1
+    ;;
+prefill7)  # one GPU: MoE prefill mlp1 in two passes (per-config diagnosis with compiled resources, 120b then a
+          # 20b subset; ncu of mlp1/mlp2 for the table and the two-pass config) and the extend sweep (full and
+          # sliding layers); the one-dot gpu tests last, with the time left
+    step diag_moe_prefill_120b 200 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b
+    step extend_sweep 110 python benchmarks/bench_sink_attention.py --extend-sweep --out "$R"
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+    step ncu_moe_prefill 100 "$NCU" --clock-control none --profile-from-start off --kernel-name regex:"_mlp[12]_kernel" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section ComputeWorkloadAnalysis \
+        python benchmarks/diag_moe_prefill.py --ncu --models 120b --configs table,p2w4s3
+    step gpu_test_moe_one_dot 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k one_dot
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -141,6 +141,14 @@ class MoeConfig:
     # two dots are each split over 2 warpgroups as m64n64 wgmmas (A re-read from shared memory
     # per small-N MMA); one dot gives m64n128 per warpgroup and contiguous weight rows.
     mlp1_one_dot: bool = False
+    # mlp1_one_dot, prefill: the program's mlp1_block_n columns in this many passes over K, each one
+    # dot over 2 * mlp1_block_n / passes contiguous W1 rows (<= 128: one scale block, a scalar scale
+    # per K step), h of the earlier passes kept in registers until the last pass, then all of it
+    # requantised together. Why: a 128-column h group needs 256 W1 rows, whose one-dot accumulator
+    # plus its per-K-step dot result (the block scales are applied per K step) is 256 fp32 registers
+    # a thread on one warpgroup; in passes a warpgroup holds m64 x n128 (128 registers), the shape of
+    # the dense GEMM's tile (`_fp8_gemm_kernel`, 578-612 TFLOP/s at M = 8192 against mlp1's 397).
+    mlp1_passes: int = 1
     # Decode for a few tokens (`kernels/moe_decode.py`): no sort, no K loop, no split-K. mlp1
     # programs own `mlp1_block_n` intermediate columns of one pair over all of K (the weight slab
     # in two loads), h is quantised by its own small launch, and mlp2 programs own `mlp2_block_n`
@@ -166,6 +174,7 @@ class MoeConfig:
                     + (" fc" if self.fuse_combine else "") + (" pdl" if self.pdl else ""))
         text = (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}"
                 + ("/1dot" if self.mlp1_one_dot else "")
+                + (f"/p{self.mlp1_passes}" if self.mlp1_passes > 1 else "")
                 + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages} g{self.group_m}")
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
@@ -286,8 +295,9 @@ def _check_config(config: MoeConfig) -> None:
         if value < 1 or value & (value - 1):
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
     if config.oneshot:
-        if config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl:
-            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, fuse_combine, pdl do not apply")
+        if config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1:
+            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, fuse_combine, "
+                             "pdl do not apply")
         return
     if config.gemv:
         # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
@@ -297,11 +307,19 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError("MoeConfig.gemv: split_k must be in 1..64")
         if config.gemv_fma and config.block_m != 1:
             raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
-        if config.mlp1_one_dot:
-            raise ValueError("MoeConfig.mlp1_one_dot: the grouped mlp1 kernel only, not gemv")
+        if config.mlp1_one_dot or config.mlp1_passes != 1:
+            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes: the grouped mlp1 kernel only, not gemv")
         return
     if config.mlp2_per_pair:
         raise ValueError("MoeConfig.mlp2_per_pair: the one-shot path only")
+    if config.mlp1_passes != 1:
+        passes = config.mlp1_passes
+        if passes < 1 or passes & (passes - 1):
+            raise ValueError(f"MoeConfig.mlp1_passes must be a power of two, got {passes}")
+        if not config.mlp1_one_dot or config.mlp1_split_k != 1 or passes != 2:
+            raise ValueError("MoeConfig.mlp1_passes: 2 passes, with mlp1_one_dot and no mlp1 split-K")
+        if not 16 <= 2 * config.mlp1_block_n // passes <= 128:
+            raise ValueError("MoeConfig.mlp1_passes: 16..128 W1 rows a pass (2 * mlp1_block_n / passes)")
     if config.fuse_combine or config.gemv_fma or config.pdl:
         raise ValueError("MoeConfig: fuse_combine, gemv_fma and pdl need gemv")
     if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:
@@ -742,6 +760,51 @@ def _decode_front_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, first_row, k_first, k_last, hidden, inter, limit, alpha,
+               stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
+               BLOCK_M: tl.constexpr, ROWS: tl.constexpr, HAS_B1: tl.constexpr, DOT_FP32: tl.constexpr):
+    """One pass of `_mlp1_kernel` with MoeConfig.mlp1_passes: W1 rows [first_row, first_row + ROWS)
+    (ROWS <= 128 and first_row a multiple of ROWS: one 128-row scale block, so one scalar scale per K
+    step) against the block's x rows over K blocks [k_first, k_last), bias and activation applied:
+    h [BLOCK_M, ROWS // 2]. The sums are the one-dot path's, element for element."""
+    BLOCK_K: tl.constexpr = 128
+    offs_k = tl.arange(0, BLOCK_K)
+    num_k_groups = tl.cdiv(hidden, BLOCK_K)
+    w_rows = first_row + tl.arange(0, ROWS)
+    w_row_ok = w_rows < 2 * inter
+    a_ptrs = XQ + tokens[:, None] * hidden + k_first * BLOCK_K + offs_k[None, :]
+    xs_ptrs = XS + tokens * num_k_groups
+    w_ptrs = (W1 + expert * stride_w1_e + w_rows.to(tl.int64)[None, :] * stride_w1_n + k_first * BLOCK_K
+              + offs_k[:, None])
+    ws_ptr = W1S + expert * stride_w1s_e + (first_row // 128) * stride_w1s_n
+    acc = tl.zeros([BLOCK_M, ROWS], dtype=tl.float32)
+    for kb in range(k_first, k_last):
+        k_ok = offs_k < hidden - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & w_row_ok[None, :], other=0.0)
+        a_s = tl.load(xs_ptrs + kb, mask=row_ok, other=0.0)
+        w_s = tl.load(ws_ptr + kb, mask=first_row < 2 * inter, other=0.0)  # a pass past 2I: no block
+        scale = a_s[:, None] * w_s
+        if DOT_FP32:
+            a = a.to(tl.float32)[:, :, None]
+            if BLOCK_M * BLOCK_K * ROWS <= 1048576:
+                prod = tl.sum(a * w.to(tl.float32)[None, :, :], axis=1)
+            else:  # the interpreter's tensor cap (2^20 elements): gate and linear columns apart
+                wg, wl = tl.split(tl.reshape(w.to(tl.float32), [BLOCK_K, ROWS // 2, 2]))
+                prod = tl.join(tl.sum(a * wg[None, :, :], axis=1), tl.sum(a * wl[None, :, :], axis=1))
+                prod = tl.reshape(prod, [BLOCK_M, ROWS])
+            acc += prod * scale
+        else:
+            acc += tl.dot(a, w) * scale
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_B1:
+        acc += tl.load(B1 + expert * stride_b1_e + w_rows, mask=w_row_ok, other=0.0).to(tl.float32)[None, :]
+    acc_g, acc_l = tl.split(tl.reshape(acc, [BLOCK_M, ROWS // 2, 2]))
+    return _gpt_oss_activation(acc_g, acc_l, limit, alpha)
+
+
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks_m"])
 def _mlp1_kernel(
     XQ, XS,  # x in e4m3 [T, H] and its group scales [T, cdiv(H, 128)]
@@ -762,6 +825,7 @@ def _mlp1_kernel(
     DOT_FP32: tl.constexpr,  # interpreter only: the dot as an fp32 multiply-and-sum (see _experts)
     SPLIT_K: tl.constexpr,
     ONE_DOT: tl.constexpr = False,  # MoeConfig.mlp1_one_dot: one dot over 2 * BLOCK_N contiguous W1 rows
+    PASSES: tl.constexpr = 1,  # MoeConfig.mlp1_passes (ONE_DOT, SPLIT_K 1): 1 or 2 passes of _mlp1_pass
 ):
     BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
@@ -793,7 +857,18 @@ def _mlp1_kernel(
 
     a_ptrs = XQ + tokens[:, None] * hidden + k_first * BLOCK_K + offs_k[None, :]
     xs_ptrs = XS + tokens * num_k_groups
-    if ONE_DOT:
+    if PASSES == 2:
+        # columns [c0, c0 + BLOCK_N / 2) then the rest, each h half [BLOCK_M, BLOCK_N / 2]; together
+        # [BLOCK_M, BLOCK_N] in column order for the requantisation below
+        ROWS: tl.constexpr = BLOCK_N  # W1 rows a pass: 2 * BLOCK_N / PASSES
+        h_lo = _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, pid_n * (2 * BLOCK_N), k_first, k_last,
+                          hidden, inter, limit, alpha, stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n,
+                          stride_b1_e, BLOCK_M, ROWS, HAS_B1, DOT_FP32)
+        h_hi = _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, pid_n * (2 * BLOCK_N) + ROWS, k_first,
+                          k_last, hidden, inter, limit, alpha, stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n,
+                          stride_b1_e, BLOCK_M, ROWS, HAS_B1, DOT_FP32)
+        h = tl.reshape(tl.permute(tl.join(h_lo, h_hi), (0, 2, 1)), [BLOCK_M, BLOCK_N])
+    elif ONE_DOT:
         # W1 rows 2c (gate), 2c+1 (linear) of the tile's columns, contiguous as stored: one
         # [BLOCK_K, 2 * BLOCK_N] tile and one accumulator, split into gate / linear at the end
         w_rows = pid_n * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
@@ -849,7 +924,7 @@ def _mlp1_kernel(
 
     ok = row_ok[:, None] & col_ok[None, :]
     out_offs = rows.to(tl.int64)[:, None] * inter + cols[None, :]
-    if SPLIT_K > 1:
+    if SPLIT_K > 1 and PASSES == 1:
         # Deterministic split-K: every split stores its partials; the split that arrives last
         # (the counter's old value) sums all of them in split order, so the bits never depend
         # on arrival order, and resets the counter for the next launch (no memset per call).
@@ -883,16 +958,17 @@ def _mlp1_kernel(
                 acc_l += tl.load(PART + s * (2 * slab) + slab + out_offs, mask=ok, other=0.0,
                                  cache_modifier=".cg")
 
-    if ONE_DOT:
-        if HAS_B1:
-            acc += tl.load(B1 + expert * stride_b1_e + w_rows, mask=w_row_ok, other=0.0).to(tl.float32)[None, :]
-        # [m, 2c + j] -> [m, c, j]: j = 0 gate, 1 linear
-        acc_g, acc_l = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-    elif HAS_B1:
-        b1_ptrs = B1 + expert * stride_b1_e + gate_rows
-        acc_g += tl.load(b1_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        acc_l += tl.load(b1_ptrs + 1, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
+    if PASSES == 1:
+        if ONE_DOT:
+            if HAS_B1:
+                acc += tl.load(B1 + expert * stride_b1_e + w_rows, mask=w_row_ok, other=0.0).to(tl.float32)[None, :]
+            # [m, 2c + j] -> [m, c, j]: j = 0 gate, 1 linear
+            acc_g, acc_l = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+        elif HAS_B1:
+            b1_ptrs = B1 + expert * stride_b1_e + gate_rows
+            acc_g += tl.load(b1_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            acc_l += tl.load(b1_ptrs + 1, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
     h = tl.where(ok, h, 0.0)
     if FUSED_REQUANT:
         GROUPS: tl.constexpr = BLOCK_N // 128
@@ -1794,7 +1870,8 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         b1.stride(0) if b1 is not None else 0,
         TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
         HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
-        ONE_DOT=config.mlp1_one_dot, num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
+        ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
+        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
     )
     pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.float32, device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)

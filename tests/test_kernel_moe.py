@@ -292,6 +292,18 @@ def test_one_dot_config():
         mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
     with pytest.raises(ValueError, match="mlp1_one_dot"):
         mod._check_config(replace(mod.select_config(1), mlp1_one_dot=True))  # oneshot
+    two_pass = replace(one, mlp1_passes=2)
+    mod._check_config(two_pass)
+    assert two_pass.short() == one.short().replace("/1dot ", "/1dot/p2 ", 1)
+    for bad, match in ((replace(base, mlp1_passes=2), "mlp1_passes: 2 passes, with mlp1_one_dot"),
+                       (replace(two_pass, mlp1_passes=4), "mlp1_passes: 2 passes"),
+                       (replace(two_pass, mlp1_passes=3), "power of two"),
+                       (replace(two_pass, mlp1_split_k=2), "no mlp1 split-K"),
+                       (replace(two_pass, mlp1_block_n=256), "16..128 W1 rows"),
+                       (replace(mod.select_config(1), mlp1_passes=2), "oneshot"),
+                       (replace(mod.select_config(8), mlp1_passes=2), "not gemv")):
+        with pytest.raises(ValueError, match=match):
+            mod._check_config(bad)
     q1, s1, b1, q2, s2, b2 = make_experts(4, HIDDEN, INTER, seed=0)
     rw, rb = make_router(NUM_EXPERTS, HIDDEN, seed=0)
     with pytest.raises(ValueError, match="mlp1_one_dot"):
@@ -591,6 +603,13 @@ def one_dot_cases(mod):
          True, True, True),
         ("narrow n16 (32 W1 rows), fp32 h, H 288 I 160, 4 experts, no b1", 9,
          C(16, 16, 4, 2, 64, 4, 2, mlp1_one_dot=True), 288, 160, 4, 0, False, True, False),
+        ("2 passes of 128 W1 rows, fused requant, H 288 I 160 (a pass past 2I), 6 experts, biases", 37,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2), 288, 160, 6, 0, True, True, False),
+        ("2 passes, prefill tile m64 w4, H 320 I 288, EP rank 1..5, routing given, b1 only", 23,
+         C(64, 128, 4, 3, 128, 4, 3, group_m=4, mlp1_one_dot=True, mlp1_passes=2), 320, 288, 4, 1,
+         True, False, True),
+        ("2 passes of 32 W1 rows, fp32 h (n32), H 160 I 288, 8 experts", 11,
+         C(16, 32, 4, 2, 32, 4, 2, mlp1_one_dot=True, mlp1_passes=2), 160, 288, 8, 0, True, True, False),
     ]
 
 
@@ -609,7 +628,7 @@ def check_one_dot(mod, device) -> dict:
         x = make_x(num_tokens, hidden, seed=seed + 2, device=device)
         weights, ids = route(x, *router, TOP_K)
         outs = {}
-        for label, cfg in (("one_dot", config), ("two_dot", replace(config, mlp1_one_dot=False))):
+        for label, cfg in (("one_dot", config), ("two_dot", replace(config, mlp1_one_dot=False, mlp1_passes=1))):
             if given:
                 outs[label] = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
                                                     config=cfg)
@@ -799,13 +818,14 @@ GPU_PREFILL_TOKENS = 8192
 
 
 def gpu_one_dot_configs():
-    """mlp1's one-dot variant at 120b prefill: the prefill table's tiles, block_m 128, and 64-column
-    tiles (fp32 h, quantised by mlp2)."""
+    """mlp1's one-dot variant at 120b prefill: the prefill table's tiles, block_m 128, 64-column
+    tiles (fp32 h, quantised by mlp2), and two passes of 128 W1 rows on one warpgroup."""
     from dataclasses import replace
 
     mod = _kernel_module()
     base = replace(mod.select_config(GPU_PREFILL_TOKENS), mlp1_one_dot=True)
-    return (base, replace(base, block_m=128), replace(base, mlp1_block_n=64, mlp1_warps=4))
+    return (base, replace(base, block_m=128), replace(base, mlp1_block_n=64, mlp1_warps=4),
+            replace(base, mlp1_warps=4, mlp1_passes=2))
 
 
 def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=128) -> dict:
@@ -835,7 +855,7 @@ def test_one_dot_small_dims_compiled():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("which", range(3))
+@pytest.mark.parametrize("which", range(4))
 def test_full_shapes_one_dot_120b_prefill(which):
     gpu_one_dot_vs_default(gpu_one_dot_configs()[which])
 
