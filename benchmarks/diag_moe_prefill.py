@@ -32,9 +32,13 @@ from bench_common import md_table, run_meta, write_results  # noqa: E402
 from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
 
 TABLE = moe_kernels.select_config(8192)
-_TWO_PASS = replace(TABLE, mlp1_warps=4, mlp1_one_dot=True, mlp1_passes=2)
+# the prefill row before session 7 (two dots on 8 warps), kept for comparison
+BEFORE = moe_kernels.MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
+                               mlp2_warps=4, mlp2_stages=3, group_m=4)
+_TWO_PASS = replace(BEFORE, mlp1_warps=4, mlp1_one_dot=True, mlp1_passes=2)
 CANDIDATES = {
     "table": TABLE,
+    "before": BEFORE,
     # mlp1 in 2 passes of 128 W1 rows: one warpgroup m64n128 per pass
     "p2w4s3": _TWO_PASS,
     "p2w4s4": replace(_TWO_PASS, mlp1_stages=4),
@@ -45,9 +49,16 @@ CANDIDATES = {
     # 128-row sort blocks: two warpgroups of m64n128 a pass, mlp2 likewise on 8 warps
     "p2m128w8s3": replace(_TWO_PASS, block_m=128, mlp1_warps=8, mlp2_warps=8),
     "p2m128w8s4": replace(_TWO_PASS, block_m=128, mlp1_warps=8, mlp1_stages=4, mlp2_warps=8, mlp2_stages=4),
-    # mlp2 alone (the table's mlp1)
-    "mlp2s4": replace(TABLE, mlp2_stages=4),
-    "mlp2w8s3": replace(TABLE, mlp2_warps=8),
+    # mlp2 alone (the old mlp1)
+    "mlp2s4": replace(BEFORE, mlp2_stages=4),
+    "mlp2w8s3": replace(BEFORE, mlp2_warps=8),
+    # register caps: three 4-warp programs an SM instead of two
+    "p2w4s3r1": replace(_TWO_PASS, mlp1_maxnreg=168),
+    "p2w4s3r2": replace(_TWO_PASS, mlp2_maxnreg=168),
+    "p2w4s3r12": replace(_TWO_PASS, mlp1_maxnreg=168, mlp2_maxnreg=168),
+    "p2w4s2r12": replace(_TWO_PASS, mlp1_stages=2, mlp2_stages=2, mlp1_maxnreg=168, mlp2_maxnreg=168),
+    "p2w4s3r12g8": replace(_TWO_PASS, group_m=8, mlp1_maxnreg=168, mlp2_maxnreg=168),
+    "p2w4s3r2s4": replace(_TWO_PASS, mlp2_maxnreg=168, mlp2_stages=4),
 }
 
 

@@ -20,6 +20,7 @@
 #   bash benchmarks/run_h200.sh t8        # (one GPU) one-shot MoE (per-pair mlp2) at 8 tokens, 120b and 20b + MoE gpu tests
 #   bash benchmarks/run_h200.sh final6b   # (one GPU) with the per-pair mlp2: PDL bits test, diag_pdl batch 1, TP1 decode rows
 #   bash benchmarks/run_h200.sh prefill7  # (one GPU) MoE prefill two-pass mlp1 diagnosis + ncu, extend sweep
+#   bash benchmarks/run_h200.sh prefill7b # (one GPU) two-pass mlp1 + register caps, scalar-scale mlp2; MoE gpu tests
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -237,6 +238,16 @@ prefill7)  # one GPU: MoE prefill mlp1 in two passes (per-config diagnosis with 
         --section SchedulerStats --section ComputeWorkloadAnalysis \
         python benchmarks/diag_moe_prefill.py --ncu --models 120b --configs table,p2w4s3
     step gpu_test_moe_one_dot 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k one_dot
+    ;;
+prefill7b)  # one GPU: the two-pass mlp1 with register caps and the scalar-scale mlp2 (diagnosis: 120b 8192 tokens,
+           # then a subset at 20b and at 1024 tokens), then the MoE gpu tests
+    step diag_moe_prefill_120b 170 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b \
+        --configs table,before,p2w4s3,p2w4s3r1,p2w4s3r2,p2w4s3r12,p2w4s2r12,p2w4s3r12g8,p2w4s3r2s4
+    step diag_moe_prefill_20b 70 python benchmarks/diag_moe_prefill.py --out "$R" --models 20b \
+        --configs before,p2w4s3,p2w4s3r2,p2w4s3r12 --stem diag_moe_prefill_20b
+    step diag_moe_prefill_1024 80 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b --tokens 1024 \
+        --configs before,p2w4s3,p2w4s3r2,p2w4s3r12 --stem diag_moe_prefill_1024
+    step gpu_test_moe 220 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

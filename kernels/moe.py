@@ -149,6 +149,12 @@ class MoeConfig:
     # a thread on one warpgroup; in passes a warpgroup holds m64 x n128 (128 registers), the shape of
     # the dense GEMM's tile (`_fp8_gemm_kernel`, 578-612 TFLOP/s at M = 8192 against mlp1's 397).
     mlp1_passes: int = 1
+    # Register caps per thread (0: the compiler's choice), grouped kernels only. Why: mlp1's two-pass
+    # and mlp2's m64n128 programs compile to 216-255 registers, two 4-warp programs an SM (2 warps a
+    # scheduler: ncu shows the issue slots idle 57 % of cycles, waiting); <= 168 lets three share
+    # an SM, at the price of a few spilled values (ptxas: mlp2 80 bytes, mlp1 two-pass ~340).
+    mlp1_maxnreg: int = 0
+    mlp2_maxnreg: int = 0
     # Decode for a few tokens (`kernels/moe_decode.py`): no sort, no K loop, no split-K. mlp1
     # programs own `mlp1_block_n` intermediate columns of one pair over all of K (the weight slab
     # in two loads), h is quantised by its own small launch, and mlp2 programs own `mlp2_block_n`
@@ -175,7 +181,9 @@ class MoeConfig:
         text = (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}"
                 + ("/1dot" if self.mlp1_one_dot else "")
                 + (f"/p{self.mlp1_passes}" if self.mlp1_passes > 1 else "")
-                + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages} g{self.group_m}")
+                + (f"/r{self.mlp1_maxnreg}" if self.mlp1_maxnreg else "")
+                + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}"
+                + (f"/r{self.mlp2_maxnreg}" if self.mlp2_maxnreg else "") + f" g{self.group_m}")
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
         if self.align_chunk != 128:
@@ -295,9 +303,10 @@ def _check_config(config: MoeConfig) -> None:
         if value < 1 or value & (value - 1):
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
     if config.oneshot:
-        if config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1:
-            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, fuse_combine, "
-                             "pdl do not apply")
+        if (config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1
+                or config.mlp1_maxnreg or config.mlp2_maxnreg):
+            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, maxnreg, "
+                             "fuse_combine, pdl do not apply")
         return
     if config.gemv:
         # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
@@ -307,11 +316,15 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError("MoeConfig.gemv: split_k must be in 1..64")
         if config.gemv_fma and config.block_m != 1:
             raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
-        if config.mlp1_one_dot or config.mlp1_passes != 1:
-            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes: the grouped mlp1 kernel only, not gemv")
+        if config.mlp1_one_dot or config.mlp1_passes != 1 or config.mlp1_maxnreg or config.mlp2_maxnreg:
+            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, maxnreg: the grouped kernels only, not gemv")
         return
     if config.mlp2_per_pair:
         raise ValueError("MoeConfig.mlp2_per_pair: the one-shot path only")
+    for name in ("mlp1_maxnreg", "mlp2_maxnreg"):
+        value = getattr(config, name)
+        if value and not (24 <= value <= 255 and value % 8 == 0):
+            raise ValueError(f"MoeConfig.{name}: 0 or a multiple of 8 in 24..255, got {value}")
     if config.mlp1_passes != 1:
         passes = config.mlp1_passes
         if passes < 1 or passes & (passes - 1):
@@ -1028,7 +1041,13 @@ def _mlp2_kernel(
     h_offs = rows.to(tl.int64)[:, None] * inter + k_first * BLOCK_K + offs_k[None, :]
     hs_ptrs = HS + rows.to(tl.int64) * num_k_groups
     w_ptrs = W2 + expert * stride_w2_e + cols.to(tl.int64)[None, :] * stride_w2_n + k_first * BLOCK_K + offs_k[:, None]
-    ws_ptrs = W2S + expert * stride_w2s_e + (cols // 128) * stride_w2s_n
+    # A tile of <= 128 columns (a power of two) lies in one 128-row scale block of W2: one scalar
+    # scale per K step instead of a per-column vector (fewer registers and loads; the same values)
+    SCALAR_WS: tl.constexpr = BLOCK_N <= 128
+    if SCALAR_WS:
+        ws_ptrs = W2S + expert * stride_w2s_e + (pid_n * BLOCK_N // 128) * stride_w2s_n
+    else:
+        ws_ptrs = W2S + expert * stride_w2s_e + (cols // 128) * stride_w2s_n
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kb in range(k_first, k_last):
@@ -1040,12 +1059,14 @@ def _mlp2_kernel(
         else:
             a, a_s = _quantize_e4m3(tl.load(HF + h_offs, mask=a_mask, other=0.0), 1)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        w_s = tl.load(ws_ptrs + kb, mask=col_ok, other=0.0)
-        if DOT_FP32:
-            acc += tl.sum(a.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1) * (
-                a_s[:, None] * w_s[None, :])
+        if SCALAR_WS:
+            scale = a_s[:, None] * tl.load(ws_ptrs + kb)
         else:
-            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+            scale = a_s[:, None] * tl.load(ws_ptrs + kb, mask=col_ok, other=0.0)[None, :]
+        if DOT_FP32:
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1) * scale
+        else:
+            acc += tl.dot(a, w) * scale
         h_offs += BLOCK_K
         w_ptrs += BLOCK_K
 
@@ -1872,6 +1893,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
         ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
         num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
+        **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
     )
     pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.float32, device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
@@ -1884,6 +1906,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
         HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted, SPLIT_K=split2,
         num_warps=config.mlp2_warps, num_stages=config.mlp2_stages,
+        **({"maxnreg": config.mlp2_maxnreg} if config.mlp2_maxnreg and not interpreted else {}),
     )
     block_h = min(1024, _next_pow2(hidden))
     _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](

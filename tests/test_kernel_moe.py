@@ -294,12 +294,19 @@ def test_one_dot_config():
         mod._check_config(replace(mod.select_config(1), mlp1_one_dot=True))  # oneshot
     two_pass = replace(one, mlp1_passes=2)
     mod._check_config(two_pass)
+    capped = replace(two_pass, mlp1_maxnreg=168, mlp2_maxnreg=160)
+    mod._check_config(capped)
+    assert "/p2/r168 " in capped.short() and "/r160 " in capped.short()
     assert two_pass.short() == one.short().replace("/1dot ", "/1dot/p2 ", 1)
     for bad, match in ((replace(base, mlp1_passes=2), "mlp1_passes: 2 passes, with mlp1_one_dot"),
                        (replace(two_pass, mlp1_passes=4), "mlp1_passes: 2 passes"),
                        (replace(two_pass, mlp1_passes=3), "power of two"),
                        (replace(two_pass, mlp1_split_k=2), "no mlp1 split-K"),
                        (replace(two_pass, mlp1_block_n=256), "16..128 W1 rows"),
+                       (replace(two_pass, mlp1_maxnreg=100), "multiple of 8"),
+                       (replace(two_pass, mlp2_maxnreg=256), "multiple of 8"),
+                       (replace(mod.select_config(8), mlp2_maxnreg=168), "not gemv"),
+                       (replace(mod.select_config(1), mlp1_maxnreg=168), "oneshot"),
                        (replace(mod.select_config(1), mlp1_passes=2), "oneshot"),
                        (replace(mod.select_config(8), mlp1_passes=2), "not gemv")):
         with pytest.raises(ValueError, match=match):
@@ -825,7 +832,8 @@ def gpu_one_dot_configs():
     mod = _kernel_module()
     base = replace(mod.select_config(GPU_PREFILL_TOKENS), mlp1_one_dot=True)
     return (base, replace(base, block_m=128), replace(base, mlp1_block_n=64, mlp1_warps=4),
-            replace(base, mlp1_warps=4, mlp1_passes=2))
+            replace(base, mlp1_warps=4, mlp1_passes=2),
+            replace(base, mlp1_warps=4, mlp1_passes=2, mlp1_maxnreg=168, mlp2_maxnreg=168))
 
 
 def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=128) -> dict:
@@ -855,7 +863,7 @@ def test_one_dot_small_dims_compiled():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("which", range(4))
+@pytest.mark.parametrize("which", range(5))
 def test_full_shapes_one_dot_120b_prefill(which):
     gpu_one_dot_vs_default(gpu_one_dot_configs()[which])
 
