@@ -21,6 +21,7 @@
 #   bash benchmarks/run_h200.sh final6b   # (one GPU) with the per-pair mlp2: PDL bits test, diag_pdl batch 1, TP1 decode rows
 #   bash benchmarks/run_h200.sh prefill7  # (one GPU) MoE prefill two-pass mlp1 diagnosis + ncu, extend sweep
 #   bash benchmarks/run_h200.sh prefill7b # (one GPU) two-pass mlp1 + register caps, scalar-scale mlp2; MoE gpu tests
+#   bash benchmarks/run_h200.sh final7    # (one GPU) prefill grid + MoE tables with the two-pass row; MoE/layer gpu tests
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -248,6 +249,14 @@ prefill7b)  # one GPU: the two-pass mlp1 with register caps and the scalar-scale
     step diag_moe_prefill_1024 80 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b --tokens 1024 \
         --configs before,p2w4s3,p2w4s3r2,p2w4s3r12 --stem diag_moe_prefill_1024
     step gpu_test_moe 220 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    ;;
+final7)  # one GPU, after the two-pass mlp1 row: the committed prefill grid (8k per-kernel breakdown), the MoE
+        # tables (peers: carry .peers/sglang_src), then the MoE and layer gpu tests
+    step bench_prefill 160 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+        --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
+    step bench_moe 130 python benchmarks/bench_moe.py --out "$R" --no-sweep
+    step gpu_test_moe 170 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -198,8 +198,9 @@ class MoeConfig:
 # Decode (T <= 128) streams each touched expert's 25 MB once: at T=1, 4 experts x 23 mlp1 tiles
 # of 737 KB, and 4 x 90 mlp2 programs of 92 KB; mlp1 split 2 ways along K (184 programs) fills
 # the 132 SMs, of which 92 programs leave 40 idle.
-# Prefill is compute bound: 64 x 256-row W1 tiles on 8 warps (both accumulators and the dot
-# results fit in registers; 128 rows would spill), 128-wide mlp2 tiles, grouped for L2 reuse.
+# Prefill is compute bound: 64-row blocks, each program's 128 h columns (256 W1 rows) in two
+# passes of 128 contiguous rows on one warpgroup (m64n128, as the dense GEMM's tile), 128-wide
+# mlp2 tiles, grouped for L2 reuse (see T > 128 below).
 #
 # Measured: H200 sweep, benchmarks/results/sweeps/moe.md (+ .json), "Sweep: fastest
 # bit-reproducible config per shape vs the table's" and the full sweep below it (every candidate
@@ -218,6 +219,14 @@ class MoeConfig:
 #   T=8192 only: 5027.8 -> 4677.3 / 4432.3 -> 4047.8 us (1.07x / 1.09x; max rel err vs moe_ref
 #   1.2e-2 / 7.1e-3 at 512 tokens). The 1024 boundary is kept (nothing measured near it); the
 #   new row equals the 129..1024 row except mlp2_stages 3 (that row not re-measured).
+# - T > 128 (session 7): mlp1 in two passes of 128 W1 rows on 4 warps (`mlp1_passes`, one-dot),
+#   mlp2 as the T > 1024 row above, one row for both old buckets. Per layer, the whole layer /
+#   mlp1 alone (profiler), old row -> new, same scalar-scale mlp2 in both (H200,
+#   benchmarks/results/diag_moe_prefill*.md): 120b 8192 tokens 4248 -> 3758 us / 2775 -> 2104;
+#   20b 8192: 3649 -> 2969 / 2449 -> 1758; 1024 tokens: 120b 1392 -> 1360 / 824 -> 727, 20b
+#   861 -> 784 / 410 -> 331. Output bits equal to the old row's on the same tokens (8192). Register
+#   caps (3 programs an SM) spill and lose 25-60 % (mlp1) and 20 % (mlp2). The 129..1024 row's
+#   mlp2 had 4 stages, never measured against 3; the new row takes the measured 3.
 _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                        mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2)
 #
@@ -250,10 +259,8 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
                    mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4)),
     (128, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                     mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4)),
-    (1024, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3,
-                     mlp2_block_n=128, mlp2_warps=4, mlp2_stages=4, group_m=4)),
-    (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3,
-                        mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4)),
+    (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
+                        mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4, mlp1_one_dot=True, mlp1_passes=2)),
 )
 
 

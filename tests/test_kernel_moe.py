@@ -282,12 +282,15 @@ def test_one_dot_config():
     mod = _kernel_module()
     from dataclasses import replace
 
-    base = mod.select_config(8192)
+    base = two_dot_prefill_config(mod)
     assert not base.mlp1_one_dot and "1dot" not in base.short()
     one = replace(base, mlp1_one_dot=True)
     mod._check_config(one)
     assert one.short() == base.short().replace(f"/s{base.mlp1_stages} ", f"/s{base.mlp1_stages}/1dot ", 1)
-    assert all(not c.mlp1_one_dot for _, c in mod.H200_HIDDEN_2880_CONFIGS)
+    # the table's one-dot rows are the prefill rows, in two passes
+    assert all(c.mlp1_passes == 2 for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_one_dot)
+    assert mod.select_config(8192).mlp1_passes == 2 and mod.select_config(129).mlp1_passes == 2
+    assert not any(mod.select_config(t).mlp1_one_dot for t in (1, 8, 16, 32, 128))
     with pytest.raises(ValueError, match="mlp1_one_dot"):
         mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
     with pytest.raises(ValueError, match="mlp1_one_dot"):
@@ -591,6 +594,13 @@ def check_expert_parallel_sum(mod, router, device) -> float:
     return rel
 
 
+def two_dot_prefill_config(mod):
+    """The prefill row before the two-pass mlp1 (two dots on 8 warps): the reference the one-dot
+    variants are compared with."""
+    return mod.MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
+                         mlp2_warps=4, mlp2_stages=3, group_m=4)
+
+
 def one_dot_cases(mod):
     """(name, tokens, config (one-dot), hidden, intermediate, local experts, expert_offset, b1, b2,
     routing given): ragged dims other than the sweep's, a W1 tile of 64 / 128 / 256 rows (1 or 2
@@ -825,12 +835,13 @@ GPU_PREFILL_TOKENS = 8192
 
 
 def gpu_one_dot_configs():
-    """mlp1's one-dot variant at 120b prefill: the prefill table's tiles, block_m 128, 64-column
-    tiles (fp32 h, quantised by mlp2), and two passes of 128 W1 rows on one warpgroup."""
+    """mlp1's one-dot variant at 120b prefill: the old two-dot row's tiles, block_m 128, 64-column
+    tiles (fp32 h, quantised by mlp2), two passes of 128 W1 rows on one warpgroup (the table's
+    prefill row now), and that with register caps."""
     from dataclasses import replace
 
     mod = _kernel_module()
-    base = replace(mod.select_config(GPU_PREFILL_TOKENS), mlp1_one_dot=True)
+    base = replace(two_dot_prefill_config(mod), mlp1_one_dot=True)
     return (base, replace(base, block_m=128), replace(base, mlp1_block_n=64, mlp1_warps=4),
             replace(base, mlp1_warps=4, mlp1_passes=2),
             replace(base, mlp1_warps=4, mlp1_passes=2, mlp1_maxnreg=168, mlp2_maxnreg=168))
@@ -838,7 +849,7 @@ def gpu_one_dot_configs():
 
 def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=128) -> dict:
     """`gpu_full_shapes` for the one-dot config (eager vs `moe_ref`, bits run to run, CUDA graph),
-    then the same tokens through the table's config (two dots): both vs `moe_ref`, and each other
+    then the same tokens through the old two-dot prefill row: both vs `moe_ref`, and each other
     within the compiled bounds (wgmma's fp32 sums may run in another order per N width, which can
     flip a rare e4m3 rounding of h)."""
     mod = _kernel_module()
@@ -846,12 +857,12 @@ def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=12
     router, experts = gpu_layer(num_experts)
     x = make_x(num_tokens, 2880, seed=8, device="cuda")
     one, weights, ids = mod.fused_moe_fp8(x, *router, *experts, config=config, return_routing=True)
-    two = mod.fused_moe_fp8(x, *router, *experts)
+    two = mod.fused_moe_fp8(x, *router, *experts, config=two_dot_prefill_config(mod))
     ref = mod.moe_ref(x, None, None, *experts, routing=(weights, ids))
     what = f"E={num_experts} T={num_tokens} {config.short()}"
     result["one_dot_vs_ref"] = compare_to_ref(one, ref, what)
-    result["two_dot_vs_ref"] = compare_to_ref(two, ref, what + " (table)")
-    result["one_dot_vs_two_dot"] = compare_to_ref(one, two, what + " vs the table's two dots")
+    result["two_dot_vs_ref"] = compare_to_ref(two, ref, what + " (two-dot row)")
+    result["one_dot_vs_two_dot"] = compare_to_ref(one, two, what + " vs the two-dot row")
     result["one_dot_vs_two_dot"]["equal"] = (one == two).float().mean().item()
     return result
 
