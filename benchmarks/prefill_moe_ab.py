@@ -1,0 +1,33 @@
+"""bench_prefill with the MoE table's prefill row (T > 128) replaced by a named candidate of
+diag_moe_prefill.CANDIDATES: an A/B of one launch configuration on the whole model step, every
+other kernel unchanged. Why: the MoE layer alone (diag_moe_prefill, uniform random routing) and
+the model step (the routing of its random weights, tensor-parallel shards) can disagree.
+
+    python benchmarks/prefill_moe_ab.py before --models 120b --configs 1:1:1,4:1:1 --lengths 1024,4096 \
+        --iters 10 --out /tmp/ab_before --stem bench_prefill_ab_before
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import diag_moe_prefill as diag  # noqa: E402
+from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
+
+
+def main():
+    row, rest = sys.argv[1], sys.argv[2:]
+    config = diag.CANDIDATES[row]
+    moe_kernels.H200_HIDDEN_2880_CONFIGS = tuple(
+        (bound, config if bound > 128 else old) for bound, old in moe_kernels.H200_HIDDEN_2880_CONFIGS)
+    assert moe_kernels.select_config(8192) is config and moe_kernels.select_config(129) is config
+    print(f"MoE prefill row: {row} = {config.short()}", flush=True)
+    sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_prefill.py")] + rest
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
