@@ -23,6 +23,7 @@
 #   bash benchmarks/run_h200.sh prefill7b # (one GPU) two-pass mlp1 + register caps, scalar-scale mlp2; MoE gpu tests
 #   bash benchmarks/run_h200.sh final7    # (one GPU) prefill grid + MoE tables with the two-pass row; MoE/layer gpu tests
 #   bash benchmarks/run_h200.sh ab7       # (one GPU) MoE prefill row A/B on the model step (before / two-pass / before)
+#   bash benchmarks/run_h200.sh final7b   # (one GPU) final7 after the width rule and the decode rows' vector W2 scale
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -267,6 +268,13 @@ ab7)  # one GPU: the MoE prefill row A/B on the whole model step (old two-dot ro
     done
     step ab_before_again 140 python benchmarks/prefill_moe_ab.py before --models 120b,20b --configs 1:1:1,4:1:1 \
         --lengths 1024,4096,8192 --iters 10 --out "$R" --stem bench_prefill_ab_before_again
+    ;;
+final7b)  # one GPU: final7 again after the width rule (two-pass only at TP <= 2) and the decode rows' vector
+          # W2 scale, minus the layer test
+    step bench_prefill 160 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+        --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
+    step bench_moe 130 python benchmarks/bench_moe.py --out "$R" --no-sweep
+    step gpu_test_moe 170 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

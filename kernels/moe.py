@@ -264,9 +264,27 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 )
 
 
-def select_config(num_tokens: int) -> MoeConfig:
+# The two-pass prefill row only where it measured faster on the whole model step: a rank's
+# intermediate width of at least 1440 (TP 1 and 2). With 720 (TP4 shards, 120b) the model step
+# was 11-16 % slower at 4096 and 8192 tokens (before / two-pass / before again, 10 calls each:
+# 4096 76.6 / 89.6 / 77.4 ms, 8192 87.8 / 97.6 / 88.3; benchmarks/results/sweeps/bench_prefill_ab_*.md).
+# Narrower shards keep the two-dot rows the table held before (129..1024: mlp2 4 stages).
+TWO_PASS_MIN_INTER = 1440
+_TWO_DOT_PREFILL = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
+                             mlp2_warps=4, mlp2_stages=3, group_m=4)
+NARROW_PREFILL_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    (1024, replace(_TWO_DOT_PREFILL, mlp2_stages=4)),
+    (1 << 62, _TWO_DOT_PREFILL),
+)
+
+
+def select_config(num_tokens: int, inter: int | None = None) -> MoeConfig:
+    """The table's row for `num_tokens`; `inter` (the weights' intermediate width on this rank)
+    below TWO_PASS_MIN_INTER swaps the two-pass prefill row for NARROW_PREFILL_CONFIGS."""
     for max_tokens, config in H200_HIDDEN_2880_CONFIGS:
         if num_tokens <= max_tokens:
+            if config.mlp1_passes > 1 and inter is not None and inter < TWO_PASS_MIN_INTER:
+                return next(c for bound, c in NARROW_PREFILL_CONFIGS if num_tokens <= bound)
             return config
     raise AssertionError("the last table row covers every token count")
 
@@ -1049,8 +1067,11 @@ def _mlp2_kernel(
     hs_ptrs = HS + rows.to(tl.int64) * num_k_groups
     w_ptrs = W2 + expert * stride_w2_e + cols.to(tl.int64)[None, :] * stride_w2_n + k_first * BLOCK_K + offs_k[:, None]
     # A tile of <= 128 columns (a power of two) lies in one 128-row scale block of W2: one scalar
-    # scale per K step instead of a per-column vector (fewer registers and loads; the same values)
-    SCALAR_WS: tl.constexpr = BLOCK_N <= 128
+    # scale per K step instead of a per-column vector (the same values). Prefill blocks only (64+
+    # rows): there mlp2 went 1194 -> 965 us a 120b layer at 8192 tokens; the decode rows (16-row
+    # blocks, bandwidth bound) measured 4-8 % slower with it at 32-128 tokens, so they keep the
+    # vector load (H200, benchmarks/results/bench_moe.md before / after session 7).
+    SCALAR_WS: tl.constexpr = BLOCK_N <= 128 and BLOCK_M >= 64
     if SCALAR_WS:
         ws_ptrs = W2S + expert * stride_w2s_e + (pid_n * BLOCK_N // 128) * stride_w2s_n
     else:
@@ -1731,7 +1752,7 @@ def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out):
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"fused_moe_fp8: x must be [T, H] with a unit last stride, got {tuple(x.shape)}")
     num_local, inter = _check_weights(x.shape[1], w1, w1_scale_inv, b1, w2, w2_scale_inv, b2)
-    config = config or select_config(x.shape[0])
+    config = config or select_config(x.shape[0], inter)
     _check_config(config)
     if config.gemv_fma:
         for rows, k_dim, split, warps in ((2 * config.mlp1_block_n, x.shape[1], config.mlp1_split_k, config.mlp1_warps),
@@ -1849,7 +1870,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
 
         one = OneshotConfig(config.mlp1_block_n, config.mlp1_warps, config.mlp2_block_n, config.mlp2_warps,
                             mlp2_per_pair=config.mlp2_per_pair)
-        if x.device.type == "cpu" and config == select_config(num_tokens):
+        if x.device.type == "cpu" and config == select_config(num_tokens, inter):
             # The interpreter pays per program, and each output element's sums do not depend on
             # the tile width, so the served model's interpreted runs (tests) take the table's
             # row with wide tiles: the same bits, ~4x faster (tiny model decode step 70 -> 19 s).

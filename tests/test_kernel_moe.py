@@ -291,6 +291,14 @@ def test_one_dot_config():
     assert all(c.mlp1_passes == 2 for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_one_dot)
     assert mod.select_config(8192).mlp1_passes == 2 and mod.select_config(129).mlp1_passes == 2
     assert not any(mod.select_config(t).mlp1_one_dot for t in (1, 8, 16, 32, 128))
+    # the rank's intermediate width picks the two-pass row only from TWO_PASS_MIN_INTER (TP 1, 2)
+    for t in (129, 1024, 1025, 8192):
+        assert mod.select_config(t, 2880) is mod.select_config(t) and mod.select_config(t, 1440).mlp1_passes == 2
+        narrow = mod.select_config(t, 720)
+        mod._check_config(narrow)
+        assert not narrow.mlp1_one_dot and narrow.mlp1_warps == 8
+        assert narrow.mlp2_stages == (4 if t <= 1024 else 3)
+    assert mod.select_config(16, 360) is mod.select_config(16)  # decode rows: no width rule
     with pytest.raises(ValueError, match="mlp1_one_dot"):
         mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
     with pytest.raises(ValueError, match="mlp1_one_dot"):
