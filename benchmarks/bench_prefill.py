@@ -57,7 +57,8 @@ def run(rank: int, world: int, args):
                 row = {**base, "length": length}
                 inputs = model.prefill_inputs(length)
                 try:
-                    t = bc.event_time(lambda: model.forward(**inputs), iters=args.iters, warmup=1, device=device)
+                    t = bc.event_time(lambda: model.forward(**inputs), iters=args.iters, warmup=args.warmup,
+                                      device=device)
                 except Exception as exc:
                     traceback.print_exc()
                     rows.append({**row, "error": repr(exc)[:300]})
@@ -128,7 +129,10 @@ def main():
     ap.add_argument("--models", default="120b,20b")
     ap.add_argument("--configs", default="1:1:1")
     ap.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
-    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=5)
+    # Why 3: with one warm-up call the first lengths after a model is built read up to 1.8x slow
+    # (the same config: 120b TP1 1024 tokens 48.9 then 67.0 ms, results/sweeps/bench_prefill_ab_*)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls per length before the timed ones")
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--nccl", default=os.path.join(os.path.dirname(__file__), "results", "nccl_collectives.json"))
