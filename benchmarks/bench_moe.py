@@ -490,7 +490,7 @@ def sweep_candidates():
               C(16, 128, 8, 2, 32, 2, 4, mlp1_split_k=4, mlp2_split_k=2),
               C(16, 128, 4, 2, 32, 4, 3, mlp1_split_k=8, mlp2_split_k=4)]
     # mlp1_one_dot (one dot over 256 contiguous W1 rows, one [block_m, 256] accumulator, "/1dot" in
-    # the labels) first: at 8 warps and block_m 64 the table's two dots run as m64n64 wgmmas per
+    # the labels) first: at 8 warps and block_m 64 the (then) table's two dots run as m64n64 wgmmas per
     # warpgroup, one dot as m64n128. Beside the table's tile: 4 stages (160 KB of shared memory),
     # group 8, one warpgroup (m64n256: 128 accumulator registers a thread), 64 columns (128 W1 rows,
     # fp32 h: mlp2 quantises it on load). block_m 128 is also mlp2's (the sort's block), so mlp2 at 8

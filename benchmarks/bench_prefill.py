@@ -130,8 +130,8 @@ def main():
     ap.add_argument("--configs", default="1:1:1")
     ap.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--iters", type=int, default=5)
-    # Why 3: with one warm-up call the first lengths after a model is built read up to 1.8x slow
-    # (the same config: 120b TP1 1024 tokens 48.9 then 67.0 ms, results/sweeps/bench_prefill_ab_*)
+    # 3 untimed calls (was 1) did not steady the short lengths: 120b TP1 1024 tokens read 38.2 ms
+    # with 1 (final7b) and 68.1 with 3 (prefill7c), the same kernels; see the README on those rows
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls per length before the timed ones")
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0)

@@ -24,7 +24,9 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
      (DeepGEMM's scheme: block scales applied per K step). W1's gate and linear rows are
      interleaved (2c, 2c+1), so the program loads them as two tiles and each (gate, linear)
      pair meets in one program (`mlp1_one_dot`: one contiguous tile, one dot, one accumulator
-     split into gate and linear after the bias); epilogue: bias, clamp, swiglu, and h
+     split into gate and linear after the bias; with `mlp1_passes` 2, the prefill table's row,
+     the program's columns in two such passes of 128 rows, each on one warpgroup, h of the first
+     kept until the second); epilogue: bias, clamp, swiglu, and h
      requantised in 1x128 groups (the table's tiles span whole groups; narrower tiles store
      fp32 h for mlp2 to quantise as it loads it, a slower path kept for the sweep and the tests);
   4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;

@@ -18,7 +18,8 @@ run the real shapes (hidden 2880, 32 experts) compiled and inside a CUDA graph. 
 path (`MoeConfig.gemv`): its knobs on the small dims here (`gemv_cases`), every variant the H200
 sweep times (`decode_gemv_variants`) at full size on the GPU, with graph replays. mlp1's one-dot
 variant (`MoeConfig.mlp1_one_dot`) on other ragged dims (`one_dot_cases`, hidden 160/288/320,
-intermediate 160/288, 4-8 experts, biases on and off, fused requant on and off, split-K) against
+intermediate 160/288, 4-8 experts, biases on and off, fused requant on and off, split-K, two
+passes (`mlp1_passes`, the prefill table's row) including a pass past 2I) against
 `moe_ref` and the default two-dot mlp1: interpreted, the same bits (both sum the same exact e4m3
 products in K order; bias and activation are the same elementwise fp32 operations); compiled
 (120b prefill, 8192 tokens), within the compiled bounds of each other.
