@@ -25,6 +25,7 @@
 #   bash benchmarks/run_h200.sh ab7       # (one GPU) MoE prefill row A/B on the model step (before / two-pass / before)
 #   bash benchmarks/run_h200.sh final7b   # (one GPU) final7 after the width rule and the decode rows' vector W2 scale
 #   bash benchmarks/run_h200.sh prefill7c # (one GPU) the prefill grid with 3 warm-up + 5 timed calls per length
+#   bash benchmarks/run_h200.sh pdl7      # (one GPU) h quantisation's early release: bits, in-step A/B; TP-shard MoE tests
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -280,6 +281,15 @@ final7b)  # one GPU: final7 again after the width rule (two-pass only at TP <= 2
 prefill7c)  # one GPU: the committed prefill grid again with 3 warm-up and 5 timed calls per length
     step bench_prefill 400 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
         --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
+    ;;
+pdl7)  # one GPU: the MoE h quantisation's early release (kernels/pdl.py's exception): the PDL bits test, the
+      # in-step A/B (120b batch 1 and 4, paired graphs, logits compared), the TP-shard prefill tests, the
+      # one-shot MoE gpu tests
+    step gpu_test_pdl 80 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
+    step diag_pdl_hq 170 python benchmarks/diag_pdl.py --out "$R/hq" --models 120b --batches 1,4 --check 30 \
+        --rounds 30 --no-probe --hquant-release-ab
+    step gpu_test_moe_shard 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k "tp_shard or one_dot"
+    step gpu_test_moe_decode 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -71,7 +71,8 @@ arrival order). x's quantisation equals `quantize_activation_group128` bit for b
 expert GEMMs differ from `moe_ref` only by fp32 summation order, which can flip a rare e4m3
 rounding of h (tests/test_kernel_moe.py states the tolerances).
 
-Launch configs come from a table by token count (`select_config`) for hidden 2880 on an H200;
+Launch configs come from a table by token count (`select_config`) for hidden 2880 on an H200,
+the prefill row also by the rank's intermediate width (TWO_PASS_MIN_INTER);
 nothing is autotuned at run time. The table was chosen from ptxas resource counts (registers,
 shared memory, no spills) and bandwidth arithmetic, then corrected by the H200 sweep of
 benchmarks/bench_moe.py (benchmarks/results/sweeps/moe.md; see the table's comment).
@@ -152,9 +153,10 @@ class MoeConfig:
     # the dense GEMM's tile (`_fp8_gemm_kernel`, 578-612 TFLOP/s at M = 8192 against mlp1's 397).
     mlp1_passes: int = 1
     # Register caps per thread (0: the compiler's choice), grouped kernels only. Why: mlp1's two-pass
-    # and mlp2's m64n128 programs compile to 216-255 registers, two 4-warp programs an SM (2 warps a
-    # scheduler: ncu shows the issue slots idle 57 % of cycles, waiting); <= 168 lets three share
-    # an SM, at the price of a few spilled values (ptxas: mlp2 80 bytes, mlp1 two-pass ~340).
+    # and mlp2's m64n128 programs compile to 248-255 registers (Triton 3.6), two 4-warp programs an
+    # SM (2 warps a scheduler: ncu shows the issue slots idle 57 % of cycles, waiting); <= 168 lets
+    # three share an SM, at the price of spilled values (mlp2 22 bytes, mlp1 two-pass 88). Measured
+    # slower (profiler: mlp1 +42-73 %, mlp2 +9-25 %; diag_moe_prefill*.md): no table row uses them.
     mlp1_maxnreg: int = 0
     mlp2_maxnreg: int = 0
     # Decode for a few tokens (`kernels/moe_decode.py`): no sort, no K loop, no split-K. mlp1
@@ -227,8 +229,9 @@ class MoeConfig:
 #   benchmarks/results/diag_moe_prefill*.md): 120b 8192 tokens 4248 -> 3758 us / 2775 -> 2104;
 #   20b 8192: 3649 -> 2969 / 2449 -> 1758; 1024 tokens: 120b 1392 -> 1360 / 824 -> 727, 20b
 #   861 -> 784 / 410 -> 331. Output bits equal to the old row's on the same tokens (8192). Register
-#   caps (3 programs an SM) spill and lose 25-60 % (mlp1) and 20 % (mlp2). The 129..1024 row's
-#   mlp2 had 4 stages, never measured against 3; the new row takes the measured 3.
+#   caps (3 programs an SM) made the capped kernels slower (profiler: mlp1 +42-73 %, mlp2
+#   +9-25 %). The 129..1024 row's mlp2 had 4 stages, never measured against 3; the new row takes
+#   the measured 3. Narrow shards keep the old rows (TWO_PASS_MIN_INTER below).
 _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                        mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2)
 #
@@ -266,11 +269,13 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 )
 
 
-# The two-pass prefill row only where it measured faster on the whole model step: a rank's
-# intermediate width of at least 1440 (TP 1 and 2). With 720 (TP4 shards, 120b) the model step
-# was 11-16 % slower at 4096 and 8192 tokens (before / two-pass / before again, 10 calls each:
-# 4096 76.6 / 89.6 / 77.4 ms, 8192 87.8 / 97.6 / 88.3; benchmarks/results/sweeps/bench_prefill_ab_*.md).
-# Narrower shards keep the two-dot rows the table held before (129..1024: mlp2 4 stages).
+# The two-pass prefill row from a rank's intermediate width of 1440 (TP 1 and 2). On the whole
+# model step (benchmarks/results/sweeps/bench_prefill_ab_*.md: before / two-pass / before again,
+# 10 calls each): TP1 faster (120b 8192 tokens 206.7 / 185.9 / 207.0 ms, 20b 129.1 / 115.5 /
+# 129.2); 120b TP4 shards (720) 10-17 % slower (4096: 76.6 / 89.6 / 77.4, 8192: 87.8 / 97.6 /
+# 88.3), though 20b TP4 at 8192 was faster (57.0 / 53.0 / 57.1). TP2 was not A/B'd: 1440 is taken
+# from the kernel's behaviour at 2880 (its modelled rows improved between two grid runs). Narrower
+# shards keep the two-dot rows the table held before (129..1024: mlp2 4 stages).
 TWO_PASS_MIN_INTER = 1440
 _TWO_DOT_PREFILL = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
                              mlp2_warps=4, mlp2_stages=3, group_m=4)
@@ -868,6 +873,7 @@ def _mlp1_kernel(
     PASSES: tl.constexpr = 1,  # MoeConfig.mlp1_passes (ONE_DOT, SPLIT_K 1): 1 or 2 passes of _mlp1_pass
 ):
     BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
+    tl.static_assert(PASSES == 1 or (ONE_DOT and SPLIT_K == 1), "mlp1 passes: one-dot, no split-K")
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
     # (written out, not a helper: nested jit calls are slow in the interpreter)
     num_n = tl.cdiv(inter, BLOCK_N)
@@ -1070,9 +1076,10 @@ def _mlp2_kernel(
     w_ptrs = W2 + expert * stride_w2_e + cols.to(tl.int64)[None, :] * stride_w2_n + k_first * BLOCK_K + offs_k[:, None]
     # A tile of <= 128 columns (a power of two) lies in one 128-row scale block of W2: one scalar
     # scale per K step instead of a per-column vector (the same values). Prefill blocks only (64+
-    # rows): there mlp2 went 1194 -> 965 us a 120b layer at 8192 tokens; the decode rows (16-row
-    # blocks, bandwidth bound) measured 4-8 % slower with it at 32-128 tokens, so they keep the
-    # vector load (H200, benchmarks/results/bench_moe.md before / after session 7).
+    # rows): there mlp2 read 1194 us a 120b layer at 8192 tokens before and 965-983 us after (two
+    # runs). The decode rows (16-row blocks) keep the vector load: with the scalar their layers
+    # read 4-8 % slower at 32-128 tokens, across two runs with other routing (1-4 points per
+    # byte), so not shown to be slower, but not shown faster either.
     SCALAR_WS: tl.constexpr = BLOCK_N <= 128 and BLOCK_M >= 64
     if SCALAR_WS:
         ws_ptrs = W2S + expert * stride_w2s_e + (pid_n * BLOCK_N // 128) * stride_w2s_n

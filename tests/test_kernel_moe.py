@@ -300,6 +300,11 @@ def test_one_dot_config():
         assert not narrow.mlp1_one_dot and narrow.mlp1_warps == 8
         assert narrow.mlp2_stages == (4 if t <= 1024 else 3)
     assert mod.select_config(16, 360) is mod.select_config(16)  # decode rows: no width rule
+    # the launcher's pick reads the weights' intermediate width
+    for inter, passes in ((160, 1), (1440, 2)):
+        q1, s1, b1, q2, s2, b2 = make_experts(2, 256, inter, seed=1)
+        picked = mod._check_call(make_x(300, 256, seed=1), q1, s1, b1, q2, s2, b2, None, None)[2]
+        assert picked is mod.select_config(300, inter) and picked.mlp1_passes == passes
     with pytest.raises(ValueError, match="mlp1_one_dot"):
         mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
     with pytest.raises(ValueError, match="mlp1_one_dot"):
@@ -615,14 +620,16 @@ def one_dot_cases(mod):
     routing given): ragged dims other than the sweep's, a W1 tile of 64 / 128 / 256 rows (1 or 2
     scale blocks), last tiles ragged (I = 160: 32 of 128 columns; 288: 32 of 64 / 128), K ragged
     (160, 288, 320 = 1.25, 2.25, 2.5 groups), fused requant on (mlp1_block_n 128) and off (fp32 h),
-    split-K 3 (320: one K group per split), the prefill table's tile (block_m 64, 8 warps)."""
+    split-K 3 (320: one K group per split), the old two-dot prefill row's tile (block_m 64, 8 warps),
+    two passes (the table's prefill row): a pass wholly past 2I (I 160), a partly valid second pass
+    (I 224: rows 384..447 of 384..511), 32-row passes with fp32 h."""
     C = mod.MoeConfig
     return [
         ("fused requant, H 288 I 160, 6 experts, biases", 37,
          C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True), 288, 160, 6, 0, True, True, False),
         ("fp32 h (n64), H 160 I 288, 8 experts, no biases", 29,
          C(32, 64, 4, 2, 32, 4, 2, mlp1_one_dot=True), 160, 288, 8, 0, False, False, False),
-        ("prefill tile m64 n128 w8 g4, H 320 I 288, 4 experts, b1 only", 23,
+        ("old prefill tile m64 n128 w8 g4, H 320 I 288, 4 experts, b1 only", 23,
          C(64, 128, 8, 3, 128, 8, 3, group_m=4, mlp1_one_dot=True), 320, 288, 4, 0, True, False, False),
         ("split-K 3/2, n128, H 320 I 160, EP rank 2..6, routing given", 5,
          C(16, 128, 4, 2, 64, 4, 2, mlp1_split_k=3, mlp2_split_k=2, mlp1_one_dot=True), 320, 160, 5, 2,
@@ -636,6 +643,8 @@ def one_dot_cases(mod):
          True, False, True),
         ("2 passes of 32 W1 rows, fp32 h (n32), H 160 I 288, 8 experts", 11,
          C(16, 32, 4, 2, 32, 4, 2, mlp1_one_dot=True, mlp1_passes=2), 160, 288, 8, 0, True, True, False),
+        ("2 passes, second one partly past 2I, H 288 I 224, 5 experts, biases", 19,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2), 288, 224, 5, 0, True, True, False),
     ]
 
 
@@ -886,6 +895,26 @@ def test_one_dot_small_dims_compiled():
 @pytest.mark.parametrize("which", range(5))
 def test_full_shapes_one_dot_120b_prefill(which):
     gpu_one_dot_vs_default(gpu_one_dot_configs()[which])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inter", (720, 1440))
+def test_full_shapes_tp_shard_prefill(inter):
+    """Prefill on a tensor-parallel shard's experts (intermediate 720: TP4, the two-dot
+    NARROW_PREFILL_CONFIGS rows; 1440: TP2, the two-pass row with its second pass past 2I in the
+    last tile), 120b's 128 experts, both prefill buckets: compiled, vs `moe_ref`, bits run to run."""
+    mod = _kernel_module()
+    router = make_router(128, 2880, seed=6, device="cuda")
+    experts = make_experts(128, 2880, inter, seed=5, device="cuda")
+    results = {}
+    for num_tokens in (600, 1100):
+        assert mod.select_config(num_tokens, inter).mlp1_passes == (2 if inter >= mod.TWO_PASS_MIN_INTER else 1)
+        x = make_x(num_tokens, 2880, seed=7, device="cuda")
+        out, weights, ids = mod.fused_moe_fp8(x, *router, *experts, return_routing=True)
+        assert torch.equal(out, mod.fused_moe_fp8(x, *router, *experts)), "not bit-reproducible"
+        ref = mod.moe_ref(x, None, None, *experts, routing=(weights, ids))
+        results[num_tokens] = compare_to_ref(out, ref, f"E=128 I={inter} T={num_tokens}")
+    return results
 
 
 @pytest.mark.gpu
