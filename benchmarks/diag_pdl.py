@@ -110,7 +110,7 @@ def table_with_mlp2_per_pair(block_n: int, warps: int):
 
 
 def step_row(model_name: str, batch: int, context: int, rounds: int, check: int, probe: bool,
-             mlp2_variants: tuple = (), hquant_ab: bool = False) -> dict:
+             mlp2_variants: tuple = ()) -> dict:
     from model_step import MODELS, ModelStep, Sharding
 
     from sglang_ext.kernels.pdl import set_pdl
@@ -157,23 +157,6 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
                                      "diff_us": d * 1e6, "iqr_us": [v1 * 1e6, v3 * 1e6],
                                      "logits_equal": (holder["out"] == outs[True]).float().mean().item()})
         del g
-    if hquant_ab:
-        # the MoE's h quantisation releasing mlp2 after its wait (as before) vs before it (the default)
-        from sglang_ext.kernels import moe_decode
-
-        holder = {}
-        try:
-            set_pdl(True)
-            moe_decode.HQUANT_EARLY_RELEASE = False
-            g = bc.capture_graph(lambda: holder.__setitem__("out", model.forward(**inputs)))
-        finally:
-            set_pdl(None)
-            moe_decode.HQUANT_EARLY_RELEASE = True
-        late, early, d, (v1, v3) = paired(g, graphs[True], rounds)
-        row["hquant_early_release"] = {"late_us": late * 1e6, "early_us": early * 1e6, "diff_us": d * 1e6,
-                                       "iqr_us": [v1 * 1e6, v3 * 1e6],
-                                       "logits_equal": bool(torch.equal(holder["out"], outs[True]))}
-        del g
     graphs.clear()
     outs.clear()
     if probe:
@@ -211,17 +194,6 @@ def markdown(meta: dict, rows: list) -> str:
             lines.append(f"- {r['model']} batch {r['batch']}: probe overhead with PDL on {p['overhead_us']:.1f} us = "
                          f"{p['overhead_pct']:.2f} % of {p['off_us']:.1f} us (IQR {p['iqr_us'][0]:.1f}..{p['iqr_us'][1]:.1f} us, "
                          "100 paired rounds)")
-    hq = [{"model": r["model"], "batch": r["batch"], **r["hquant_early_release"],
-           "iqr": "{:.1f}..{:.1f}".format(*r["hquant_early_release"]["iqr_us"])}
-          for r in rows if r.get("hquant_early_release")]
-    if hq:
-        lines += ["", "## MoE h quantisation releasing mlp2 before its wait (kernels/pdl.py's exception), PDL on", "",
-                  "Paired rounds: the graph with the release after the wait (late) vs before it (early, the "
-                  "default); diff = early - late; logits equal: bit for bit.", "",
-                  bc.md_table(hq, [("model", "model", None), ("batch", "batch", None),
-                                   ("late us", "late_us", "{:.1f}"), ("early us", "early_us", "{:.1f}"),
-                                   ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None),
-                                   ("logits equal", "logits_equal", None)]), ""]
     pp = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
           for r in rows for v in r.get("mlp2_per_pair", [])]
     if pp:
@@ -259,8 +231,6 @@ def main():
     ap.add_argument("--mlp2-per-pair", default="", help="block_n:warps,...: also time the MoE's one-shot rows "
                     "with the per-pair mlp2 of these tiles (PDL on), paired against the table")
     ap.add_argument("--no-probe", action="store_true")
-    ap.add_argument("--hquant-release-ab", action="store_true",
-                    help="also time the MoE's h quantisation releasing mlp2 after its wait vs before (default)")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
     bc.import_project()
@@ -269,8 +239,7 @@ def main():
     for m in args.models.split(","):
         for b in (int(x) for x in args.batches.split(",")):
             rows.append(step_row(m, b, args.context, args.rounds, args.check, probe=b == 1 and not args.no_probe,
-                                 mlp2_variants=variants if b <= 4 else (),
-                                 hquant_ab=args.hquant_release_ab and b <= 4))
+                                 mlp2_variants=variants if b <= 4 else ()))
             print(rows[-1], flush=True)
     bc.write_results(args.out, "diag_pdl", meta, rows, markdown(meta, rows))
     print(markdown(meta, rows))

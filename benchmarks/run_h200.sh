@@ -282,9 +282,9 @@ prefill7c)  # one GPU: the committed prefill grid again with 3 warm-up and 5 tim
     step bench_prefill 400 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
         --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
     ;;
-pdl7)  # one GPU: the MoE h quantisation's early release (kernels/pdl.py's exception): the PDL bits test, the
-      # in-step A/B (120b batch 1 and 4, paired graphs, logits compared), the TP-shard prefill tests, the
-      # one-shot MoE gpu tests
+pdl7)  # one GPU: the MoE h quantisation's early release (commit a94253b's kernels/pdl.py exception, reverted
+      # after this run: slower): the PDL bits test, the in-step A/B (120b batch 1 and 4, paired graphs,
+      # logits compared), the TP-shard prefill tests, the one-shot MoE gpu tests
     step gpu_test_pdl 80 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
     step diag_pdl_hq 170 python benchmarks/diag_pdl.py --out "$R/hq" --models 120b --batches 1,4 --check 30 \
         --rounds 30 --no-probe --hquant-release-ab

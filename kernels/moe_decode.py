@@ -82,7 +82,7 @@ from sglang_ext.kernels.moe import (
     route_and_quantize,
 )
 from sglang_ext.kernels.arrival_counters import arrival_counters
-from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_release_then_wait, pdl_wait_then_release
+from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.layers.moe import SWIGLU_ALPHA
 
 __all__ = ["OneshotConfig", "DEFAULT_ONESHOT", "oneshot_variants", "fused_moe_decode_oneshot",
@@ -250,16 +250,9 @@ def _mlp1_oneshot_kernel(
 
 
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
-def _quantize_h_kernel(HF, HQ, HS, TOPK_IDS, inter, expert_offset, num_local, USE_PDL: tl.constexpr,
-                       EARLY_RELEASE: tl.constexpr = True):
-    """Program (pair, group): one 1x128 group of h to e4m3 + its scale (`_quantize_e4m3`).
-    EARLY_RELEASE (HQUANT_EARLY_RELEASE): mlp2, its dependent, starts before this kernel waits for
-    mlp1 (kernels/pdl.py's exception to rule 2: mlp1 releases after its wait, and mlp2 loads only
-    weights and the expert ids of the routing, three launches back, before its own wait)."""
-    if EARLY_RELEASE:
-        pdl_release_then_wait(USE_PDL)
-    else:
-        pdl_wait_then_release(USE_PDL)
+def _quantize_h_kernel(HF, HQ, HS, TOPK_IDS, inter, expert_offset, num_local, USE_PDL: tl.constexpr):
+    """Program (pair, group): one 1x128 group of h to e4m3 + its scale (`_quantize_e4m3`)."""
+    pdl_wait_then_release(USE_PDL)
     pair = tl.program_id(0)
     g = tl.program_id(1)
     expert = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
@@ -484,12 +477,6 @@ def _mlp2_pair_oneshot_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-# With PDL, mlp2's programs start while mlp1 finishes (its weight slabs in flight then), not after
-# it; False: the h quantisation releases mlp2 only after its own wait, as every other kernel does
-# (diag_pdl --hquant-release-ab times both in one process).
-HQUANT_EARLY_RELEASE = True
-
-
 def quantize_h(h: torch.Tensor, topk_ids: torch.Tensor, expert_offset: int = 0, num_local: int = 1 << 30,
                hq: torch.Tensor | None = None, hs: torch.Tensor | None = None):
     """Step 2 on its own: h fp32 [P, I] (P = topk_ids.numel()) -> (e4m3 [P, I], fp32 scales
@@ -504,7 +491,6 @@ def quantize_h(h: torch.Tensor, topk_ids: torch.Tensor, expert_offset: int = 0, 
     hs = torch.empty((num_pairs, groups), dtype=torch.float32, device=h.device) if hs is None else hs
     if num_pairs:
         _quantize_h_kernel[(num_pairs, groups)](h, hq, hs, ids, inter, expert_offset, num_local, num_warps=1,
-                                                EARLY_RELEASE=HQUANT_EARLY_RELEASE,
                                                 **pdl_launch_kwargs(h.device, ids.numel() // topk_ids.shape[-1]))
     return hq, hs
 

@@ -17,16 +17,6 @@ The rule every kernel here keeps (the correctness argument rests on it):
      wait, and then its experts' weight slab.
 All stores follow the wait, so no kernel writes while its predecessor may still read.
 
-One exception to rule 2, `pdl_release_then_wait`: a kernel K may release its dependent D before
-its own wait when K's predecessor keeps rule 2 and D loads before its wait only weights or what
-a kernel three or more launches before D wrote. When D starts, every program of K has released
-(K may still wait), and K started only after its predecessor had passed its wait: the kernels
-three or more launches before D are complete. D's wait still waits for K, and K's for its
-predecessor. D's programs may sit resident and waiting meanwhile; every program of the kernels
-before it was already launched, so none is kept from a slot. The MoE's h quantisation does this
-(kernels/moe_decode.py): mlp2 pulls its experts' weight slabs while mlp1 finishes, instead of
-after it.
-
 `gdc_*` are inline PTX, which the interpreter cannot run: under TRITON_INTERPRET, or on a GPU
 older than sm90, or with SGLANG_EXT_PDL=0, `pdl_enabled` is False and the kernels compile without
 them (USE_PDL is a constexpr).
@@ -85,11 +75,3 @@ def pdl_wait_then_release(USE_PDL: tl.constexpr):
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_release_then_wait(USE_PDL: tl.constexpr):
-    """The exception to rule 2 (module docstring): the dependent may start before this kernel waits."""
-    if USE_PDL:
-        gdc_launch_dependents()
-        gdc_wait()
