@@ -25,6 +25,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# For servers that only see token ids (ids in, ids / logprobs / scores out): no tokenizer is
+# loaded. SGLang 0.5.23 loads it several times in each of its three processes, ~30 s of a ~75 s
+# start on two cores.
+IDS_ONLY_ARGS = ("--skip-tokenizer-init",)
+
+
 class ServerFailed(RuntimeError):
     pass
 

@@ -188,19 +188,13 @@ def _logprob_request(url, prompt, max_new_tokens):
         "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}, timeout=900).json()
 
 
-# Both served tests send token ids and read logprobs and token ids, so their servers start without a
-# tokenizer: SGLang 0.5.23 loads it several times in each of its three processes (~30 s of a ~75 s
-# start on two cores).
-IDS_ONLY = ["--skip-tokenizer-init"]
-
-
 @pytest.fixture(scope="module")
 def torch_path_fp8_server(converted, vocab_dir):
-    from sglang_ext.launch.server import SGLangServer
+    from sglang_ext.launch.server import IDS_ONLY_ARGS, SGLangServer
 
     os.environ["SGLANG_EXT_KERNELS"] = "torch"
     try:
-        with SGLangServer(converted["bf16"], IDS_ONLY, vocab_dir=vocab_dir) as srv:
+        with SGLangServer(converted["bf16"], IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
             yield srv
     finally:
         os.environ.pop("SGLANG_EXT_KERNELS", None)
@@ -245,13 +239,13 @@ def test_served_fp8_model_through_the_triton_kernels_equals_the_torch_path(conve
     """The whole served model on the Triton kernels (FP8 GEMM with bias, fused MoE, sink attention)
     in the interpreter, against the same server on the torch path: prompt logprobs and greedy tokens."""
     from sglang_ext.launch.make_tiny import random_prompt
-    from sglang_ext.launch.server import SGLangServer
+    from sglang_ext.launch.server import IDS_ONLY_ARGS, SGLangServer
 
     prompt = random_prompt(24, seed=5)
     want = _logprob_request(torch_path_fp8_server.url, prompt, max_new_tokens=3)
     monkeypatch.setenv("SGLANG_EXT_KERNELS", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with SGLangServer(converted["bf16"], IDS_ONLY, vocab_dir=vocab_dir, startup_timeout=900) as srv:
+    with SGLangServer(converted["bf16"], IDS_ONLY_ARGS, vocab_dir=vocab_dir, startup_timeout=900) as srv:
         got = _logprob_request(srv.url, prompt, max_new_tokens=3)
         log = srv.log_tail(400)
     assert "ext_sinks attention on the triton path" in log, log

@@ -25,7 +25,7 @@ from openai_harmony import Conversation, DeveloperContent, Message, Role, System
 from test_harmony_parser import assistant, call, completion_tokens, enc, openai_view, raw, tool_result
 
 from sglang_ext.launch.make_tiny import random_prompt
-from sglang_ext.launch.server import SGLangServer
+from sglang_ext.launch.server import IDS_ONLY_ARGS, SGLangServer
 
 pytestmark = pytest.mark.server
 
@@ -138,10 +138,9 @@ def test_chunked_prefill_scores_equal_one_shot(probe_server, tiny_checkpoints, t
     prompt = random_prompt(PROMPT_LEN, seed=5)
     requests.post(probe_server.url + "/flush_cache", timeout=60)
     want = generate(probe_server.url, prompt)
-    # Token ids in and out only: no tokenizer needed (SGLang 0.5.23 loads it several times in each of
-    # its three processes, ~30 s of a ~75 s start on two cores).
+    # Token ids in and out only: a tokenizer-free server.
     args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--chunked-prefill-size", "64", "--disable-radix-cache",
-            "--skip-tokenizer-init"]
+            *IDS_ONLY_ARGS]
     with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
         got = generate(srv.url, prompt)
     model = AutoModelForCausalLM.from_pretrained(tiny_checkpoints["fp32"], dtype=torch.float32).eval()

@@ -10,7 +10,7 @@ import torch
 from test_probe_serving import PROMPT_LEN, as_matrix, generate, reference_scores, tiny_probe  # noqa: F401
 
 from sglang_ext.launch.make_tiny import random_prompt
-from sglang_ext.launch.server import SGLangServer
+from sglang_ext.launch.server import IDS_ONLY_ARGS, SGLangServer
 
 pytestmark = pytest.mark.server
 
@@ -24,9 +24,8 @@ def test_bf16_served_scores_within_2e2_of_hf(tiny_calm_checkpoints, tiny_probe, 
     model keeps its fp32 checks at 2e-4 (test_probe_serving.py)."""
     prompt = random_prompt(PROMPT_LEN, seed=6)
     calm = tiny_calm_checkpoints
-    # Token ids in, token ids and scores out: no tokenizer needed (SGLang 0.5.23 loads it several times
-    # in each of its three processes, ~30 s of a ~75 s start on two cores).
-    with SGLangServer(calm["bf16"], ["--probe-ckpt", tiny_probe, "--skip-tokenizer-init"], vocab_dir=vocab_dir) as srv:
+    # Token ids in, token ids and scores out: a tokenizer-free server.
+    with SGLangServer(calm["bf16"], ["--probe-ckpt", tiny_probe, *IDS_ONLY_ARGS], vocab_dir=vocab_dir) as srv:
         out = generate(srv.url, prompt)
     labels, want = reference_scores(calm["bf16"], tiny_probe, prompt, out["output_ids"], dtype=torch.bfloat16)
     _, truth = reference_scores(calm["fp32"], tiny_probe, prompt, out["output_ids"])

@@ -9,16 +9,13 @@ import requests
 import torch
 
 from sglang_ext.launch.make_tiny import random_prompt
-from sglang_ext.launch.server import SGLangServer
+from sglang_ext.launch.server import IDS_ONLY_ARGS, SGLangServer
 
 pytestmark = pytest.mark.server
 
 PROMPT_LEN, NEW_TOKENS = 300, 64
-# Every request here sends token ids and every check reads token ids and logprobs, so the servers
-# start without a tokenizer: SGLang 0.5.23 loads it several times in each of its three processes
-# (~30 s of a ~75 s start on two cores). Text in and out is served by the tokenizer-ful servers of
-# test_probe_serving.py and test_faults.py.
-IDS_ONLY = ["--skip-tokenizer-init"]
+# Every request here sends token ids and every check reads token ids and logprobs: tokenizer-free
+# servers (IDS_ONLY_ARGS). Text in and out is served by test_probe_serving.py and test_faults.py.
 
 
 def generate(url, ids, n=NEW_TOKENS, **extra):
@@ -43,7 +40,7 @@ def hf_greedy(model, ids, n=NEW_TOKENS):
 
 @pytest.fixture(scope="module")
 def fp32_server(tiny_checkpoints, vocab_dir):
-    with SGLangServer(tiny_checkpoints["fp32"], ["--dtype", "float32", *IDS_ONLY], vocab_dir=vocab_dir) as srv:
+    with SGLangServer(tiny_checkpoints["fp32"], ["--dtype", "float32", *IDS_ONLY_ARGS], vocab_dir=vocab_dir) as srv:
         yield srv
 
 
@@ -91,7 +88,7 @@ def test_concurrent_batch_equals_single(fp32_server, fp32_reference):
 
 @pytest.fixture(scope="module")
 def bf16_server(tiny_checkpoints, vocab_dir):
-    with SGLangServer(tiny_checkpoints["bf16"], IDS_ONLY, vocab_dir=vocab_dir) as srv:
+    with SGLangServer(tiny_checkpoints["bf16"], IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
         yield srv
 
 
@@ -127,5 +124,5 @@ def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, bf16_se
 def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir, bf16_server):
     prompt = random_prompt(PROMPT_LEN, seed=0)
     want = generate(bf16_server.url, prompt)["output_ids"]
-    with SGLangServer(tiny_checkpoints["mxfp4"], IDS_ONLY, vocab_dir=vocab_dir) as srv:
+    with SGLangServer(tiny_checkpoints["mxfp4"], IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
         assert generate(srv.url, prompt)["output_ids"] == want
