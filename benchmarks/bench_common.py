@@ -81,6 +81,18 @@ def event_time(fn, iters: int = 10, warmup: int = 2, device="cuda") -> float:
     return statistics.median(times)
 
 
+def profile_one_call(fn, warmup: int = 2):
+    """`warmup` untimed calls, then one between cudaProfilerStart/Stop: what `ncu
+    --profile-from-start off` records (compiles and first-touch costs stay outside)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def capture_graph(fn, warmup: int = 2):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

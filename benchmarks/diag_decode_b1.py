@@ -231,13 +231,7 @@ def ncu_kernels():
         fused_moe_fp8(x, rw, rb, w1, s1, b1, w2, s2, b2)
         paged_sink_attention(q, kbuf, vbuf, r2t, zero, seq, zero, one, sinks, -1, 0.125)
 
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    run()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    bc.profile_one_call(run, warmup=3)
 
 
 def main():

@@ -32,9 +32,7 @@ from bench_common import md_table, run_meta, write_results  # noqa: E402
 from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
 
 TABLE = moe_kernels.select_config(8192)
-# the prefill row before session 7 (two dots on 8 warps), kept for comparison
-BEFORE = moe_kernels.MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
-                               mlp2_warps=4, mlp2_stages=3, group_m=4)
+BEFORE = moe_kernels.TWO_DOT_PREFILL_CONFIG  # the prefill row before session 7 (two dots on 8 warps)
 _TWO_PASS = replace(BEFORE, mlp1_warps=4, mlp1_one_dot=True, mlp1_passes=2)
 CANDIDATES = {
     "table": TABLE,
@@ -178,13 +176,7 @@ def main():
         for name in names:
             call = lambda: moe_kernels.fused_moe_fp8(x, *bm.layer_args(layer), top_k=bm.TOP_K,  # noqa: E731
                                                      limit=bm.LIMIT, config=CANDIDATES[name])
-            call()
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStart()
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
+            bc.profile_one_call(call)
             print(f"ncu: {name} = {CANDIDATES[name].short()}", flush=True)
         return
     ceil = bm.ceilings()

@@ -284,7 +284,8 @@ prefill7c)  # one GPU: the committed prefill grid again with 3 warm-up and 5 tim
     ;;
 pdl7)  # one GPU: the MoE h quantisation's early release (commit a94253b's kernels/pdl.py exception, reverted
       # after this run: slower): the PDL bits test, the in-step A/B (120b batch 1 and 4, paired graphs,
-      # logits compared), the TP-shard prefill tests, the one-shot MoE gpu tests
+      # logits compared), the TP-shard prefill tests, the one-shot MoE gpu tests. The A/B step needs
+      # that commit checked out (--hquant-release-ab went with the revert); the tests run on any commit.
     step gpu_test_pdl 80 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
     step diag_pdl_hq 170 python benchmarks/diag_pdl.py --out "$R/hq" --models 120b --batches 1,4 --check 30 \
         --rounds 30 --no-probe --hquant-release-ab

@@ -277,11 +277,11 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # from the kernel's behaviour at 2880 (its modelled rows improved between two grid runs). Narrower
 # shards keep the two-dot rows the table held before (129..1024: mlp2 4 stages).
 TWO_PASS_MIN_INTER = 1440
-_TWO_DOT_PREFILL = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
-                             mlp2_warps=4, mlp2_stages=3, group_m=4)
+TWO_DOT_PREFILL_CONFIG = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
+                                   mlp2_warps=4, mlp2_stages=3, group_m=4)
 NARROW_PREFILL_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
-    (1024, replace(_TWO_DOT_PREFILL, mlp2_stages=4)),
-    (1 << 62, _TWO_DOT_PREFILL),
+    (1024, replace(TWO_DOT_PREFILL_CONFIG, mlp2_stages=4)),
+    (1 << 62, TWO_DOT_PREFILL_CONFIG),
 )
 
 
@@ -358,13 +358,11 @@ def _check_config(config: MoeConfig) -> None:
         if value and not (24 <= value <= 255 and value % 8 == 0):
             raise ValueError(f"MoeConfig.{name}: 0 or a multiple of 8 in 24..255, got {value}")
     if config.mlp1_passes != 1:
-        passes = config.mlp1_passes
-        if passes < 1 or passes & (passes - 1):
-            raise ValueError(f"MoeConfig.mlp1_passes must be a power of two, got {passes}")
-        if not config.mlp1_one_dot or config.mlp1_split_k != 1 or passes != 2:
-            raise ValueError("MoeConfig.mlp1_passes: 2 passes, with mlp1_one_dot and no mlp1 split-K")
-        if not 16 <= 2 * config.mlp1_block_n // passes <= 128:
-            raise ValueError("MoeConfig.mlp1_passes: 16..128 W1 rows a pass (2 * mlp1_block_n / passes)")
+        if config.mlp1_passes != 2 or not config.mlp1_one_dot or config.mlp1_split_k != 1:
+            raise ValueError(f"MoeConfig.mlp1_passes: 1, or 2 with mlp1_one_dot and no mlp1 split-K, "
+                             f"got {config.mlp1_passes}")
+        if not 16 <= config.mlp1_block_n <= 128:
+            raise ValueError("MoeConfig.mlp1_passes: 16..128 W1 rows a pass (mlp1_block_n, two passes)")
     if config.fuse_combine or config.gemv_fma or config.pdl:
         raise ValueError("MoeConfig: fuse_combine, gemv_fma and pdl need gemv")
     if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:

@@ -283,7 +283,7 @@ def test_one_dot_config():
     mod = _kernel_module()
     from dataclasses import replace
 
-    base = two_dot_prefill_config(mod)
+    base = mod.TWO_DOT_PREFILL_CONFIG
     assert not base.mlp1_one_dot and "1dot" not in base.short()
     one = replace(base, mlp1_one_dot=True)
     mod._check_config(one)
@@ -315,9 +315,9 @@ def test_one_dot_config():
     mod._check_config(capped)
     assert "/p2/r168 " in capped.short() and "/r160 " in capped.short()
     assert two_pass.short() == one.short().replace("/1dot ", "/1dot/p2 ", 1)
-    for bad, match in ((replace(base, mlp1_passes=2), "mlp1_passes: 2 passes, with mlp1_one_dot"),
-                       (replace(two_pass, mlp1_passes=4), "mlp1_passes: 2 passes"),
-                       (replace(two_pass, mlp1_passes=3), "power of two"),
+    for bad, match in ((replace(base, mlp1_passes=2), "mlp1_passes: 1, or 2 with mlp1_one_dot"),
+                       (replace(two_pass, mlp1_passes=4), "got 4"),
+                       (replace(two_pass, mlp1_passes=0), "got 0"),
                        (replace(two_pass, mlp1_split_k=2), "no mlp1 split-K"),
                        (replace(two_pass, mlp1_block_n=256), "16..128 W1 rows"),
                        (replace(two_pass, mlp1_maxnreg=100), "multiple of 8"),
@@ -608,13 +608,6 @@ def check_expert_parallel_sum(mod, router, device) -> float:
     return rel
 
 
-def two_dot_prefill_config(mod):
-    """The prefill row before the two-pass mlp1 (two dots on 8 warps): the reference the one-dot
-    variants are compared with."""
-    return mod.MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
-                         mlp2_warps=4, mlp2_stages=3, group_m=4)
-
-
 def one_dot_cases(mod):
     """(name, tokens, config (one-dot), hidden, intermediate, local experts, expert_offset, b1, b2,
     routing given): ragged dims other than the sweep's, a W1 tile of 64 / 128 / 256 rows (1 or 2
@@ -859,7 +852,7 @@ def gpu_one_dot_configs():
     from dataclasses import replace
 
     mod = _kernel_module()
-    base = replace(two_dot_prefill_config(mod), mlp1_one_dot=True)
+    base = replace(mod.TWO_DOT_PREFILL_CONFIG, mlp1_one_dot=True)
     return (base, replace(base, block_m=128), replace(base, mlp1_block_n=64, mlp1_warps=4),
             replace(base, mlp1_warps=4, mlp1_passes=2),
             replace(base, mlp1_warps=4, mlp1_passes=2, mlp1_maxnreg=168, mlp2_maxnreg=168))
@@ -875,7 +868,7 @@ def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=12
     router, experts = gpu_layer(num_experts)
     x = make_x(num_tokens, 2880, seed=8, device="cuda")
     one, weights, ids = mod.fused_moe_fp8(x, *router, *experts, config=config, return_routing=True)
-    two = mod.fused_moe_fp8(x, *router, *experts, config=two_dot_prefill_config(mod))
+    two = mod.fused_moe_fp8(x, *router, *experts, config=mod.TWO_DOT_PREFILL_CONFIG)
     ref = mod.moe_ref(x, None, None, *experts, routing=(weights, ids))
     what = f"E={num_experts} T={num_tokens} {config.short()}"
     result["one_dot_vs_ref"] = compare_to_ref(one, ref, what)
