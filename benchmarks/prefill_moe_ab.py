@@ -23,12 +23,8 @@ def main():
     config = diag.CANDIDATES[row]
     moe_kernels.H200_HIDDEN_2880_CONFIGS = tuple(
         (bound, config if bound > 128 else old) for bound, old in moe_kernels.H200_HIDDEN_2880_CONFIGS)
-    # every rank width takes the candidate (no NARROW_PREFILL_CONFIGS swap), so TP shards are timed too
-    moe_kernels.TWO_PASS_MIN_INTER = 0
-    moe_kernels.NARROW_PREFILL_CONFIGS = tuple((bound, config) for bound, _ in moe_kernels.NARROW_PREFILL_CONFIGS)
     for tokens in (129, 8192):
-        for inter in (2880, 720, 360):
-            assert moe_kernels.select_config(tokens, inter) is config
+        assert moe_kernels.select_config(tokens) is config
     print(f"MoE prefill row: {row} = {config.short()}", flush=True)
     sys.argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_prefill.py")] + rest
     runpy.run_path(sys.argv[0], run_name="__main__")

@@ -26,6 +26,8 @@
 #   bash benchmarks/run_h200.sh final7b   # (one GPU) final7 after the width rule and the decode rows' vector W2 scale
 #   bash benchmarks/run_h200.sh prefill7c # (one GPU) the prefill grid with 3 warm-up + 5 timed calls per length
 #   bash benchmarks/run_h200.sh pdl7      # (one GPU) h quantisation's early release: bits, in-step A/B; TP-shard MoE tests
+#   bash benchmarks/run_h200.sh tma8      # (one GPU) TMA prototypes of the prefill GEMMs; extend attention variants
+#   bash benchmarks/run_h200.sh tma8b     # (one GPU) TMA rows in the tables: gpu tests, TP1 prefill rows + profile
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -291,6 +293,19 @@ pdl7)  # one GPU: the MoE h quantisation's early release (commit a94253b's kerne
         --rounds 30 --no-probe --hquant-release-ab
     step gpu_test_moe_shard 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k "tp_shard or one_dot"
     step gpu_test_moe_decode 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
+    ;;
+tma8)  # one GPU: TMA-descriptor prototypes of the dense GEMM, mlp1 (x gathered) and mlp2 beside the shipped
+      # kernels; extend attention's structural variants (one key loop for sliding tiles, sink last) + its gpu test
+    step diag_tma 300 python benchmarks/diag_tma.py --out "$R"
+    step bench_sink_extend_variants 200 python benchmarks/bench_sink_attention.py --extend-variants --out "$R"
+    step gpu_test_sink 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_sink_attention.py
+    ;;
+tma8b)  # one GPU: the TMA tiles in the table (dense GEMM M > 256, MoE prefill row): gpu tests (TMA vs pointer
+       # bits), then the TP1 prefill rows with the profile
+    step gpu_test_fp8_gemm 150 python tests/test_kernel_fp8_gemm.py --gpu
+    step gpu_test_moe 170 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k "tp_shard or one_dot"
+    step bench_prefill 220 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,4096,8192 --profile 8192 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -325,6 +325,15 @@ def sweep(device: str = "cpu") -> dict:
         for out_dtype in (torch.float16, torch.bfloat16):
             for cfg in (Cfg(16, 64), Cfg(16, 64, split_k=2)):
                 run(f"out {out_dtype} {cfg.short()}", x, w, ws, b, cfg, out_dtype=out_dtype)
+        # TMA tiles (the prefill's pick): the pointer kernel's bits, ragged M, N and K edges zero-filled
+        # by the copy engine instead of masked; BLOCK_N > 128 takes per-column weight scales
+        for cfg in (Cfg(16, 64, tma=True), Cfg(32, 256, tma=True)):
+            for out_dtype in (torch.float32, torch.bfloat16):
+                via_tma = run(f"tma {out_dtype} {cfg.short()}", x, w, ws, b, cfg, out_dtype=out_dtype)
+                pointer = run(f"pointer {out_dtype} {cfg.short()}", x, w, ws, b, dataclasses.replace(cfg, tma=False),
+                              out_dtype=out_dtype)
+                if not torch.equal(via_tma, pointer):
+                    raise AssertionError(f"TMA tiles change the result {cfg.short()} {out_dtype}")
     x, w, ws, b = make_case(6, 192, 320, torch.float16, seed=3, device=device)
     x3 = x.view(2, 3, 320)
     out = torch.full((2, 3, 192), float("nan"), dtype=torch.float32, device=device)
@@ -476,7 +485,7 @@ def test_kernels_match_oracle_interpreted():
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
-    n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (10 + 4) + 3 + len(_gemv_cases()) + 2
+    n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (10 + 4 + 8) + 3 + len(_gemv_cases()) + 2
     assert result["cases"] == n_expected, result
     assert result["max_error_over_bound"] <= 1, result
 
@@ -520,6 +529,10 @@ def gpu_check() -> list[dict]:
                 variants = [dataclasses.replace(cfg, fuse_quant=not cfg.fuse_quant)]
                 if cfg.split_k > 1:
                     variants.append(dataclasses.replace(cfg, inline_reduce=not cfg.inline_reduce))
+                if cfg.tma:  # the pointer kernel on the same tile: the same bits
+                    pointer = mod.fp8_linear(x, w, ws, b, config=dataclasses.replace(cfg, tma=False))
+                    if not torch.equal(pointer, y):
+                        raise AssertionError(f"{name} M={m} {cfg.short()}: TMA tiles differ from pointer loads")
             others = [mod.fp8_linear(x, w, ws, b, config=v) for v in variants]
             if isinstance(cfg, mod.Fp8GemvConfig):
                 # x rounded to e4m3 by the cast vs in fp32 arithmetic: the same codes, so the same bits

@@ -292,19 +292,9 @@ def test_one_dot_config():
     assert all(c.mlp1_passes == 2 for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_one_dot)
     assert mod.select_config(8192).mlp1_passes == 2 and mod.select_config(129).mlp1_passes == 2
     assert not any(mod.select_config(t).mlp1_one_dot for t in (1, 8, 16, 32, 128))
-    # the rank's intermediate width picks the two-pass row only from TWO_PASS_MIN_INTER (TP 1, 2)
-    for t in (129, 1024, 1025, 8192):
-        assert mod.select_config(t, 2880) is mod.select_config(t) and mod.select_config(t, 1440).mlp1_passes == 2
-        narrow = mod.select_config(t, 720)
-        mod._check_config(narrow)
-        assert not narrow.mlp1_one_dot and narrow.mlp1_warps == 8
-        assert narrow.mlp2_stages == (4 if t <= 1024 else 3)
-    assert mod.select_config(16, 360) is mod.select_config(16)  # decode rows: no width rule
-    # the launcher's pick reads the weights' intermediate width
-    for inter, passes in ((160, 1), (1440, 2)):
-        q1, s1, b1, q2, s2, b2 = make_experts(2, 256, inter, seed=1)
-        picked = mod._check_call(make_x(300, 256, seed=1), q1, s1, b1, q2, s2, b2, None, None)[2]
-        assert picked is mod.select_config(300, inter) and picked.mlp1_passes == passes
+    # the prefill row loads its tiles by TMA; the launcher falls back to pointers where it must
+    assert mod.select_config(129).tma and mod.select_config(8192).tma
+    assert not any(mod.select_config(t).tma for t in (1, 8, 16, 32, 128))
     with pytest.raises(ValueError, match="mlp1_one_dot"):
         mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
     with pytest.raises(ValueError, match="mlp1_one_dot"):
@@ -325,7 +315,12 @@ def test_one_dot_config():
                        (replace(mod.select_config(8), mlp2_maxnreg=168), "not gemv"),
                        (replace(mod.select_config(1), mlp1_maxnreg=168), "oneshot"),
                        (replace(mod.select_config(1), mlp1_passes=2), "oneshot"),
-                       (replace(mod.select_config(8), mlp1_passes=2), "not gemv")):
+                       (replace(mod.select_config(8), mlp1_passes=2), "not gemv"),
+                       (replace(mod.select_config(8), tma=True), "not gemv"),
+                       (replace(mod.select_config(1), tma=True), "oneshot"),
+                       (replace(one, tma=True), "MoeConfig.tma: two mlp1 passes"),
+                       (replace(two_pass, tma=True, mlp2_split_k=2), "MoeConfig.tma"),
+                       (replace(two_pass, tma=True, mlp1_block_n=64), "MoeConfig.tma")):
         with pytest.raises(ValueError, match=match):
             mod._check_config(bad)
     q1, s1, b1, q2, s2, b2 = make_experts(4, HIDDEN, INTER, seed=0)
@@ -614,8 +609,9 @@ def one_dot_cases(mod):
     scale blocks), last tiles ragged (I = 160: 32 of 128 columns; 288: 32 of 64 / 128), K ragged
     (160, 288, 320 = 1.25, 2.25, 2.5 groups), fused requant on (mlp1_block_n 128) and off (fp32 h),
     split-K 3 (320: one K group per split), the old two-dot prefill row's tile (block_m 64, 8 warps),
-    two passes (the table's prefill row): a pass wholly past 2I (I 160), a partly valid second pass
-    (I 224: rows 384..447 of 384..511), 32-row passes with fp32 h."""
+    two passes: a pass wholly past 2I (I 160), a partly valid second pass (I 224: rows 384..447 of
+    384..511), 32-row passes with fp32 h; two passes with TMA tiles (the table's prefill row), one
+    with h rows the copy engine cannot take (mlp2 keeps its pointer loads)."""
     C = mod.MoeConfig
     return [
         ("fused requant, H 288 I 160, 6 experts, biases", 37,
@@ -638,6 +634,14 @@ def one_dot_cases(mod):
          C(16, 32, 4, 2, 32, 4, 2, mlp1_one_dot=True, mlp1_passes=2), 160, 288, 8, 0, True, True, False),
         ("2 passes, second one partly past 2I, H 288 I 224, 5 experts, biases", 19,
          C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2), 288, 224, 5, 0, True, True, False),
+        # TMA tiles (the table's prefill row): the pointer kernels' bits
+        ("TMA, 2 passes, H 288 I 160 (a pass past 2I: the next expert's rows), 6 experts, biases", 37,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2, tma=True), 288, 160, 6, 0, True, True, False),
+        ("TMA, prefill tile m64 w4, H 320 I 288 (ragged K both), EP rank 1..5, routing given, b1 only", 23,
+         C(64, 128, 4, 3, 128, 4, 3, group_m=4, mlp1_one_dot=True, mlp1_passes=2, tma=True), 320, 288, 4, 1,
+         True, False, True),
+        ("TMA mlp1, mlp2 on pointers (h rows of 200 B: not 16-byte aligned), H 288 I 200, 5 experts", 19,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2, tma=True), 288, 200, 5, 0, True, True, False),
     ]
 
 
@@ -656,7 +660,8 @@ def check_one_dot(mod, device) -> dict:
         x = make_x(num_tokens, hidden, seed=seed + 2, device=device)
         weights, ids = route(x, *router, TOP_K)
         outs = {}
-        for label, cfg in (("one_dot", config), ("two_dot", replace(config, mlp1_one_dot=False, mlp1_passes=1))):
+        two_dot = replace(config, mlp1_one_dot=False, mlp1_passes=1, tma=False)
+        for label, cfg in (("one_dot", config), ("two_dot", two_dot)):
             if given:
                 outs[label] = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
                                                     config=cfg)
@@ -893,17 +898,22 @@ def test_full_shapes_one_dot_120b_prefill(which):
 @pytest.mark.gpu
 @pytest.mark.parametrize("inter", (720, 1440))
 def test_full_shapes_tp_shard_prefill(inter):
-    """Prefill on a tensor-parallel shard's experts (intermediate 720: TP4, the two-dot
-    NARROW_PREFILL_CONFIGS rows; 1440: TP2, the two-pass row with its second pass past 2I in the
-    last tile), 120b's 128 experts, both prefill buckets: compiled, vs `moe_ref`, bits run to run."""
+    """Prefill on a tensor-parallel shard's experts (intermediate 720: TP4; 1440: TP2, the two-pass
+    row's second pass past 2I in the last tile), 120b's 128 experts, the table's TMA row and the
+    pointer kernels on the same tiles: compiled, vs `moe_ref`, the same bits, bits run to run."""
+    from dataclasses import replace
+
     mod = _kernel_module()
     router = make_router(128, 2880, seed=6, device="cuda")
     experts = make_experts(128, 2880, inter, seed=5, device="cuda")
     for num_tokens in (600, 1100):
-        assert mod.select_config(num_tokens, inter).mlp1_passes == (2 if inter >= mod.TWO_PASS_MIN_INTER else 1)
+        config = mod.select_config(num_tokens)
+        assert config.tma
         x = make_x(num_tokens, 2880, seed=7, device="cuda")
         out, weights, ids = mod.fused_moe_fp8(x, *router, *experts, return_routing=True)
         assert torch.equal(out, mod.fused_moe_fp8(x, *router, *experts)), "not bit-reproducible"
+        pointer = mod.fused_moe_fp8(x, *router, *experts, config=replace(config, tma=False))
+        assert torch.equal(out, pointer), "TMA tiles change the result"
         ref = mod.moe_ref(x, None, None, *experts, routing=(weights, ids))
         compare_to_ref(out, ref, f"E=128 I={inter} T={num_tokens}")
 

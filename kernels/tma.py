@@ -1,0 +1,45 @@
+"""Host tensor descriptors for Hopper TMA loads (the prefill GEMMs' operand tiles).
+
+A kernel that takes a `TensorDescriptor` loads its tiles with `desc.load([row, col])`: on sm90 one
+bulk tensor copy per tile into shared memory (no per-thread address tensors, no issue slots spent on
+16-byte copies), zero-filled past the tensor's edge, so a ragged K block needs no mask. On an H200
+the FP8 GEMMs of the 8192-token prefill ran 1.12-1.38x faster this way with the same bits
+(benchmarks/results/diag_tma.md). Under TRITON_INTERPRET the interpreter emulates the same loads.
+
+The copy engine's rules (CUDA `cuTensorMapEncodeTiled`): the base address and every stride but the
+last a multiple of 16 bytes, a unit last stride. `tma_2d_ok` checks them on the host, so a launcher
+falls back to its pointer kernel where they fail (e.g. gpt-oss-120b at TP8: 360-wide h rows).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: every launcher keeps its pointer kernel
+    TensorDescriptor = None
+
+TMA_ALIGN = 16  # bytes
+
+
+def tma_supported(device: torch.device) -> bool:
+    """Descriptor loads run here: an sm90+ GPU, or the interpreter (which emulates them)."""
+    if TensorDescriptor is None:
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def tma_2d_ok(t: torch.Tensor) -> bool:
+    """A 2-D tensor the copy engine can tile: unit last stride, 16-byte aligned base and row stride."""
+    return (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
+            and t.data_ptr() % TMA_ALIGN == 0 and tma_supported(t.device))
+
+
+def descriptor(t: torch.Tensor, block_shape: list[int]):
+    """The descriptor of a 2-D tensor (tma_2d_ok) for tiles of block_shape."""
+    return TensorDescriptor.from_tensor(t, block_shape)
