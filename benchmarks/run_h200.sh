@@ -28,6 +28,10 @@
 #   bash benchmarks/run_h200.sh pdl7      # (one GPU) h quantisation's early release: bits, in-step A/B; TP-shard MoE tests
 #   bash benchmarks/run_h200.sh tma8      # (one GPU) TMA prototypes of the prefill GEMMs; extend attention variants
 #   bash benchmarks/run_h200.sh tma8b     # (one GPU) TMA rows in the tables: gpu tests, TP1 prefill rows + profile
+#   bash benchmarks/run_h200.sh tma8c     # (one GPU) MoE prefill TMA neighbours; prefill host vs device time
+#   bash benchmarks/run_h200.sh final8    # (one GPU) prefill grid, FP8 GEMM and MoE tables with the TMA rows
+#   bash benchmarks/run_h200.sh host8     # (one GPU) host share of a short prefill and of one MoE layer
+#   bash benchmarks/run_h200.sh final8b   # (one GPU) final8's prefill grid + MoE table after the host-side fix
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -306,6 +310,29 @@ tma8b)  # one GPU: the TMA tiles in the table (dense GEMM M > 256, MoE prefill r
     step gpu_test_moe 170 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k "tp_shard or one_dot"
     step bench_prefill 220 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 1024,4096,8192 --profile 8192 --out "$R"
+    ;;
+tma8c)  # one GPU: the MoE prefill row's neighbours with TMA tiles (120b, 20b); host vs device time of a prefill
+    step diag_moe_prefill_120b 200 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b \
+        --configs table,pointer,tma_m128w8,tma_m128w8s3,tma_s5,tma_g8,tma_g1,tma_mlp2s2 --stem diag_moe_prefill_tma
+    step diag_moe_prefill_20b 100 python benchmarks/diag_moe_prefill.py --out "$R" --models 20b \
+        --configs table,pointer,tma_m128w8,tma_g8 --stem diag_moe_prefill_tma_20b
+    step diag_prefill_host 200 python benchmarks/diag_prefill_host.py --out "$R"
+    ;;
+final8)  # one GPU, carry .peers/sglang_src: the committed prefill grid, FP8 GEMM and MoE tables with the TMA rows
+    step bench_prefill 400 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+        --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
+    step bench_fp8_gemm 80 python benchmarks/bench_fp8_gemm.py --out "$R" --sweep off
+    step bench_moe 100 python benchmarks/bench_moe.py --out "$R" --no-sweep
+    ;;
+host8)  # one GPU: the host's share of a short prefill (cumulative profile) and of one MoE layer (TMA vs pointer)
+    step diag_prefill_host 120 python benchmarks/diag_prefill_host.py --models 120b --lengths 1024 --out "$R"
+    step diag_moe_prefill_enqueue 120 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b \
+        --configs table,pointer --stem diag_moe_prefill_enqueue
+    ;;
+final8b)  # one GPU, carry .peers/sglang_src: final8's prefill grid and MoE table after the host-side fix
+    step bench_prefill 400 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
+        --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
+    step bench_moe 100 python benchmarks/bench_moe.py --out "$R" --no-sweep
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -14,6 +14,7 @@ falls back to its pointer kernel where they fail (e.g. gpt-oss-120b at TP8: 360-
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import torch
 
@@ -31,7 +32,14 @@ def tma_supported(device: torch.device) -> bool:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":
         return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and _sm_major(device.index) >= 9
+
+
+@lru_cache(maxsize=None)
+def _sm_major(index: int | None) -> int:
+    # cached: a prefill asks ~300 times, and torch's device query costs ~10 us on the host
+    # (benchmarks/results/diag_prefill_host.md)
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def tma_2d_ok(t: torch.Tensor) -> bool:
