@@ -68,6 +68,14 @@ CANDIDATES = {
 }
 
 
+def decode_tma_candidates(tokens: int) -> dict:
+    """--decode-tma: the table's row for `tokens` (a decode batch, 17..128) and the same tiles with
+    mlp1 in two one-dot passes and TMA operand tiles (MoeConfig.tma's conditions)."""
+    row = moe_kernels.select_config(tokens)
+    return {"table": row, "tma": replace(row, mlp1_one_dot=True, mlp1_passes=2, tma=True),
+            "two_pass": replace(row, mlp1_one_dot=True, mlp1_passes=2)}
+
+
 def compiled_info(kernel) -> dict:
     """Registers, spills and shared memory of each compiled variant of a Triton kernel (best effort:
     the cache layout differs between Triton versions)."""
@@ -180,22 +188,25 @@ def main():
     ap.add_argument("--configs", default=",".join(CANDIDATES))
     ap.add_argument("--ncu", action="store_true", help="one call per config between cudaProfilerStart/Stop")
     ap.add_argument("--stem", default="diag_moe_prefill")
+    ap.add_argument("--decode-tma", action="store_true",
+                    help="at --tokens (a decode batch): the table's row vs its tiles with TMA (decode_tma_candidates)")
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # CPU, TRITON_INTERPRET=1, tiny dims
     args = ap.parse_args()
     dim, dev = 2880, "cuda"
     if args.smoke:
         dim, dev = 256, "cpu"
         bm.DEVICE = "cpu"
-    names = args.configs.split(",")
+    cands = decode_tma_candidates(args.tokens) if args.decode_tma else CANDIDATES
+    names = list(cands) if args.decode_tma else args.configs.split(",")
     t0 = time.time()
     if args.ncu:
         layer = bm.make_layer(bm.MODELS[args.models.split(",")[0]], 2880, 2880, seed=1)
         x = torch.randn(args.tokens, 2880, device="cuda").to(torch.bfloat16)
         for name in names:
             call = lambda: moe_kernels.fused_moe_fp8(x, *bm.layer_args(layer), top_k=bm.TOP_K,  # noqa: E731
-                                                     limit=bm.LIMIT, config=CANDIDATES[name])
+                                                     limit=bm.LIMIT, config=cands[name])
             bc.profile_one_call(call)
-            print(f"ncu: {name} = {CANDIDATES[name].short()}", flush=True)
+            print(f"ncu: {name} = {cands[name].short()}", flush=True)
         return
     ceil = bm.ceilings()
     meta = run_meta(" ".join(["python", "benchmarks/diag_moe_prefill.py"] + sys.argv[1:]),
@@ -207,7 +218,7 @@ def main():
         x_small = torch.randn(min(512, args.tokens), dim, device=dev).to(torch.bfloat16)
         ref_out = None
         for name in names:
-            row, out = run_config(name, CANDIDATES[name], layer, x, ref_out, x_small, ceil)
+            row, out = run_config(name, cands[name], layer, x, ref_out, x_small, ceil)
             if name == "table" and "error" not in row:
                 ref_out = out
             rows.append({"model": model, "tokens": args.tokens, **row})

@@ -383,6 +383,38 @@ def moe_rows(dev, cases, iters):
     return rows
 
 
+def shipped_dense_rows(dev, m_list, copies: int = 8):
+    """The shipped `_fp8_gemm_kernel` tiles of gemm_config at decode-sized M (no split-K) against the
+    same tiles with `tma=True`: CUDA graphs of back-to-back calls over `copies` weight copies (> L2,
+    so the weights stream from HBM, as in a decode step); bits compared."""
+    from dataclasses import replace
+
+    rows = []
+    for name, n, k in (("qkv", 5120, 2880), ("o", 2880, 4096)):
+        g = torch.Generator(device=dev).manual_seed(n)
+        ws = [(torch.randn(n, k, device=dev, generator=g) * 0.5).to(FP8) for _ in range(copies)]
+        wsc = torch.rand(triton.cdiv(n, 128), triton.cdiv(k, 128), device=dev, generator=g) * 0.01 + 0.001
+        bias = torch.randn(n, device=dev, generator=g).to(torch.bfloat16)
+        for m in m_list:
+            a, a_s = fg.quantize_activation_group128_ref(torch.randn(m, k, device=dev, generator=g))
+            cfg = fg.gemm_config(m, n, k, dev, x_prequantized=True)
+            if not isinstance(cfg, fg.Fp8GemmConfig) or cfg.split_k != 1:
+                continue
+            row = {"shape": name, "M": m, "config": cfg.short(), "weight_MB": n * k / 1e6}
+            outs = {}
+            for label, c in (("pointer", replace(cfg, tma=False)), ("tma", replace(cfg, tma=True))):
+                out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+                calls = [lambda w=w, c=c, out=out: fg.fp8_gemm(a, a_s, w, wsc, bias, out=out, config=c) for w in ws]
+                row[label + "_us"] = bc.graph_time_calls(calls, device=dev) * 1e6
+                row[label + "_TBps"] = n * k / (row[label + "_us"] * 1e-6) / 1e12
+                fg.fp8_gemm(a, a_s, ws[0], wsc, bias, out=out, config=c)
+                outs[label] = out
+            row["bits_equal"] = bool(torch.equal(outs["pointer"], outs["tma"]))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def markdown(meta, dense, moe) -> str:
     lines = [f"# TMA loads for the prefill's FP8 GEMMs: prototype vs shipped ({meta.get('gpu', 'CPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "",
@@ -415,7 +447,25 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter: tiny shapes, outputs compared only")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--shipped-dense", default=None, metavar="M,M,...",
+                    help="only the shipped dense tiles with / without TMA at these M (decode sizes), "
+                         "written to diag_tma_dense_decode.{json,md}")
     args = ap.parse_args(argv)
+    if args.shipped_dense:
+        dev = torch.device("cpu" if args.smoke else "cuda")
+        rows = shipped_dense_rows(dev, [int(m) for m in args.shipped_dense.split(",")], copies=1 if args.smoke else 8)
+        meta = run_meta("python benchmarks/diag_tma.py " + " ".join(sys.argv[1:]))
+        md = "\n".join([f"# Shipped dense FP8 GEMM tiles with / without TMA at decode sizes ({meta.get('gpu', 'CPU')})",
+                        "", f"`{meta['command']}` — {meta.get('date', '')}", "",
+                        "CUDA graphs of back-to-back calls over 8 weight copies (beyond L2); us per call.", "",
+                        md_table(rows, [("shape", "shape", None), ("M", "M", None), ("config", "config", None),
+                                        ("pointer us", "pointer_us", "{:.1f}"), ("TMA us", "tma_us", "{:.1f}"),
+                                        ("pointer TB/s", "pointer_TBps", "{:.2f}"), ("TMA TB/s", "tma_TBps", "{:.2f}"),
+                                        ("bits equal", "bits_equal", None)])]) + "\n"
+        if args.out:
+            write_results(args.out, "diag_tma_dense_decode", meta, rows, md)
+        print(md)
+        return
     dev = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:
         dense = dense_rows(dev, [160], 1)

@@ -32,6 +32,8 @@
 #   bash benchmarks/run_h200.sh final8    # (one GPU) prefill grid, FP8 GEMM and MoE tables with the TMA rows
 #   bash benchmarks/run_h200.sh host8     # (one GPU) host share of a short prefill and of one MoE layer
 #   bash benchmarks/run_h200.sh final8b   # (one GPU) final8's prefill grid + MoE table after the host-side fix
+#   bash benchmarks/run_h200.sh tma8d     # (one GPU) TMA tiles at decode sizes: dense M 32..256, MoE 32..128 tokens
+#   bash benchmarks/run_h200.sh decode8   # (one GPU) TMA tiles in the decode rows: gpu tests + TP1 decode rows
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -333,6 +335,19 @@ final8b)  # one GPU, carry .peers/sglang_src: final8's prefill grid and MoE tabl
     step bench_prefill 400 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1 \
         --lengths 1024,4096,8192,32768 --profile 8192 --out "$R"
     step bench_moe 100 python benchmarks/bench_moe.py --out "$R" --no-sweep
+    ;;
+tma8d)  # one GPU: TMA tiles at decode sizes: the shipped dense tiles (M 32..256) and the MoE rows of 32..128 tokens
+    step diag_tma_dense_decode 120 python benchmarks/diag_tma.py --shipped-dense 32,64,128,256 --out "$R"
+    for t in 32 64 128; do
+        step diag_moe_decode_tma_$t 100 python benchmarks/diag_moe_prefill.py --decode-tma --tokens $t \
+            --models 120b,20b --out "$R" --stem diag_moe_decode_tma_$t
+    done
+    ;;
+decode8)  # one GPU: TMA tiles in the decode rows (dense M 17..256 without split-K, MoE 17..128 tokens): the table's
+         # MoE rows compiled at full shapes and in CUDA graphs, then the TP1 decode rows of batch 32 and 128
+    step gpu_test_moe_table 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k "full_shapes_and_cuda_graph"
+    step bench_decode_tp1 150 python benchmarks/bench_decode.py --models 120b,20b --batches 32,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs none --profile --out "$R" --stem bench_decode_tp1_tma
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

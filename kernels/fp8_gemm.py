@@ -1063,7 +1063,10 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     M <= 256: 64 x 128 tiles, 4 warps. Larger: 128 x 128 tiles, 8 warps (two Hopper warpgroups),
     4 stages of 32 KB in shared memory, grouped ordering for L2 reuse of the weight tiles, operand
     tiles by TMA (H200, M = 8192: qkv 470 -> 361 us, o 395 -> 295 us, cuBLAS block-scaled 381 /
-    306 us; M = 2048: 153 -> 135, 137 -> 135; benchmarks/results/diag_tma.md).
+    306 us; M = 2048: 153 -> 135, 137 -> 135; benchmarks/results/diag_tma.md). The smaller tiles
+    load by TMA too where they run without split-K (weights streamed from HBM, H200: qkv M = 64 /
+    128 / 256 19.1 -> 15.9, 19.2 -> 12.3, 20.4 -> 14.8 us; o M = 128 / 256 15.5 -> 14.3, 15.4 -> 14.3;
+    diag_tma_dense_decode.md); with split-K they keep pointer loads.
     Starting points for an H200; `benchmarks/bench_fp8_gemm.py --sweep` measures alternatives.
     `x_prequantized`: x arrives as e4m3 codes + scales (`fp8_gemm`, `fp8_linear(x_quant=...)`),
     which only the decode pick depends on."""
@@ -1077,7 +1080,8 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     else:
         return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=True)
     tiles = max(1, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
-    return replace(cfg, split_k=_auto_split(m, k, tiles, sms))
+    split = _auto_split(m, k, tiles, sms)
+    return replace(cfg, split_k=split, tma=split == 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -241,6 +241,12 @@ class MoeConfig:
 #   caps (3 programs an SM) made the capped kernels slower (profiler: mlp1 +42-73 %, mlp2
 #   +9-25 %). The 129..1024 row's mlp2 had 4 stages, never measured against 3; the new row takes
 #   the measured 3.
+# - T 17..128 (session 8): the rows' tiles with mlp1 in two one-dot passes and TMA operand tiles.
+#   Kernels alone (profiler, benchmarks/results/diag_moe_decode_tma_*.md), same bits, mlp1 / mlp2 us,
+#   row -> TMA: 120b T=32 368 -> 355 / 179 -> 173, T=64 497 -> 470 / 244 -> 228, T=128 585 -> 562 /
+#   290 -> 271; 20b 157 -> 152 / 78 -> 76, 159 -> 158 / 81 -> 74, 173 -> 157 / 90 -> 84. The two
+#   passes on pointer loads alone were no faster. The host spends ~150-400 us more a layer (the x
+#   gather, descriptors), which a decode step's CUDA graph does not replay.
 # - T > 128 (session 8): operand tiles by TMA (MoeConfig.tma), mlp1 4 stages. Kernels alone, 8192
 #   tokens, same bits (benchmarks/results/diag_tma.md), shipped -> TMA: 120b mlp1 2105 -> 1879 us
 #   (3 stages 2031, 2 stages 3025), mlp2 1013 -> 904 (4 stages 997, 8 warps 1085); 20b 1862 ->
@@ -274,9 +280,9 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (8, MoeConfig(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=3, mlp2_split_k=3, gemv=True)),
     (16, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=2)),
     (32, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
-                   mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4)),
+                   mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)),
     (128, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
-                    mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4)),
+                    mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)),
     (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                         mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4, mlp1_one_dot=True, mlp1_passes=2,
                         tma=True)),

@@ -288,13 +288,11 @@ def test_one_dot_config():
     one = replace(base, mlp1_one_dot=True)
     mod._check_config(one)
     assert one.short() == base.short().replace(f"/s{base.mlp1_stages} ", f"/s{base.mlp1_stages}/1dot ", 1)
-    # the table's one-dot rows are the prefill rows, in two passes
-    assert all(c.mlp1_passes == 2 for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_one_dot)
-    assert mod.select_config(8192).mlp1_passes == 2 and mod.select_config(129).mlp1_passes == 2
-    assert not any(mod.select_config(t).mlp1_one_dot for t in (1, 8, 16, 32, 128))
-    # the prefill row loads its tiles by TMA; the launcher falls back to pointers where it must
-    assert mod.select_config(129).tma and mod.select_config(8192).tma
-    assert not any(mod.select_config(t).tma for t in (1, 8, 16, 32, 128))
+    # the table's one-dot rows are those of 17+ tokens, in two passes with TMA tiles (the launcher falls
+    # back to pointer loads where an operand does not suit the copy engine); below, split-K, GEMV, one-shot
+    assert all(c.mlp1_passes == 2 and c.tma for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_one_dot)
+    assert all(mod.select_config(t).tma for t in (17, 32, 33, 128, 129, 8192))
+    assert not any(mod.select_config(t).mlp1_one_dot or mod.select_config(t).tma for t in (1, 4, 8, 16))
     with pytest.raises(ValueError, match="mlp1_one_dot"):
         mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
     with pytest.raises(ValueError, match="mlp1_one_dot"):
