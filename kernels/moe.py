@@ -242,7 +242,7 @@ class MoeConfig:
 #   +9-25 %). The 129..1024 row's mlp2 had 4 stages, never measured against 3; the new row takes
 #   the measured 3.
 # - T 17..128 (session 8): the rows' tiles with mlp1 in two one-dot passes and TMA operand tiles.
-#   Kernels alone (profiler, benchmarks/results/diag_moe_decode_tma_*.md), same bits, mlp1 / mlp2 us,
+#   Kernels alone (profiler, benchmarks/results/sweeps/diag_moe_decode_tma_*.md), same bits, mlp1 / mlp2 us,
 #   row -> TMA: 120b T=32 368 -> 355 / 179 -> 173, T=64 497 -> 470 / 244 -> 228, T=128 585 -> 562 /
 #   290 -> 271; 20b 157 -> 152 / 78 -> 76, 159 -> 158 / 81 -> 74, 173 -> 157 / 90 -> 84. The two
 #   passes on pointer loads alone were no faster. The host spends ~150-400 us more a layer (the x
