@@ -301,7 +301,8 @@ pdl7)  # one GPU: the MoE h quantisation's early release (commit a94253b's kerne
     step gpu_test_moe_decode 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
     ;;
 tma8)  # one GPU: TMA-descriptor prototypes of the dense GEMM, mlp1 (x gathered) and mlp2 beside the shipped
-      # kernels; extend attention's structural variants (one key loop for sliding tiles, sink last) + its gpu test
+      # kernels (at commit f80169d; diag_tma.py now times the shipped kernels, dense only); extend attention's
+      # structural variants (one key loop for sliding tiles, sink last) + its gpu test
     step diag_tma 300 python benchmarks/diag_tma.py --out "$R"
     step bench_sink_extend_variants 200 python benchmarks/bench_sink_attention.py --extend-variants --out "$R"
     step gpu_test_sink 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_sink_attention.py

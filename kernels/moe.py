@@ -1092,7 +1092,7 @@ def _mlp2_kernel(
     DOT_FP32: tl.constexpr,
     SPLIT_K: tl.constexpr,
     h_desc=None, w2_desc=None,  # TMA: descriptors of h codes [rows, I] and of W2 as [E * H, I]
-    TMA: tl.constexpr = False,  # MoeConfig.tma (fp8 h, BLOCK_N <= 128): h and W2 tiles by TMA
+    TMA: tl.constexpr = False,  # MoeConfig.tma (fp8 h): h and W2 tiles by TMA
 ):
     BLOCK_K: tl.constexpr = 128
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2

@@ -708,7 +708,11 @@ def sink_attention_extend(
     """Extend (prefill over a cached prefix) for a ragged batch in one launch: out [T, Hq, D] in q's dtype.
 
     ``q_start`` None means the requests' rows are packed in order (exclusive cumsum of ``q_len``).
-    ``block_m`` query rows per program = block_m // next_pow2(group) positions x the group's heads."""
+    ``block_m`` query rows per program = block_m // next_pow2(group) positions x the group's heads.
+    ``one_range`` (windowed layers: one masked key loop over a tile's keys instead of three) and
+    ``sink_last`` (the sink joins the softmax after the keys) give the same results within rounding;
+    on the H200 both were within the run-to-run noise of the default
+    (benchmarks/results/sweeps/bench_sink_attention_extend_variants.md), so they are off."""
     hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
     t = q.shape[0]
     num_reqs = req_pool_indices.shape[0]
