@@ -329,9 +329,18 @@ def sweep(device: str = "cpu") -> dict:
         # by the copy engine instead of masked; BLOCK_N > 128 takes per-column weight scales
         for cfg in (Cfg(16, 64, tma=True), Cfg(32, 256, tma=True)):
             for out_dtype in (torch.float32, torch.bfloat16):
-                via_tma = run(f"tma {out_dtype} {cfg.short()}", x, w, ws, b, cfg, out_dtype=out_dtype)
-                pointer = run(f"pointer {out_dtype} {cfg.short()}", x, w, ws, b, dataclasses.replace(cfg, tma=False),
-                              out_dtype=out_dtype)
+                # equal bits cannot show the TMA kernel ran: count the descriptors it was given (A and W)
+                built = []
+                original = mod.descriptor
+                mod.descriptor = lambda t, block: built.append(block) or original(t, block)
+                try:
+                    via_tma = run(f"tma {out_dtype} {cfg.short()}", x, w, ws, b, cfg, out_dtype=out_dtype)
+                    pointer = run(f"pointer {out_dtype} {cfg.short()}", x, w, ws, b,
+                                  dataclasses.replace(cfg, tma=False), out_dtype=out_dtype)
+                finally:
+                    mod.descriptor = original
+                if built != [[cfg.block_m, 128], [cfg.block_n, 128]]:
+                    raise AssertionError(f"TMA kernel not launched as configured {cfg.short()}: {built}")
                 if not torch.equal(via_tma, pointer):
                     raise AssertionError(f"TMA tiles change the result {cfg.short()} {out_dtype}")
     x, w, ws, b = make_case(6, 192, 320, torch.float16, seed=3, device=device)

@@ -643,6 +643,25 @@ def one_dot_cases(mod):
     ]
 
 
+def descriptors_built(mod):
+    """A counter of the TMA descriptors `mod`'s launchers build from now on: returns a function that
+    reads it and puts the module's `descriptor` back."""
+    original = mod.descriptor
+    shapes = []
+
+    def counting(t, block_shape):
+        shapes.append(tuple(t.shape))
+        return original(t, block_shape)
+
+    mod.descriptor = counting
+
+    def read() -> int:
+        mod.descriptor = original
+        return len(shapes)
+
+    return read
+
+
 def check_one_dot(mod, device) -> dict:
     """mlp1's one-dot variant vs `moe_ref` (the stated bounds) and vs the same config with the
     default two-dot mlp1 (interpreted: equal bits; compiled: the compiled bounds)."""
@@ -660,6 +679,7 @@ def check_one_dot(mod, device) -> dict:
         outs = {}
         two_dot = replace(config, mlp1_one_dot=False, mlp1_passes=1, tma=False)
         for label, cfg in (("one_dot", config), ("two_dot", two_dot)):
+            built = descriptors_built(mod)
             if given:
                 outs[label] = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
                                                     config=cfg)
@@ -668,6 +688,10 @@ def check_one_dot(mod, device) -> dict:
                                               config=cfg, return_routing=True)
                 assert torch.equal(i.long(), ids.long()) and torch.equal(w, weights), f"{name}: routing"
                 outs[label] = out
+            # The TMA path gives the pointer path's bits, so equal outputs cannot show it ran: count the
+            # descriptors (x, W1 for mlp1; h, W2 for mlp2 where the h rows suit the copy engine).
+            want = (2 + 2 * (inter % 16 == 0)) if cfg.tma else 0
+            assert built() == want, f"{name} {label}: {built()} TMA descriptors, expected {want}"
         from sglang_ext.kernels.arrival_counters import current
 
         counters = current(mod.COUNTERS_OWNER, x.device)
