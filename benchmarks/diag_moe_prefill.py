@@ -69,11 +69,13 @@ CANDIDATES = {
 
 
 def decode_tma_candidates(tokens: int) -> dict:
-    """--decode-tma: the table's row for `tokens` (a decode batch, 17..128) and the same tiles with
-    mlp1 in two one-dot passes and TMA operand tiles (MoeConfig.tma's conditions)."""
+    """--decode-tma: at `tokens` (a decode batch, 17..128) the table's row (two one-dot passes, TMA
+    tiles since session 8), its tiles on pointer loads, and the row before (two dots, pointers).
+    The committed sweeps/diag_moe_decode_tma_*.md ran before the table took TMA, so their "table" is
+    this "two_dot", their "tma" this "table" and their "two_pass" this "pointer"."""
     row = moe_kernels.select_config(tokens)
-    return {"table": row, "tma": replace(row, mlp1_one_dot=True, mlp1_passes=2, tma=True),
-            "two_pass": replace(row, mlp1_one_dot=True, mlp1_passes=2)}
+    return {"table": row, "pointer": replace(row, tma=False),
+            "two_dot": replace(row, mlp1_one_dot=False, mlp1_passes=1, tma=False)}
 
 
 def compiled_info(kernel) -> dict:

@@ -19,7 +19,7 @@ Kernels:
     K blocks are shared by `grid[1]` programs that write fp32 partials (the bias in split 0's);
     the last split of each tile to finish adds them in split order (deterministic; an arrival
     counter per tile, reset by that split), or `_splitk_sum_kernel` does in a second launch;
-  - `_fp8_gemm_tma_kernel` (`Fp8GemmConfig.tma`, prefill): the same tile and maths on
+  - `_fp8_gemm_tma_kernel` (`Fp8GemmConfig.tma`, M > 16 without split-K): the same tile and maths on
     pre-quantised A, with A and W tiles loaded by TMA descriptors (kernels/tma.py), zero-filled
     past K's ragged edge; no split-K. Same bits as `_fp8_gemm_kernel`, 1.3x faster at M = 8192
     on an H200 (benchmarks/results/diag_tma.md);

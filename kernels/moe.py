@@ -24,9 +24,11 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
      (DeepGEMM's scheme: block scales applied per K step). W1's gate and linear rows are
      interleaved (2c, 2c+1), so the program loads them as two tiles and each (gate, linear)
      pair meets in one program (`mlp1_one_dot`: one contiguous tile, one dot, one accumulator
-     split into gate and linear after the bias; with `mlp1_passes` 2, the prefill table's row,
-     the program's columns in two such passes of 128 rows, each on one warpgroup, h of the first
-     kept until the second); epilogue: bias, clamp, swiglu, and h
+     split into gate and linear after the bias; with `mlp1_passes` 2, the table's rows of 17+
+     tokens, the program's columns in two such passes of 128 rows, each on one warpgroup, h of the
+     first kept until the second; with `MoeConfig.tma` x is first gathered into the sorted order,
+     `_gather_rows_kernel`, and the x / W1 tiles come by TMA, as do mlp2's h / W2 tiles); epilogue:
+     bias, clamp, swiglu, and h
      requantised in 1x128 groups (the table's tiles span whole groups; narrower tiles store
      fp32 h for mlp2 to quantise as it loads it, a slower path kept for the sweep and the tests);
   4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
@@ -167,7 +169,7 @@ class MoeConfig:
     # warps fields and mlp2_per_pair apply.
     oneshot: bool = False
     mlp2_per_pair: bool = False  # oneshot: mlp2 per (pair, rows) + last-arriver combine (OneshotConfig)
-    # Prefill (two-pass mlp1, fp8 h, no split-K): operand tiles by TMA (kernels/tma.py). x is first
+    # Grouped rows of 17+ tokens (two-pass mlp1, fp8 h, no split-K): operand tiles by TMA (kernels/tma.py). x is first
     # gathered into the sorted pair order (`_gather_rows_kernel`: its rows become one contiguous
     # tile a block), W1 / W2 are read as [E * rows, K] matrices, h as it is. Where an operand does
     # not suit the copy engine (e.g. 360-wide h at 120b TP8) that kernel keeps its pointer loads.
@@ -246,7 +248,8 @@ class MoeConfig:
 #   row -> TMA: 120b T=32 368 -> 355 / 179 -> 173, T=64 497 -> 470 / 244 -> 228, T=128 585 -> 562 /
 #   290 -> 271; 20b 157 -> 152 / 78 -> 76, 159 -> 158 / 81 -> 74, 173 -> 157 / 90 -> 84. The two
 #   passes on pointer loads alone were no faster. The host spends ~150-400 us more a layer (the x
-#   gather, descriptors), which a decode step's CUDA graph does not replay.
+#   gather, descriptors), which a decode step's CUDA graph does not replay; eager calls of these
+#   sizes (short prefills, batches above the captured sizes) pay it every layer.
 # - T > 128 (session 8): operand tiles by TMA (MoeConfig.tma), mlp1 4 stages. Kernels alone, 8192
 #   tokens, same bits (benchmarks/results/diag_tma.md), shipped -> TMA: 120b mlp1 2105 -> 1879 us
 #   (3 stages 2031, 2 stages 3025), mlp2 1013 -> 904 (4 stages 997, 8 warps 1085); 20b 1862 ->
@@ -293,7 +296,9 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 # diagnosis's point of comparison, no longer in the table. Session 7's table kept it for shards
 # narrower than 1440 (120b TP4: the pointer-loaded two-pass row was 10-17 % slower on the model
 # step, benchmarks/results/sweeps/bench_prefill_ab_*.md); with TMA tiles the two-pass row is the
-# faster at 720 too (mlp1 797 -> 578 us, diag_tma.md), so one row serves every width.
+# faster at 720 too (mlp1 797 -> 578 us, diag_tma.md), so one row serves every width. Not measured:
+# 120b TP8 (I 360), where h's 360-byte rows keep mlp2 on pointer loads (mlp1 still loads by TMA),
+# with 3 mlp2 stages at 129..1024 tokens where the old narrow row had 4.
 TWO_DOT_PREFILL_CONFIG = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
                                    mlp2_warps=4, mlp2_stages=3, group_m=4)
 

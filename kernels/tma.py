@@ -1,4 +1,5 @@
-"""Host tensor descriptors for Hopper TMA loads (the prefill GEMMs' operand tiles).
+"""Host tensor descriptors for Hopper TMA loads: the FP8 GEMMs' operand tiles (prefill, and decode
+batches of 17+ rows).
 
 A kernel that takes a `TensorDescriptor` loads its tiles with `desc.load([row, col])`: on sm90 one
 bulk tensor copy per tile into shared memory (no per-thread address tensors, no issue slots spent on
@@ -43,8 +44,9 @@ def _sm_major(index: int | None) -> int:
 
 
 def tma_2d_ok(t: torch.Tensor) -> bool:
-    """A 2-D tensor the copy engine can tile: unit last stride, 16-byte aligned base and row stride."""
-    return (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
+    """A non-empty 2-D tensor the copy engine can tile: unit last stride, 16-byte aligned base and row
+    stride (an empty one, e.g. a rank with no local experts, has no descriptor: pointer loads)."""
+    return (t.dim() == 2 and t.numel() > 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
             and t.data_ptr() % TMA_ALIGN == 0 and tma_supported(t.device))
 
 

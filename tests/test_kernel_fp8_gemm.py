@@ -273,6 +273,17 @@ def _gemv_cases():
     )
 
 
+def tma_blocks(cfg, device) -> list:
+    """The descriptors' block shapes a launch with `cfg` builds (A and W tiles), or none where TMA does
+    not apply (the config, or hardware before sm90). TMA and pointer tiles give the same bits, so
+    these counts are what shows which kernel ran."""
+    from sglang_ext.kernels.tma import tma_supported
+
+    if not cfg.tma or cfg.split_k != 1 or not tma_supported(torch.device(device)):
+        return []
+    return [[cfg.block_m, 128], [cfg.block_n, 128]]
+
+
 def sweep(device: str = "cpu") -> dict:
     """Interpreter sweep: M x (N, K) x x-dtype x bias through the heuristic configs, then explicit
     configs for the paths the heuristic does not pick at these sizes. Raises on a miss."""
@@ -339,7 +350,7 @@ def sweep(device: str = "cpu") -> dict:
                                   dataclasses.replace(cfg, tma=False), out_dtype=out_dtype)
                 finally:
                     mod.descriptor = original
-                if built != [[cfg.block_m, 128], [cfg.block_n, 128]]:
+                if built != tma_blocks(cfg, device):
                     raise AssertionError(f"TMA kernel not launched as configured {cfg.short()}: {built}")
                 if not torch.equal(via_tma, pointer):
                     raise AssertionError(f"TMA tiles change the result {cfg.short()} {out_dtype}")
@@ -518,7 +529,14 @@ def gpu_check() -> list[dict]:
             check_quantizer(mod, x)
             want, mag = oracle(x, w, ws, b)
             cfg = mod.gemm_config(m, n, k, x.device)
-            y = mod.fp8_linear(x, w, ws, b)
+            built, original = [], mod.descriptor
+            mod.descriptor = lambda t, block: built.append(block) or original(t, block)
+            try:
+                y = mod.fp8_linear(x, w, ws, b)
+            finally:
+                mod.descriptor = original
+            if isinstance(cfg, mod.Fp8GemmConfig) and built != tma_blocks(cfg, "cuda"):
+                raise AssertionError(f"{name} M={m} {cfg.short()}: TMA descriptors {built}")
             err = max_excess(y, want, mag, ACC_REL_GPU)
             if isinstance(cfg, mod.Fp8GemvConfig):
                 # decode: the other block maths (FMA <-> tensor cores), the other split-K sums, the

@@ -35,6 +35,7 @@ quantisation) the e4m3 rounding of x and h is the whole difference: relative Fro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -643,23 +644,34 @@ def one_dot_cases(mod):
     ]
 
 
+@contextlib.contextmanager
 def descriptors_built(mod):
-    """A counter of the TMA descriptors `mod`'s launchers build from now on: returns a function that
-    reads it and puts the module's `descriptor` back."""
+    """The block shapes of the TMA descriptors `mod`'s launchers build inside the block (a list);
+    the module's `descriptor` is put back however the block ends. The TMA and pointer paths give the
+    same bits, so only this shows which ran."""
     original = mod.descriptor
-    shapes = []
+    blocks = []
 
     def counting(t, block_shape):
-        shapes.append(tuple(t.shape))
+        blocks.append(list(block_shape))
         return original(t, block_shape)
 
     mod.descriptor = counting
-
-    def read() -> int:
+    try:
+        yield blocks
+    finally:
         mod.descriptor = original
-        return len(shapes)
 
-    return read
+
+def expected_moe_descriptors(config, inter: int, device) -> list:
+    """What `_experts` builds for `config`: x and W1 tiles for mlp1, h and W2 tiles for mlp2 where h's
+    rows suit the copy engine (16-byte rows); none without TMA (the config's or the hardware's)."""
+    from sglang_ext.kernels.tma import tma_supported
+
+    if not config.tma or not tma_supported(torch.device(device)):
+        return []
+    mlp1 = [[config.block_m, 128], [config.mlp1_block_n, 128]]
+    return mlp1 + ([[config.block_m, 128], [config.mlp2_block_n, 128]] if inter % 16 == 0 else [])
 
 
 def check_one_dot(mod, device) -> dict:
@@ -679,19 +691,17 @@ def check_one_dot(mod, device) -> dict:
         outs = {}
         two_dot = replace(config, mlp1_one_dot=False, mlp1_passes=1, tma=False)
         for label, cfg in (("one_dot", config), ("two_dot", two_dot)):
-            built = descriptors_built(mod)
-            if given:
-                outs[label] = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
-                                                    config=cfg)
-            else:
-                out, w, i = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset,
-                                              config=cfg, return_routing=True)
-                assert torch.equal(i.long(), ids.long()) and torch.equal(w, weights), f"{name}: routing"
-                outs[label] = out
-            # The TMA path gives the pointer path's bits, so equal outputs cannot show it ran: count the
-            # descriptors (x, W1 for mlp1; h, W2 for mlp2 where the h rows suit the copy engine).
-            want = (2 + 2 * (inter % 16 == 0)) if cfg.tma else 0
-            assert built() == want, f"{name} {label}: {built()} TMA descriptors, expected {want}"
+            with descriptors_built(mod) as built:
+                if given:
+                    outs[label] = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
+                                                        config=cfg)
+                else:
+                    out, w, i = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT,
+                                                  expert_offset=offset, config=cfg, return_routing=True)
+                    assert torch.equal(i.long(), ids.long()) and torch.equal(w, weights), f"{name}: routing"
+                    outs[label] = out
+            want = expected_moe_descriptors(cfg, inter, device)
+            assert built == want, f"{name} {label}: TMA descriptors {built}, expected {want}"
         from sglang_ext.kernels.arrival_counters import current
 
         counters = current(mod.COUNTERS_OWNER, x.device)
@@ -932,7 +942,9 @@ def test_full_shapes_tp_shard_prefill(inter):
         config = mod.select_config(num_tokens)
         assert config.tma
         x = make_x(num_tokens, 2880, seed=7, device="cuda")
-        out, weights, ids = mod.fused_moe_fp8(x, *router, *experts, return_routing=True)
+        with descriptors_built(mod) as built:
+            out, weights, ids = mod.fused_moe_fp8(x, *router, *experts, return_routing=True)
+        assert built == expected_moe_descriptors(config, inter, "cuda"), built
         assert torch.equal(out, mod.fused_moe_fp8(x, *router, *experts)), "not bit-reproducible"
         pointer = mod.fused_moe_fp8(x, *router, *experts, config=replace(config, tma=False))
         assert torch.equal(out, pointer), "TMA tiles change the result"
