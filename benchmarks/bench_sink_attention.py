@@ -52,7 +52,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -622,98 +621,6 @@ def bench_extend(tokens, sweep: bool, configs=EXTEND_SWEEP, sweep_sliding: bool 
     return rows
 
 
-# --extend-variants: the kernel's structural switches (ONE_RANGE, SINK_LAST) and tiles for them, each
-# timed in rounds that alternate with the default (the run-to-run drift lands on both), outputs
-# against the default's and the torch reference's.
-EXTEND_VARIANTS = {
-    "full": {"sink_last": dict(sink_last=True),
-             "sink_last bn128 s2": dict(sink_last=True, block_n=128, num_stages=2),
-             "bn128 s2": dict(block_n=128, num_stages=2),
-             "no sinks": dict(_no_sinks=True)},
-    "sliding128": {"one_range": dict(one_range=True),
-                   "one_range sink_last": dict(one_range=True, sink_last=True),
-                   "one_range s4": dict(one_range=True, num_stages=4),
-                   "one_range bn32 s4": dict(one_range=True, block_n=32, num_stages=4),
-                   "one_range bm64": dict(one_range=True, block_m=64),
-                   "one_range bm256 w8": dict(one_range=True, block_m=256, num_warps=8),
-                   "one_range bn128 s2": dict(one_range=True, block_n=128, num_stages=2)},
-}
-
-
-def bench_extend_variants(tokens, rounds: int = 5):
-    g = torch.Generator(device=DEVICE).manual_seed(1)
-    k_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
-    v_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
-    req_to_token = (torch.randperm(tokens, device=DEVICE, generator=g) + 1).view(1, tokens).to(torch.int32)
-    q = torch.randn(tokens, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
-    sinks = torch.randn(HQ, device=DEVICE, generator=g)
-    common = dict(req_pool_indices=torch.zeros(1, dtype=torch.int64, device=DEVICE),
-                  seq_lens=torch.tensor([tokens], device=DEVICE), q_start=torch.zeros(1, dtype=torch.int64, device=DEVICE),
-                  q_len=torch.tensor([tokens], device=DEVICE))
-    rows = []
-    for layer, variants in EXTEND_VARIANTS.items():
-        window_left = -1 if layer == "full" else WINDOW_LEFT
-        ref = sa.sink_attention_ref(q, k_buffer, v_buffer, req_to_token, **common, sinks=sinks,
-                                    window_left=window_left, scale=SCALE)
-        base_out = torch.empty_like(q)
-
-        def call(out, **kw):
-            kw = dict(kw)
-            s = None if kw.pop("_no_sinks", False) else sinks
-            return lambda: sa.sink_attention_extend(q, k_buffer, v_buffer, req_to_token, **common, sinks=s,
-                                                    window_left=window_left, scale=SCALE, out=out, **kw)
-
-        base = call(base_out)
-        base()
-        for name, kw in variants.items():
-            out = torch.empty_like(q)
-            row = {"tokens": tokens, "layer": layer, "variant": name, "kwargs": {k: v for k, v in kw.items()}}
-            try:
-                fn = call(out, **kw)
-                fn()
-                base_t, var_t = [], []
-                for _ in range(rounds):  # alternate: drift between the two lands on both
-                    base_t.append(event_time(base) * 1e6)
-                    var_t.append(event_time(fn) * 1e6)
-                row["default_us"] = statistics.median(base_t)
-                row["variant_us"] = statistics.median(var_t)
-                row["speedup"] = row["default_us"] / row["variant_us"]
-                row["TFLOPs"] = causal_flops(tokens, window_left) / row["variant_us"] / 1e6
-                fn()
-                base()
-                if not kw.get("_no_sinks"):
-                    row["max_abs_diff_vs_default"] = (out.float() - base_out.float()).abs().max().item()
-                    row["max_abs_err_vs_ref"] = (out.float() - ref.float()).abs().max().item()
-                    row["default_max_abs_err_vs_ref"] = (base_out.float() - ref.float()).abs().max().item()
-            except Exception as exc:  # noqa: BLE001
-                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del ref
-    return rows
-
-
-def variants_markdown(meta, rows) -> str:
-    lines = ["# Extend attention: structural variants vs the default (gpt-oss shapes, 8192 tokens, sinks)", "",
-             f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. Each variant timed in "
-             "rounds alternating with the default (median of the rounds' medians of CUDA-event timed calls); "
-             "speedup > 1: the variant is faster. Diffs: max abs, bf16 outputs.", "",
-             "| layer | variant | default us | variant us | speedup | TFLOP/s | diff vs default | err vs ref "
-             "(default's) |", "|---|---|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['layer']} | {r['variant']} | error: {r['error'][:80]} | | | | | |")
-            continue
-        d = r.get("max_abs_diff_vs_default")
-        e = r.get("max_abs_err_vs_ref")
-        err = "-" if e is None else f"{e:.1e} ({r['default_max_abs_err_vs_ref']:.1e})"
-        lines.append(f"| {r['layer']} | {r['variant']} | {r['default_us']:.0f} | {r['variant_us']:.0f} | "
-                     f"{r['speedup']:.3f} | {r['TFLOPs']:.0f} | {'-' if d is None else f'{d:.1e}'} | "
-                     f"{err} |")
-    lines += ["", f"Command: `{meta['command']}`"]
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------------------
@@ -802,9 +709,6 @@ def main():
     ap.add_argument("--extend-sweep", action="store_true",
                     help="only extend (full and sliding layers, with and without sinks), each with sinks swept over "
                          "EXTEND_SWEEP_WIDE, written to bench_sink_attention_extend_sweep.{json,md}")
-    ap.add_argument("--extend-variants", action="store_true",
-                    help="only extend's structural variants (EXTEND_VARIANTS) against the default, written to "
-                         "bench_sink_attention_extend_variants.{json,md}")
     ap.add_argument("--decode-merge", action="store_true",
                     help="only the split-merge comparison (batches 1,8,32,128 unless --batches is given), written to "
                          "bench_sink_attention_merge.{json,md}")
@@ -845,10 +749,6 @@ def main():
             f.write(md)
         print(md)
 
-    if args.extend_variants:
-        rows = collect(lambda: bench_extend_variants(args.extend_tokens))
-        write("bench_sink_attention_extend_variants", {"rows": rows}, lambda: variants_markdown(meta, rows))
-        return
     if args.decode_merge:
         batches = [int(b) for b in (args.batches or "1,8,32,128").split(",")]
         rows = collect(lambda: bench_decode_merge(contexts, batches, bw))

@@ -149,6 +149,18 @@ def _quantize_group128_kernel(
 
 
 @triton.jit
+def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program `pid` in grouped order: GROUP_M row tiles share each column
+    tile back to back, while its weights are in L2."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_in_group = GROUP_M * tiles_n
+    first_m = (pid // tiles_in_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % tiles_in_group) % group_rows, (pid % tiles_in_group) // group_rows
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     A, A_SCALE, B, B_SCALE, BIAS, C, PART, COUNTERS,
     M, N, K,
@@ -175,14 +187,7 @@ def _fp8_gemm_kernel(
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
-    # Grouped ordering: GROUP_M row-tiles share each column tile while it is in L2.
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_in_group = GROUP_M * tiles_n
-    first_m = (pid // tiles_in_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_in_group) % group_rows
-    pid_n = (pid % tiles_in_group) // group_rows
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -277,13 +282,7 @@ def _fp8_gemm_tma_kernel(
     so no masks and no address tensors in the loop. The sums are _fp8_gemm_kernel's, in its order."""
     BLOCK_K: tl.constexpr = 128
     pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_in_group = GROUP_M * tiles_n
-    first_m = (pid // tiles_in_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_in_group) % group_rows
-    pid_n = (pid % tiles_in_group) // group_rows
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = (offs_m % M).to(tl.int64)

@@ -247,7 +247,7 @@ class MoeConfig:
 #   Kernels alone (profiler, benchmarks/results/sweeps/diag_moe_decode_tma_*.md), same bits, mlp1 / mlp2 us,
 #   row -> TMA: 120b T=32 368 -> 355 / 179 -> 173, T=64 497 -> 470 / 244 -> 228, T=128 585 -> 562 /
 #   290 -> 271; 20b 157 -> 152 / 78 -> 76, 159 -> 158 / 81 -> 74, 173 -> 157 / 90 -> 84. The two
-#   passes on pointer loads alone were no faster. The host spends ~150-400 us more a layer (the x
+#   passes on pointer loads alone were no faster. The host spends 50-390 us more a layer (the x
 #   gather, descriptors), which a decode step's CUDA graph does not replay; eager calls of these
 #   sizes (short prefills, batches above the captured sizes) pay it every layer.
 # - T > 128 (session 8): operand tiles by TMA (MoeConfig.tma), mlp1 4 stages. Kernels alone, 8192

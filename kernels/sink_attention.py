@@ -127,8 +127,6 @@ def _sink_extend_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
     BLOCK_POS: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
-    ONE_RANGE: tl.constexpr = False,  # windowed layers: one masked key loop over the tile's keys
-    SINK_LAST: tl.constexpr = False,  # the sink joins the softmax after the keys instead of first
 ):
     BLOCK_M: tl.constexpr = BLOCK_POS * GROUP_PAD
     # Highest tile ids first: with causal masking they carry the most keys, so the long programs
@@ -164,7 +162,7 @@ def _sink_extend_kernel(
     if not DOTS_16BIT:
         q = q.to(tl.float32)
 
-    if HAS_SINKS and not SINK_LAST:
+    if HAS_SINKS:
         m_i = tl.load(SINKS + q_head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)  # exp2(sink - m_i)
     else:
@@ -186,28 +184,15 @@ def _sink_extend_kernel(
     tok_base = REQ_TO_TOKEN + req_row * stride_r2t
     koff = kv_head * stride_kh
     voff = kv_head * stride_vh
-    if ONE_RANGE:
-        # A sliding tile sees BLOCK_POS + window_left keys, a few blocks: in one loop the pipeline
-        # keeps every block's loads in flight, where three loops of a block each wait in turn.
-        acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff,
-                                          voff, row_pos, lo_any, p1 + 1, window_left, qk_scale_log2,
-                                          D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, False)
-    else:
-        acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff,
-                                          voff, row_pos, lo_any, int_lo, window_left, qk_scale_log2,
-                                          D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, False)
-        acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff,
-                                          voff, row_pos, int_lo, mid_hi, window_left, qk_scale_log2,
-                                          D, BLOCK_N, False, HAS_SLOT_MAP, DOTS_16BIT, False)
-        acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff,
-                                          voff, row_pos, mid_hi, p1 + 1, window_left, qk_scale_log2,
-                                          D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, False)
-    if HAS_SINKS and SINK_LAST:
-        sink = tl.load(SINKS + q_head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_new = tl.maximum(m_i, sink)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.exp2(sink - m_new)
-        acc = acc * alpha[:, None]
+    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff, voff,
+                                      row_pos, lo_any, int_lo, window_left, qk_scale_log2,
+                                      D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, False)
+    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff, voff,
+                                      row_pos, int_lo, mid_hi, window_left, qk_scale_log2,
+                                      D, BLOCK_N, False, HAS_SLOT_MAP, DOTS_16BIT, False)
+    acc, m_i, l_i = _attend_key_range(acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP, stride_kn, stride_vn, koff, voff,
+                                      row_pos, mid_hi, p1 + 1, window_left, qk_scale_log2,
+                                      D, BLOCK_N, True, HAS_SLOT_MAP, DOTS_16BIT, False)
 
     # Every real row sees at least its own key, so l_i > 0 there; padding rows are not stored.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -702,17 +687,11 @@ def sink_attention_extend(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
-    one_range: bool = False,
-    sink_last: bool = False,
 ) -> torch.Tensor:
     """Extend (prefill over a cached prefix) for a ragged batch in one launch: out [T, Hq, D] in q's dtype.
 
     ``q_start`` None means the requests' rows are packed in order (exclusive cumsum of ``q_len``).
-    ``block_m`` query rows per program = block_m // next_pow2(group) positions x the group's heads.
-    ``one_range`` (windowed layers: one masked key loop over a tile's keys instead of three) and
-    ``sink_last`` (the sink joins the softmax after the keys) give the same results within rounding;
-    on the H200 both were within the run-to-run noise of the default
-    (benchmarks/results/sweeps/bench_sink_attention_extend_variants.md), so they are off."""
+    ``block_m`` query rows per program = block_m // next_pow2(group) positions x the group's heads."""
     hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
     t = q.shape[0]
     num_reqs = req_pool_indices.shape[0]
@@ -740,7 +719,6 @@ def sink_attention_extend(
         GROUP=group, GROUP_PAD=group_pad, D=d, BLOCK_POS=block_pos, BLOCK_N=block_n,
         HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
         DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
-        ONE_RANGE=bool(one_range) and window_left >= 0, SINK_LAST=bool(sink_last) and sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -4,7 +4,7 @@ batches of 17+ rows).
 A kernel that takes a `TensorDescriptor` loads its tiles with `desc.load([row, col])`: on sm90 one
 bulk tensor copy per tile into shared memory (no per-thread address tensors, no issue slots spent on
 16-byte copies), zero-filled past the tensor's edge, so a ragged K block needs no mask. On an H200
-the FP8 GEMMs of the 8192-token prefill ran 1.12-1.38x faster this way with the same bits
+the FP8 GEMMs of the 8192-token prefill ran 1.08-1.38x faster this way with the same bits
 (benchmarks/results/diag_tma.md). Under TRITON_INTERPRET the interpreter emulates the same loads.
 
 The copy engine's rules (CUDA `cuTensorMapEncodeTiled`): the base address and every stride but the
@@ -14,6 +14,7 @@ falls back to its pointer kernel where they fail (e.g. gpt-oss-120b at TP8: 360-
 
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import lru_cache
 
@@ -38,8 +39,8 @@ def tma_supported(device: torch.device) -> bool:
 
 @lru_cache(maxsize=None)
 def _sm_major(index: int | None) -> int:
-    # cached: a prefill asks ~300 times, and torch's device query costs ~10 us on the host
-    # (benchmarks/results/diag_prefill_host.md)
+    # cached: a 120b prefill asked ~300 times, ~10 us each under cProfile
+    # (benchmarks/results/diag_prefill_host_cumulative.md)
     return torch.cuda.get_device_capability(index)[0]
 
 
@@ -50,6 +51,23 @@ def tma_2d_ok(t: torch.Tensor) -> bool:
             and t.data_ptr() % TMA_ALIGN == 0 and tma_supported(t.device))
 
 
+_recorders: list[list] = []
+
+
 def descriptor(t: torch.Tensor, block_shape: list[int]):
     """The descriptor of a 2-D tensor (tma_2d_ok) for tiles of block_shape."""
+    for blocks in _recorders:
+        blocks.append(list(block_shape))
     return TensorDescriptor.from_tensor(t, block_shape)
+
+
+@contextlib.contextmanager
+def recording_descriptors():
+    """The block shapes of every descriptor built inside the block, in order. A TMA kernel gives its
+    pointer twin's bits, so this is what shows (tests) that a launch took the TMA path."""
+    blocks: list = []
+    _recorders.append(blocks)
+    try:
+        yield blocks
+    finally:
+        _recorders.remove(blocks)

@@ -288,6 +288,7 @@ def sweep(device: str = "cpu") -> dict:
     """Interpreter sweep: M x (N, K) x x-dtype x bias through the heuristic configs, then explicit
     configs for the paths the heuristic does not pick at these sizes. Raises on a miss."""
     mod = _kernel_module()
+    from sglang_ext.kernels.tma import recording_descriptors
     Cfg = mod.Fp8GemmConfig
     G = mod.Fp8GemvConfig
     GEMV_CASES = _gemv_cases()
@@ -340,16 +341,11 @@ def sweep(device: str = "cpu") -> dict:
         # by the copy engine instead of masked; BLOCK_N > 128 takes per-column weight scales
         for cfg in (Cfg(16, 64, tma=True), Cfg(32, 256, tma=True)):
             for out_dtype in (torch.float32, torch.bfloat16):
-                # equal bits cannot show the TMA kernel ran: count the descriptors it was given (A and W)
-                built = []
-                original = mod.descriptor
-                mod.descriptor = lambda t, block: built.append(block) or original(t, block)
-                try:
+                # equal bits cannot show the TMA kernel ran: the descriptors it was given (A and W) do
+                with recording_descriptors() as built:
                     via_tma = run(f"tma {out_dtype} {cfg.short()}", x, w, ws, b, cfg, out_dtype=out_dtype)
                     pointer = run(f"pointer {out_dtype} {cfg.short()}", x, w, ws, b,
                                   dataclasses.replace(cfg, tma=False), out_dtype=out_dtype)
-                finally:
-                    mod.descriptor = original
                 if built != tma_blocks(cfg, device):
                     raise AssertionError(f"TMA kernel not launched as configured {cfg.short()}: {built}")
                 if not torch.equal(via_tma, pointer):
@@ -520,6 +516,8 @@ GPU_M = {"qkv": (1, 4, 16, 256, 4096), "o": (1, 4, 16, 256, 4096), "lm_head": (1
 
 def gpu_check() -> list[dict]:
     mod = _kernel_module()
+    from sglang_ext.kernels.tma import recording_descriptors
+
     rows = []
     for name, (n, k) in GPU_SHAPES.items():
         for m in GPU_M[name]:
@@ -529,12 +527,8 @@ def gpu_check() -> list[dict]:
             check_quantizer(mod, x)
             want, mag = oracle(x, w, ws, b)
             cfg = mod.gemm_config(m, n, k, x.device)
-            built, original = [], mod.descriptor
-            mod.descriptor = lambda t, block: built.append(block) or original(t, block)
-            try:
+            with recording_descriptors() as built:
                 y = mod.fp8_linear(x, w, ws, b)
-            finally:
-                mod.descriptor = original
             if isinstance(cfg, mod.Fp8GemmConfig) and built != tma_blocks(cfg, "cuda"):
                 raise AssertionError(f"{name} M={m} {cfg.short()}: TMA descriptors {built}")
             err = max_excess(y, want, mag, ACC_REL_GPU)

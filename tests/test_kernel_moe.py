@@ -35,7 +35,6 @@ quantisation) the e4m3 rounding of x and h is the whole difference: relative Fro
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import json
@@ -644,25 +643,6 @@ def one_dot_cases(mod):
     ]
 
 
-@contextlib.contextmanager
-def descriptors_built(mod):
-    """The block shapes of the TMA descriptors `mod`'s launchers build inside the block (a list);
-    the module's `descriptor` is put back however the block ends. The TMA and pointer paths give the
-    same bits, so only this shows which ran."""
-    original = mod.descriptor
-    blocks = []
-
-    def counting(t, block_shape):
-        blocks.append(list(block_shape))
-        return original(t, block_shape)
-
-    mod.descriptor = counting
-    try:
-        yield blocks
-    finally:
-        mod.descriptor = original
-
-
 def expected_moe_descriptors(config, inter: int, device) -> list:
     """What `_experts` builds for `config`: x and W1 tiles for mlp1, h and W2 tiles for mlp2 where h's
     rows suit the copy engine (16-byte rows); none without TMA (the config's or the hardware's)."""
@@ -679,6 +659,8 @@ def check_one_dot(mod, device) -> dict:
     default two-dot mlp1 (interpreted: equal bits; compiled: the compiled bounds)."""
     from dataclasses import replace
 
+    from sglang_ext.kernels.tma import recording_descriptors
+
     results = []
     for name, num_tokens, config, hidden, inter, num_local, offset, with_b1, with_b2, given in one_dot_cases(mod):
         seed = 1000 + hidden + inter + num_tokens
@@ -691,7 +673,7 @@ def check_one_dot(mod, device) -> dict:
         outs = {}
         two_dot = replace(config, mlp1_one_dot=False, mlp1_passes=1, tma=False)
         for label, cfg in (("one_dot", config), ("two_dot", two_dot)):
-            with descriptors_built(mod) as built:
+            with recording_descriptors() as built:
                 if given:
                     outs[label] = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
                                                         config=cfg)
@@ -935,6 +917,8 @@ def test_full_shapes_tp_shard_prefill(inter):
     pointer kernels on the same tiles: compiled, vs `moe_ref`, the same bits, bits run to run."""
     from dataclasses import replace
 
+    from sglang_ext.kernels.tma import recording_descriptors
+
     mod = _kernel_module()
     router = make_router(128, 2880, seed=6, device="cuda")
     experts = make_experts(128, 2880, inter, seed=5, device="cuda")
@@ -942,7 +926,7 @@ def test_full_shapes_tp_shard_prefill(inter):
         config = mod.select_config(num_tokens)
         assert config.tma
         x = make_x(num_tokens, 2880, seed=7, device="cuda")
-        with descriptors_built(mod) as built:
+        with recording_descriptors() as built:
             out, weights, ids = mod.fused_moe_fp8(x, *router, *experts, return_routing=True)
         assert built == expected_moe_descriptors(config, inter, "cuda"), built
         assert torch.equal(out, mod.fused_moe_fp8(x, *router, *experts)), "not bit-reproducible"

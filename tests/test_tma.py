@@ -24,3 +24,15 @@ def test_no_descriptors_on_a_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not tma.tma_supported(torch.device("cpu"))
     assert not tma.tma_2d_ok(torch.zeros(8, 2880, dtype=FP8))
+
+
+def test_recording_descriptors_sees_what_launchers_build_and_stops(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x = torch.zeros(8, 2880, dtype=FP8)
+    with tma.recording_descriptors() as outer:
+        tma.descriptor(x, [64, 128])
+        with tma.recording_descriptors() as inner:
+            tma.descriptor(x, [16, 128])
+    tma.descriptor(x, [32, 128])  # after both blocks: not recorded
+    assert outer == [[64, 128], [16, 128]] and inner == [[16, 128]]
+    assert not tma._recorders
