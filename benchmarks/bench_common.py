@@ -81,6 +81,19 @@ def event_time(fn, iters: int = 10, warmup: int = 2, device="cuda") -> float:
     return statistics.median(times)
 
 
+def enqueue_time(fn, iters: int = 5) -> float:
+    """Median seconds for `fn` to return with nothing else queued (synchronised before each call, not
+    after): the host's share of an eager call."""
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def profile_one_call(fn, warmup: int = 2):
     """`warmup` untimed calls, then one between cudaProfilerStart/Stop: what `ncu
     --profile-from-start off` records (compiles and first-touch costs stay outside)."""

@@ -119,15 +119,8 @@ def run_config(name, config, layer, x, ref_out, x_small, ceil):
         row["mlp1_compiled"] = compiled_info(moe_kernels._mlp1_kernel)
         row["mlp2_compiled"] = compiled_info(moe_kernels._mlp2_kernel)
         t = bm.event_time(call, iters=20)
-        if x.is_cuda:  # the host's share: the call returning, nothing else queued (median of 5)
-            enqueue = []
-            for _ in range(5):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                call()
-                enqueue.append((time.perf_counter() - t0) * 1e6)
-            row["enqueue_us"] = sorted(enqueue)[2]
-            torch.cuda.synchronize()
+        if x.is_cuda:
+            row["enqueue_us"] = bc.enqueue_time(call) * 1e6
         flops = 2 * x.shape[0] * bm.TOP_K * (2 * inter * hidden + hidden * inter)
         row.update(time_us=t * 1e6, TFLOPs=flops / t / 1e12,
                    pct_fp8=100 * flops / t / ceil["fp8_matmul_flops"])

@@ -48,17 +48,14 @@ def measure(model, length: int, iters: int) -> dict:
     for _ in range(3):
         call()
     torch.cuda.synchronize()
-    enqueue, wall = [], []
+    wall = []
     for _ in range(iters):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         call()
-        t1 = time.perf_counter()
         torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        enqueue.append((t1 - t0) * 1e3)
-        wall.append((t2 - t0) * 1e3)
-    row = {"length": length, "enqueue_ms": statistics.median(enqueue), "call_ms": statistics.median(wall),
+        wall.append((time.perf_counter() - t0) * 1e3)
+    row = {"length": length, "enqueue_ms": bc.enqueue_time(call, iters) * 1e3, "call_ms": statistics.median(wall),
            "event_ms": bc.event_time(call, iters=iters, warmup=1) * 1e3, "kernel_ms": kernel_ms(call)}
     prof = cProfile.Profile()
     torch.cuda.synchronize()
