@@ -575,29 +575,47 @@ EXTEND_SWEEP_WIDE = ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (128, 12
                      (256, 128, 8, 2), (256, 64, 8, 2), (128, 64, 4, 4), (64, 128, 4, 2))
 
 
-def bench_extend(tokens, sweep: bool, configs=EXTEND_SWEEP, sweep_sliding: bool = False):
+# The one-shot window path's tiles (query rows per program, warps), swept on sliding layers.
+WINDOW_SWEEP = ((64, 4), (128, 4), (128, 8), (256, 8))
+
+
+def bench_extend(tokens, sweep: bool, configs=EXTEND_SWEEP, sweep_sliding: bool = False, windows=None,
+                 slots: str = "random", ncu: bool = False, graphs: bool = False):
+    """``ncu``: one call per layer kind with sinks, nothing timed. ``graphs``: ours timed as CUDA graphs of
+    three back-to-back calls (device time; an eager call's host share is comparable to a sliding layer's
+    device time), the peers as always. ``slots``: "random" (a permutation of the pool: every key a scattered row) or "contiguous" (a fresh
+    server's prefill, as the model-step harness lays it out)."""
     g = torch.Generator(device=DEVICE).manual_seed(1)
     k_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     v_buffer = torch.randn(tokens + 1, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
-    req_to_token = (torch.randperm(tokens, device=DEVICE, generator=g) + 1).view(1, tokens).to(torch.int32)
+    order = torch.randperm(tokens, device=DEVICE, generator=g) if slots == "random" else torch.arange(tokens, device=DEVICE)
+    req_to_token = (order + 1).view(1, tokens).to(torch.int32)
     q = torch.randn(tokens, HQ, D, device=DEVICE, dtype=DTYPE, generator=g)
     sinks = torch.randn(HQ, device=DEVICE, generator=g)
     common = dict(req_pool_indices=torch.zeros(1, dtype=torch.int64, device=DEVICE),
                   seq_lens=torch.tensor([tokens], device=DEVICE), q_start=torch.zeros(1, dtype=torch.int64, device=DEVICE),
                   q_len=torch.tensor([tokens], device=DEVICE))
     rows = []
-    for window_left in (-1, WINDOW_LEFT):
+    for window_left in windows or (-1, WINDOW_LEFT):
         for with_sinks in (True, False):
             s = sinks if with_sinks else None
             out = torch.empty_like(q)
+            if ncu:
+                if with_sinks:
+                    sa.sink_attention_extend(q, k_buffer, v_buffer, req_to_token, **common, sinks=s,
+                                             window_left=window_left, scale=SCALE, out=out)
+                    torch.cuda.synchronize()
+                continue
 
             def ours(**kw):
                 return lambda: sa.sink_attention_extend(q, k_buffer, v_buffer, req_to_token, **common, sinks=s,
                                                         window_left=window_left, scale=SCALE, out=out, **kw)
 
-            t = event_time(ours())
+            timer = (lambda fn: graph_time([fn] * 3)) if graphs else event_time
+            t = timer(ours())
             flops = causal_flops(tokens, window_left)
             row = {"tokens": tokens, "layer": "full" if window_left < 0 else "sliding128", "sinks": with_sinks,
+                   "slots": slots, "timing": "graph of 3 calls" if graphs else "events",
                    "time_us": t * 1e6, "TFLOPs": flops / t / 1e12}
             if with_sinks:
                 ref = sa.sink_attention_ref(q, k_buffer, v_buffer, req_to_token, **common, sinks=s,
@@ -607,12 +625,31 @@ def bench_extend(tokens, sweep: bool, configs=EXTEND_SWEEP, sweep_sliding: bool 
             case = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, **common, sinks=s,
                         window_left=window_left)
             row["peers"] = run_peers("extend", [case], t, out)
+            if window_left >= 0:
+                # The key loop on the same inputs: the path the one-shot window kernel replaced.
+                loop_out = torch.empty_like(q)
+                tl_ = timer(lambda: sa.sink_attention_extend(
+                    q, k_buffer, v_buffer, req_to_token, **common, sinks=s, window_left=window_left, scale=SCALE,
+                    out=loop_out, window_oneshot=False))
+                row["peers"]["ours_key_loop"] = {"time_us": tl_ * 1e6, "ours_speedup": tl_ / t,
+                                                 "max_abs_diff_vs_ours": (loop_out.float() - out.float()).abs().max().item()}
             if sweep and (window_left < 0 or sweep_sliding) and with_sinks:
                 row["config_sweep"] = {}
+                loop_kw = dict(window_oneshot=False) if window_left >= 0 else {}
                 for block_m, block_n, warps, stages in configs:
                     key = f"block_m={block_m} block_n={block_n} warps={warps} stages={stages}"
                     try:
-                        tc = event_time(ours(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages))
+                        tc = timer(ours(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
+                                        **loop_kw))
+                        row["config_sweep"][key] = {"time_us": tc * 1e6, "TFLOPs": flops / tc / 1e12}
+                    except Exception as exc:
+                        row["config_sweep"][key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            if sweep and window_left >= 0 and with_sinks:
+                row.setdefault("config_sweep", {})
+                for block_m, warps in WINDOW_SWEEP:
+                    key = f"one-shot window block_m={block_m} warps={warps}"
+                    try:
+                        tc = timer(ours(block_m=block_m, num_warps=warps, window_oneshot=True))
                         row["config_sweep"][key] = {"time_us": tc * 1e6, "TFLOPs": flops / tc / 1e12}
                     except Exception as exc:
                         row["config_sweep"][key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -662,7 +699,13 @@ def markdown(meta, decode_rows, extend_rows) -> str:
                      f"{r['kv_bytes'] / 1e6:.1f} | {r['achieved_TBps']:.2f} | {100 * r['fraction_of_copy_bw']:.0f}% | "
                      f"{r['distinct_MB_per_replay']:.0f} | {r['max_abs_err_vs_ref']:.1e} | {_peer_cells(r, 'sglang_triton')} | "
                      f"{_peer_diff(r, 'sglang_triton')} |")
-    lines += ["", "## Extend (one request, no prefix)", "",
+    graphs = any(r.get("timing", "").startswith("graph") for r in extend_rows)
+    lines += ["", "## Extend (one request, no prefix; K/V slots a random permutation unless the row says "
+              "contiguous)", ""]
+    if graphs:
+        lines += ["Ours (and the key loop, and the sweeps) timed as CUDA graphs of 3 back-to-back calls: device "
+                  "time, per call.", ""]
+    lines += [
               "| tokens | layer | sinks | time (us) | TFLOP/s | peer | peer time (us) | ours vs peer | max err | "
               "peer diff |",
               "|---:|---|---|---:|---:|---|---:|---:|---:|---:|"]
@@ -676,11 +719,13 @@ def markdown(meta, decode_rows, extend_rows) -> str:
             else:
                 peer_t, speed = "-", "-"
             err = r.get("max_abs_err_vs_ref")
-            lines.append(f"| {r['tokens']} | {r['layer']} | {r['sinks']} | {r['time_us']:.0f} | {r['TFLOPs']:.0f} | "
+            layer = r["layer"] + (" contiguous" if r.get("slots") == "contiguous" else "")
+            lines.append(f"| {r['tokens']} | {layer} | {r['sinks']} | {r['time_us']:.0f} | {r['TFLOPs']:.0f} | "
                          f"{name} | {peer_t} | {speed} | {'-' if err is None else f'{err:.1e}'} | {_peer_diff(r, name)} |")
     sweeps = [(f"decode ctx {r['context']} batch {r['batch']} {r['layer']}", r["config_sweep"])
               for r in decode_rows if "config_sweep" in r]
-    sweeps += [(f"extend {r['tokens']} {r['layer']} sinks={r['sinks']}", r["config_sweep"])
+    sweeps += [(f"extend {r['tokens']} {r['layer']} sinks={r['sinks']} slots={r.get('slots', 'random')}",
+                r["config_sweep"])
                for r in extend_rows if "config_sweep" in r]
     for title, sw in sweeps:
         lines += ["", f"Config sweep, {title} (default in the table above):", ""]
@@ -706,6 +751,14 @@ def main():
     ap.add_argument("--max-contexts", default=None,
                     help="--decode-sweep: req_to_token widths, 'same' = the context (default 'same'; with --oneshot "
                          "'same,131072')")
+    ap.add_argument("--ncu-extend", action="store_true",
+                    help="run the full and the sliding layer's extend once each (8192 tokens, sinks) for Nsight Compute, "
+                         "and nothing else")
+    ap.add_argument("--extend-window", action="store_true",
+                    help="only the sliding layer's extend (with and without sinks): the one-shot window path, its "
+                         "tiles (WINDOW_SWEEP) and the key loop, written to bench_sink_attention_extend_window.{json,md}")
+    ap.add_argument("--extend-window-loop", action="store_true",
+                    help="with --extend-window: the full layer too, and the key loop's EXTEND_SWEEP tiles on both")
     ap.add_argument("--extend-sweep", action="store_true",
                     help="only extend (full and sliding layers, with and without sinks), each with sinks swept over "
                          "EXTEND_SWEEP_WIDE, written to bench_sink_attention_extend_sweep.{json,md}")
@@ -760,6 +813,18 @@ def main():
         rows = collect(lambda: bench_decode_sweep(contexts, batches, bw, max_contexts, oneshot_only=args.oneshot))
         stem = "bench_sink_attention_decode_oneshot" if args.oneshot else "bench_sink_attention_decode_sweep"
         write(stem, {"rows": rows}, lambda: sweep_markdown(meta, rows))
+        return
+    if args.ncu_extend:
+        bench_extend(args.extend_tokens, sweep=False, windows=(-1, WINDOW_LEFT), slots="contiguous", ncu=True)
+        return
+    if args.extend_window:
+        extend_rows = collect(lambda: [r for slots in ("random", "contiguous")
+                                       for r in bench_extend(args.extend_tokens, sweep=True,
+                                                             configs=EXTEND_SWEEP if args.extend_window_loop else (),
+                                                             windows=(-1, WINDOW_LEFT) if args.extend_window_loop
+                                                             else (WINDOW_LEFT,), slots=slots, graphs=True)])
+        write("bench_sink_attention_extend_window", {"extend": extend_rows},
+              lambda: markdown(meta, [], extend_rows))
         return
     if args.extend_sweep:
         extend_rows = collect(lambda: bench_extend(args.extend_tokens, sweep=True, configs=EXTEND_SWEEP_WIDE,

@@ -212,6 +212,15 @@ def test_launchers_reject_bad_shapes():
     with pytest.raises(ValueError, match="q rows"):
         mod.sink_attention_decode(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
                                   case["req_pool_indices"], case["seq_lens"], None, -1, 0.25)
+    # The kernels take the max of unscaled scores: only right for a positive scale.
+    for scale in (0.0, -0.25, float("nan")):
+        with pytest.raises(ValueError, match="scale must be > 0"):
+            mod.sink_attention_extend(**case, sinks=None, window_left=-1, scale=scale)
+        with pytest.raises(ValueError, match="scale must be > 0"):
+            mod.sink_attention_decode(case["q"][:1], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                      case["req_pool_indices"], case["seq_lens"], None, -1, scale)
+    with pytest.raises(ValueError, match="window_oneshot needs a sliding window"):
+        mod.sink_attention_extend(**case, sinks=None, window_left=-1, scale=0.25, window_oneshot=True)
 
 
 SWEEP_JSON = os.path.join(HERE, "..", "benchmarks", "results", "sweeps", "bench_sink_attention_decode_sweep.json")
@@ -403,29 +412,34 @@ def sweep(dtype_name: str, device: str = "cpu") -> dict:
             case, extra = make_case(EXTEND_REQUESTS, dtype, seed=100 + i, device=device)
             case = poisoned(case, None, window_left)
             sinks = extra["sinks"] if with_sinks else None
-            for block_m, block_n in ext_blocks:
+            # Windowed layers run the one-shot window kernel by default; the key loop stays covered too.
+            paths = (None, False) if window_left >= 0 else (None,)
+            for (block_m, block_n), path in [(b, p) for b in ext_blocks for p in paths]:
                 got = mod.sink_attention_extend(**case, sinks=sinks, window_left=window_left, scale=0.25,
-                                                block_m=block_m, block_n=block_n)
+                                                block_m=block_m, block_n=block_n, window_oneshot=path)
                 worst = max(worst, _check(got, case, sinks, window_left, 0.25, dtype_name,
                                           f"extend {dtype_name} W={window_left} sinks={with_sinks} "
-                                          f"blocks={block_m}x{block_n}", with_loop=with_loop))
+                                          f"blocks={block_m}x{block_n} window_oneshot={path}", with_loop=with_loop))
                 n_ext += 1
     if full:
         # GQA group 3 (padded to 4 rows per position); the SWA sub-pool's slot map with q_start left to
-        # the launcher.
-        case, extra = make_case(EXTEND_REQUESTS, dtype, seed=7, hq=6, hkv=2, device=device)
-        case = poisoned(case, None, 7)
-        got = mod.sink_attention_extend(**case, sinks=extra["sinks"], window_left=7, scale=0.3, block_m=64,
-                                        block_n=16)
-        worst = max(worst, _check(got, case, extra["sinks"], 7, 0.3, dtype_name, "extend group 3",
-                                  with_loop=with_loop))
-        case, extra = make_case(EXTEND_REQUESTS, dtype, seed=8, device=device, swa_map=True)
-        case = poisoned(case, extra["slot_map"], 15)
-        got = mod.sink_attention_extend(**dict(case, q_start=None), sinks=extra["sinks"], window_left=15,
-                                        scale=0.25, slot_map=extra["slot_map"], block_m=64, block_n=16)
-        worst = max(worst, _check(got, case, extra["sinks"], 15, 0.25, dtype_name, "extend swa slot map",
-                                  slot_map=extra["slot_map"], with_loop=with_loop))
-        n_ext += 2
+        # the launcher, each on both windowed paths.
+        for path in (None, False):
+            case, extra = make_case(EXTEND_REQUESTS, dtype, seed=7, hq=6, hkv=2, device=device)
+            case = poisoned(case, None, 7)
+            got = mod.sink_attention_extend(**case, sinks=extra["sinks"], window_left=7, scale=0.3, block_m=64,
+                                            block_n=16, window_oneshot=path)
+            worst = max(worst, _check(got, case, extra["sinks"], 7, 0.3, dtype_name,
+                                      f"extend group 3 window_oneshot={path}", with_loop=with_loop))
+            case, extra = make_case(EXTEND_REQUESTS, dtype, seed=8, device=device, swa_map=True)
+            case = poisoned(case, extra["slot_map"], 15)
+            got = mod.sink_attention_extend(**dict(case, q_start=None), sinks=extra["sinks"], window_left=15,
+                                            scale=0.25, slot_map=extra["slot_map"], block_m=64, block_n=16,
+                                            window_oneshot=path)
+            worst = max(worst, _check(got, case, extra["sinks"], 15, 0.25, dtype_name,
+                                      f"extend swa slot map window_oneshot={path}", slot_map=extra["slot_map"],
+                                      with_loop=with_loop))
+            n_ext += 2
         # paged_attention (the model-step harness's entry) picks extend or decode from shapes alone.
         for requests in (EXTEND_REQUESTS, [(n - 1, 1) for n in DECODE_SEQ_LENS]):
             case, extra = make_case(requests, dtype, seed=9, device=device)
@@ -770,7 +784,7 @@ def test_kernels_match_reference_interpreted():
     results, _ = _run_interpreted(["--sweep", "float32,float16,bfloat16"], timeout=900)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     fp32 = results[0]
-    assert fp32["extend_cases"] == 2 * len(WINDOWS) + 2
+    assert fp32["extend_cases"] == 2 * sum(2 if w >= 0 else 1 for w in WINDOWS) + 4
     assert fp32["decode_cases"] == 3 * len(DECODE_WINDOWS) + 3 + 6 + 1
     assert fp32["merge_cases"] == 6
     assert all(r["extend_cases"] > 0 and r["decode_cases"] > 0 for r in results)
@@ -801,15 +815,18 @@ def gpu_full_shapes() -> dict:
     scale = 1 / 8
     res = {}
     extend_requests = [(0, 1000), (7000, 1192), (130, 70), (8191, 1)]
-    for window_left in (127, -1):
+    # The sliding layer on the launcher's choice (the one-shot window kernel), its other tiles and the key loop.
+    extend_variants = [(127, {}), (127, dict(block_m=64, num_warps=4)), (127, dict(block_m=256, num_warps=8)),
+                       (127, dict(window_oneshot=False)), (-1, {})]
+    for window_left, kw in extend_variants:
         case, extra = make_case(extend_requests, torch.bfloat16, seed=1, hq=hq, hkv=hkv, d=d, device="cuda",
                                 swa_map=window_left >= 0)
         case = poisoned(case, extra["slot_map"], window_left)
         got = mod.sink_attention_extend(**case, sinks=extra["sinks"], window_left=window_left, scale=scale,
-                                        slot_map=extra["slot_map"])
-        res[f"extend_W{window_left}"] = _check(got, case, extra["sinks"], window_left, scale, "bfloat16",
-                                               f"gpu extend W={window_left}", slot_map=extra["slot_map"],
-                                               with_loop=False)
+                                        slot_map=extra["slot_map"], **kw)
+        res[f"extend_W{window_left}{kw or ''}"] = _check(got, case, extra["sinks"], window_left, scale, "bfloat16",
+                                                         f"gpu extend W={window_left} {kw}",
+                                                         slot_map=extra["slot_map"], with_loop=False)
     seq_lens = [8192, 1, 128, 129, 4097, 8000, 65, 300] * 2
     # The launcher's own choice, one split, a few, and the choices it makes at batch 1 (many splits,
     # two key blocks at least per split, merged in the last split or by the merge kernel), and the
