@@ -34,6 +34,14 @@
 #   bash benchmarks/run_h200.sh final8b   # (one GPU) final8's prefill grid + MoE table after the host-side fix
 #   bash benchmarks/run_h200.sh tma8d     # (one GPU) TMA tiles at decode sizes: dense M 32..256, MoE 32..128 tokens
 #   bash benchmarks/run_h200.sh decode8   # (one GPU) TMA tiles in the decode rows: gpu tests + TP1 decode rows
+#   bash benchmarks/run_h200.sh win9      # (one GPU) one-shot sliding-window extend: gpu tests, tiles; warp-specialised
+#                                         # GEMM probe; TP1 prefill rows with the profile
+#   bash benchmarks/run_h200.sh win9b     # (one GPU) win9's full-shape sink test, window tiles on both slot layouts,
+#                                         # dense GEMM tiles by M, ncu of the extend kernels, the WS loop
+#   bash benchmarks/run_h200.sh attn9     # (one GPU) extend on raw scores: gpu tests, device-time extend table + tiles,
+#                                         # dense GEMM tiles in CUDA graphs
+#   bash benchmarks/run_h200.sh tiles9    # (one GPU) shipped dense GEMM on other TMA tiles; TP1 prefill rows + profile
+#   bash benchmarks/run_h200.sh final9    # (one GPU) dense M <= 1024 row: gpu tests + GEMM table; TP1 prefill; sink table
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -203,7 +211,7 @@ final6)  # (nvidia-h200-x2) lane 0: the committed decode grid with PDL (final5c'
         export CUDA_VISIBLE_DEVICES=1
         step diag_pdl 300 python benchmarks/diag_pdl.py --out "$R"
         step gpu_test_fp8_gemv_oneshot 120 python tests/test_kernel_fp8_gemm.py --gpu-oneshot
-        step gpu_test_sink_full 150 python tests/test_kernel_sink_attention.py --gpu-full
+        step gpu_test_sink_full 140 python tests/test_kernel_sink_attention.py --gpu-full
     ) &
     wait
     ;;
@@ -349,6 +357,52 @@ decode8)  # one GPU: TMA tiles in the decode rows (dense M 17..256 without split
     step gpu_test_moe_table 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k "full_shapes_and_cuda_graph"
     step bench_decode_tp1 150 python benchmarks/bench_decode.py --models 120b,20b --batches 32,128 \
         --contexts 8192 --configs 1:1:1 --probe-configs none --profile --out "$R" --stem bench_decode_tp1_tma
+    ;;
+win9)  # one GPU: the one-shot sliding-window extend (gpu tests at full shapes, its tiles beside the key loop),
+      # whether triton's warp specialisation helps the FP8 GEMM, then the TP1 prefill rows with the profile
+    step gpu_test_sink_attention 200 python tests/test_kernel_sink_attention.py --gpu
+    step bench_extend_window 90 python benchmarks/bench_sink_attention.py --extend-window --out "$R"
+    step diag_ws 100 python benchmarks/diag_ws.py --out "$R"
+    step bench_fp8_gemm_m256 60 python benchmarks/bench_fp8_gemm.py --m 256,1024 --shapes qkv,o --sweep off \
+        --out "$R/fp8_gemm_m256"
+    step bench_prefill 180 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,8192 --profile 8192 --out "$R"
+    ;;
+win9b)  # one GPU: win9's full-shape sink test (its 200 s ran out in the sweep), the window tiles on random and
+       # contiguous slots, the dense FP8 GEMM's tiles by M (then the warp-specialised loop, last: it may not
+       # compile), and Nsight Compute on one full-layer and one sliding-layer extend
+    step gpu_test_sink_full 140 python tests/test_kernel_sink_attention.py --gpu-full
+    step bench_extend_window 100 python benchmarks/bench_sink_attention.py --extend-window --out "$R"
+    step diag_dense_tiles 100 python benchmarks/diag_ws.py --variants copy --stem diag_dense_tiles --out "$R"
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+    step ncu_extend 100 "$NCU" --clock-control none --kernel-name regex:"_sink_extend" --launch-count 2 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section InstructionStats --section LaunchStats \
+        python benchmarks/bench_sink_attention.py --ncu-extend
+    step diag_ws 90 python benchmarks/diag_ws.py --variants ws --m 8192,2048 --out "$R"
+    ;;
+attn9)  # one GPU: extend with raw scores (the scale in the exponent's FMA, P.V into the rescaled accumulator):
+       # gpu tests, device-time extend table on both slot layouts with the tiles; the dense GEMM tiles in CUDA
+       # graphs; the TP1 prefill rows with the profile
+    step gpu_test_sink_attention 320 python tests/test_kernel_sink_attention.py --gpu
+    step bench_extend_graphs 120 python benchmarks/bench_sink_attention.py --extend-window --extend-window-loop --out "$R"
+    step diag_dense_tiles 80 python benchmarks/diag_ws.py --variants copy --stem diag_dense_tiles --out "$R"
+    ;;
+tiles9)  # one GPU: the shipped dense FP8 GEMM launcher on other TMA tiles (CUDA graphs), then the TP1 prefill
+        # rows with the profile (raw-score extend, the one-shot window's 64-row tile)
+    step diag_dense_cfg 100 python benchmarks/diag_ws.py --variants cfg --stem diag_dense_cfg --out "$R"
+    step bench_prefill 150 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,8192 --profile 8192 --out "$R"
+    ;;
+final9)  # one GPU: the M 257..1024 dense row: fp8 gemm gpu tests (M = 1024 now among them), the GEMM table at
+        # M 256..8192 against cuBLAS; the TP1 prefill rows with the profile; the sink table (decode rows on the
+        # raw-score key loop)
+    step gpu_test_fp8_gemm 150 python tests/test_kernel_fp8_gemm.py --gpu
+    step bench_fp8_gemm 80 python benchmarks/bench_fp8_gemm.py --m 256,512,1024,2048,8192 --shapes qkv,o \
+        --sweep off --out "$R/fp8_gemm"
+    step bench_prefill 150 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,4096,8192 --profile 8192 --out "$R"
+    step bench_sink_attention 150 python benchmarks/bench_sink_attention.py --no-sweep --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -1059,7 +1059,11 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     M <= 16 (decode): the weight bytes are everything: `gemv_config`, the decode kernel with x
     quantised inside (one launch), split-K where N alone gives too few programs.
     M <= 64: 32-row tiles, separate quantisation, split-K by the same rule.
-    M <= 256: 64 x 128 tiles, 4 warps. Larger: 128 x 128 tiles, 8 warps (two Hopper warpgroups),
+    M <= 256: 64 x 128 tiles, 4 warps. M <= 1024: the same tile by TMA in 3 stages of 24 KB, so
+    three programs share an SM and the few tiles of a short prefill fill the SMs in fewer waves
+    (H200, device time in CUDA graphs, benchmarks/results/diag_dense_cfg.md: qkv M = 512 / 1024 30.5
+    -> 21.1 / 44.8 -> 40.8 us, o 21.0 -> 18.7 / 40.3 -> 30.3 us; from M = 2048 the 128-row tile is
+    1.00-1.09x faster). Larger: 128 x 128 tiles, 8 warps (two Hopper warpgroups),
     4 stages of 32 KB in shared memory, grouped ordering for L2 reuse of the weight tiles, operand
     tiles by TMA (H200, M = 8192: qkv 470 -> 361 us, o 395 -> 295 us, cuBLAS block-scaled 381 /
     306 us; M = 2048: 153 -> 135, 137 -> 135; benchmarks/results/diag_tma.md). The smaller tiles
@@ -1076,6 +1080,8 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
         cfg = Fp8GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)
     elif m <= 256:
         cfg = Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)
+    elif m <= 1024:
+        return Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=3, tma=True)
     else:
         return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=True)
     tiles = max(1, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))

@@ -198,6 +198,15 @@ def test_decode_picks_the_one_shot_kernel_where_measured():
     assert mod.pow2_chunks(23) == (16, 8) and mod.pow2_chunks(32) == (32, 0) and mod.pow2_chunks(3) == (2, 1)
 
 
+def test_prefill_rows_follow_the_h200_tile_sweep():
+    """M 257..1024: the 64-row TMA tile in 3 stages (three programs an SM); above, the 128-row tile in 4
+    (benchmarks/results/diag_dense_cfg.md); both without split-K, on TMA."""
+    mod = _kernel_module()
+    for n, k in ((5120, 2880), (2880, 4096)):
+        assert {mod.gemm_config(m, n, k, x_prequantized=True).short() for m in (257, 512, 1024)} == {"m64n128s1w4st3tma"}
+        assert {mod.gemm_config(m, n, k).short() for m in (1025, 2048, 8192)} == {"m128n128s1w8st4tma"}
+
+
 def test_x_quant_is_validated():
     mod = _kernel_module()
     x, w, ws, b = make_case(3, 320, 192, torch.float32, seed=0)
@@ -511,7 +520,7 @@ def test_kernels_match_oracle_interpreted():
 # ---------------------------------------------------------------------------------------------
 
 GPU_SHAPES = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
-GPU_M = {"qkv": (1, 4, 16, 256, 4096), "o": (1, 4, 16, 256, 4096), "lm_head": (1, 4, 16)}
+GPU_M = {"qkv": (1, 4, 16, 256, 1024, 4096), "o": (1, 4, 16, 256, 1024, 4096), "lm_head": (1, 4, 16)}
 
 
 def gpu_check() -> list[dict]:
