@@ -173,9 +173,11 @@ def peers(kind: str, case: dict) -> dict:
     return result
 
 
-def run_peers(kind, cases, ours_s, ours_out):
+def run_peers(kind, cases, ours_s, ours_out, extend_graphs: bool = False):
     """Time each peer on the same cases as ours (decode: one call per request set in one graph, as
-    ours; extend: one case) and compare its output on the first case with ours."""
+    ours; extend: one case, eager-timed, or with ``extend_graphs`` as a CUDA graph of 3 calls like ours,
+    falling back to eager where the peer cannot be captured; the peer's "timing" says which) and compare
+    its output on the first case with ours."""
     by_name = {}
     for case in cases:
         try:
@@ -188,8 +190,18 @@ def run_peers(kind, cases, ours_s, ours_out):
     for name, fns in by_name.items():
         try:
             out = fns[0]()
-            t = event_time(fns[0]) if kind == "extend" else graph_time(fns)
-            results[name] = {"time_us": t * 1e6, "ours_speedup": t / ours_s,
+            timing = "graph"
+            if kind != "extend":
+                t = graph_time(fns)
+            elif extend_graphs:
+                try:
+                    t = graph_time([fns[0]] * 3)
+                    timing = "graph of 3 calls"
+                except Exception:  # noqa: BLE001 - a peer that cannot be captured is timed eagerly
+                    t, timing = event_time(fns[0]), "events"
+            else:
+                t, timing = event_time(fns[0]), "events"
+            results[name] = {"time_us": t * 1e6, "ours_speedup": t / ours_s, "timing": timing,
                              "max_abs_diff_vs_ours": (out.float() - ours_out.float()).abs().max().item()}
             api = getattr(fns[0], "api", None)
             if api:
@@ -624,7 +636,7 @@ def bench_extend(tokens, sweep: bool, configs=EXTEND_SWEEP, sweep_sliding: bool 
                 del ref
             case = dict(q=q, k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, **common, sinks=s,
                         window_left=window_left)
-            row["peers"] = run_peers("extend", [case], t, out)
+            row["peers"] = run_peers("extend", [case], t, out, extend_graphs=graphs)
             if window_left >= 0:
                 # The key loop on the same inputs: the path the one-shot window kernel replaced.
                 loop_out = torch.empty_like(q)
@@ -684,7 +696,8 @@ def markdown(meta, decode_rows, extend_rows) -> str:
         f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. "
         f"Copy bandwidth measured in this run: {bw:.2f} TB/s. Decode: median per-call time over replays of a "
         "CUDA graph of back-to-back calls on different requests (random slot permutation); bandwidth counts "
-        "the K/V bytes of every visible key. Extend: median of CUDA-event timed calls. `max err`: ours vs the torch "
+        "the K/V bytes of every visible key. Extend: median of CUDA-event timed calls (see below where CUDA graphs). "
+        "`max err`: ours vs the torch "
         "reference; `SGLang diff` / `peer diff`: max abs difference of the peer's output from ours on the same "
         "inputs (SGLang 0.5.23's Triton kernels via benchmarks/sglang_peers.py, index building untimed; sliding "
         "layer: 128 keys for both).", "",
@@ -703,8 +716,8 @@ def markdown(meta, decode_rows, extend_rows) -> str:
     lines += ["", "## Extend (one request, no prefix; K/V slots a random permutation unless the row says "
               "contiguous)", ""]
     if graphs:
-        lines += ["Ours (and the key loop, and the sweeps) timed as CUDA graphs of 3 back-to-back calls: device "
-                  "time, per call.", ""]
+        lines += ["Ours, the key loop, the sweeps and the peers that can be captured timed as CUDA graphs of 3 "
+                  "back-to-back calls: device time, per call (a peer that cannot be captured: eager, marked *).", ""]
     lines += [
               "| tokens | layer | sinks | time (us) | TFLOP/s | peer | peer time (us) | ours vs peer | max err | "
               "peer diff |",
@@ -715,7 +728,8 @@ def markdown(meta, decode_rows, extend_rows) -> str:
             if "error" in p:
                 peer_t, speed = "error", p["error"][:60].replace("|", "/")
             elif p:
-                peer_t, speed = f"{p['time_us']:.0f}", f"{p['ours_speedup']:.2f}x"
+                star = "*" if graphs and p.get("timing") == "events" else ""
+                peer_t, speed = f"{p['time_us']:.0f}{star}", f"{p['ours_speedup']:.2f}x"
             else:
                 peer_t, speed = "-", "-"
             err = r.get("max_abs_err_vs_ref")
@@ -728,7 +742,9 @@ def markdown(meta, decode_rows, extend_rows) -> str:
                 r["config_sweep"])
                for r in extend_rows if "config_sweep" in r]
     for title, sw in sweeps:
-        lines += ["", f"Config sweep, {title} (default in the table above):", ""]
+        lines += ["", f"Config sweep, {title} (the table's row is the launcher's default; on a sliding layer the "
+                  "`block_m=.. block_n=..` entries are the key loop, the `one-shot window` entries the default path):",
+                  ""]
         for key, v in sw.items():
             lines.append(f"- {key}: " + (v["error"] if "error" in v else f"{v['time_us']:.1f} us"))
     lines += ["", f"Command: `{meta['command']}`"]
@@ -814,6 +830,8 @@ def main():
         stem = "bench_sink_attention_decode_oneshot" if args.oneshot else "bench_sink_attention_decode_sweep"
         write(stem, {"rows": rows}, lambda: sweep_markdown(meta, rows))
         return
+    if args.extend_window_loop and not args.extend_window:
+        ap.error("--extend-window-loop goes with --extend-window")
     if args.ncu_extend:
         bench_extend(args.extend_tokens, sweep=False, windows=(-1, WINDOW_LEFT), slots="contiguous", ncu=True)
         return
@@ -821,6 +839,7 @@ def main():
         extend_rows = collect(lambda: [r for slots in ("random", "contiguous")
                                        for r in bench_extend(args.extend_tokens, sweep=True,
                                                              configs=EXTEND_SWEEP if args.extend_window_loop else (),
+                                                             sweep_sliding=args.extend_window_loop,
                                                              windows=(-1, WINDOW_LEFT) if args.extend_window_loop
                                                              else (WINDOW_LEFT,), slots=slots, graphs=True)])
         write("bench_sink_attention_extend_window", {"extend": extend_rows},

@@ -211,7 +211,7 @@ final6)  # (nvidia-h200-x2) lane 0: the committed decode grid with PDL (final5c'
         export CUDA_VISIBLE_DEVICES=1
         step diag_pdl 300 python benchmarks/diag_pdl.py --out "$R"
         step gpu_test_fp8_gemv_oneshot 120 python tests/test_kernel_fp8_gemm.py --gpu-oneshot
-        step gpu_test_sink_full 140 python tests/test_kernel_sink_attention.py --gpu-full
+        step gpu_test_sink_full 150 python tests/test_kernel_sink_attention.py --gpu-full
     ) &
     wait
     ;;
@@ -359,11 +359,13 @@ decode8)  # one GPU: TMA tiles in the decode rows (dense M 17..256 without split
         --contexts 8192 --configs 1:1:1 --probe-configs none --profile --out "$R" --stem bench_decode_tp1_tma
     ;;
 win9)  # one GPU: the one-shot sliding-window extend (gpu tests at full shapes, its tiles beside the key loop),
-      # whether triton's warp specialisation helps the FP8 GEMM, then the TP1 prefill rows with the profile
+      # the dense GEMM copies (diag_ws.py's default variants; as run in session 9 the script had the warp-specialised
+      # loop among them: it timed out, logs/h200_session9_diag_ws_timed_out.log), the GEMM table at M 256 / 1024, then
+      # the TP1 prefill rows with the profile
     step gpu_test_sink_attention 200 python tests/test_kernel_sink_attention.py --gpu
     step bench_extend_window 90 python benchmarks/bench_sink_attention.py --extend-window --out "$R"
     step diag_ws 100 python benchmarks/diag_ws.py --out "$R"
-    step bench_fp8_gemm_m256 60 python benchmarks/bench_fp8_gemm.py --m 256,1024 --shapes qkv,o --sweep off \
+    step bench_fp8_gemm_m256_1024 60 python benchmarks/bench_fp8_gemm.py --m 256,1024 --shapes qkv,o --sweep off \
         --out "$R/fp8_gemm_m256"
     step bench_prefill 180 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 1024,8192 --profile 8192 --out "$R"
@@ -383,7 +385,7 @@ win9b)  # one GPU: win9's full-shape sink test (its 200 s ran out in the sweep),
     ;;
 attn9)  # one GPU: extend with raw scores (the scale in the exponent's FMA, P.V into the rescaled accumulator):
        # gpu tests, device-time extend table on both slot layouts with the tiles; the dense GEMM tiles in CUDA
-       # graphs; the TP1 prefill rows with the profile
+       # graphs (the prefill rows ran in tiles9)
     step gpu_test_sink_attention 320 python tests/test_kernel_sink_attention.py --gpu
     step bench_extend_graphs 120 python benchmarks/bench_sink_attention.py --extend-window --extend-window-loop --out "$R"
     step diag_dense_tiles 80 python benchmarks/diag_ws.py --variants copy --stem diag_dense_tiles --out "$R"
@@ -402,6 +404,8 @@ final9)  # one GPU: the M 257..1024 dense row: fp8 gemm gpu tests (M = 1024 now 
         --sweep off --out "$R/fp8_gemm"
     step bench_prefill 150 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 1024,4096,8192 --profile 8192 --out "$R"
+    # writes bench_sink_attention.{json,md}; committed as bench_sink_attention_raw_scores.* (no SGLang peers in
+    # this run: the committed bench_sink_attention.* keeps session 8's table with them)
     step bench_sink_attention 150 python benchmarks/bench_sink_attention.py --no-sweep --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
