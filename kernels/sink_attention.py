@@ -96,8 +96,8 @@ def _attend_key_range(
             k = tl.load(k_ptr)
             v = tl.load(v_ptr)
         # Raw scores: the scale (> 0, so it commutes with the max) joins the exponent's subtraction in one
-        # FMA, and P.V accumulates into the rescaled accumulator, no separate add (the per-score
-        # instruction count is what bounds this loop at D 64).
+        # FMA, and P.V accumulates into the rescaled accumulator, no separate add: fewer instructions per
+        # score at D 64 (ncu has this loop latency-bound at two programs an SM, so it measured within noise).
         if DOTS_16BIT:
             s = tl.dot(q, tl.trans(k))
         else:
@@ -276,7 +276,7 @@ def _sink_extend_window_kernel(
     window_left, qk_scale_log2,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_POS: tl.constexpr,
     WIN_KEYS: tl.constexpr,  # power of two >= window_left + 1 (and >= 16)
-    LEAD_KEYS: tl.constexpr,  # power of two >= BLOCK_POS - 1 (and >= 16)
+    LEAD_KEYS: tl.constexpr,  # power of two, WIN_KEYS + LEAD_KEYS >= window_left + BLOCK_POS (and >= 16)
     HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
 ):
     """Extend for a sliding layer whose window fits one chunk (``sink_attention_extend``'s one-shot path):
@@ -840,9 +840,15 @@ def sink_attention_extend(
         window_oneshot = 0 < win_keys <= WINDOW_ONESHOT_MAX_KEYS
     elif window_oneshot and window_left < 0:
         raise ValueError("sink_attention_extend: window_oneshot needs a sliding window (window_left >= 0)")
-    default_m, default_warps = WINDOW_TILE if window_oneshot else EXTEND_TILE
-    block_m = block_m or default_m
-    num_warps = num_warps or default_warps
+    elif window_oneshot and win_keys > WINDOW_ONESHOT_MAX_KEYS:
+        raise ValueError(f"sink_attention_extend: window_oneshot holds at most {WINDOW_ONESHOT_MAX_KEYS} keys in "
+                         f"registers, window_left {window_left} needs {win_keys}")
+    if block_m is None and num_warps is None:
+        block_m, num_warps = WINDOW_TILE if window_oneshot else EXTEND_TILE
+    elif block_m is None:
+        block_m = (WINDOW_TILE if window_oneshot else EXTEND_TILE)[0]
+    elif num_warps is None:
+        num_warps = 4 if block_m <= 128 else 8  # a caller's tile: 8 warps hold 256 rows' scores
     group = hq // hkv
     group_pad = triton.next_power_of_2(group)
     block_pos = max(1, block_m // group_pad)

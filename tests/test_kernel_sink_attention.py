@@ -223,6 +223,57 @@ def test_launchers_reject_bad_shapes():
         mod.sink_attention_extend(**case, sinks=None, window_left=-1, scale=0.25, window_oneshot=True)
 
 
+class _LaunchRecorder:
+    """Stands in for a @triton.jit kernel: records each launch's grid and constexprs, runs nothing."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((self.name, grid, kwargs))
+
+        return launch
+
+
+def test_extend_picks_the_path_for_the_window(monkeypatch):
+    """The one-shot window kernel runs for a window of at most WINDOW_ONESHOT_MAX_KEYS keys (gpt-oss's 127)
+    unless the caller asks for the key loop; full attention and wider windows take the key loop; forcing the
+    one-shot path on a wider window is refused, not silently clipped. Tiles: the path's default pair, or the
+    caller's."""
+    mod = _kernel_module()
+    launches = []
+    monkeypatch.setattr(mod, "_sink_extend_window_kernel", _LaunchRecorder("window", launches))
+    monkeypatch.setattr(mod, "_sink_extend_kernel", _LaunchRecorder("loop", launches))
+    case, _ = make_case([(0, 40), (5, 9)], torch.float32, seed=0)
+
+    def path(**kw):
+        launches.clear()
+        mod.sink_attention_extend(**case, sinks=None, scale=0.25, **kw)
+        (name, grid, kwargs), = launches
+        return name, kwargs
+
+    max_window = mod.WINDOW_ONESHOT_MAX_KEYS - 1
+    name, kw = path(window_left=max_window)
+    group_pad = 1 << (HQ // HKV - 1).bit_length()
+    assert name == "window" and kw["WIN_KEYS"] == mod.WINDOW_ONESHOT_MAX_KEYS
+    assert (kw["BLOCK_POS"] * group_pad, kw["num_warps"]) == mod.WINDOW_TILE
+    assert kw["WIN_KEYS"] + kw["LEAD_KEYS"] >= max_window + kw["BLOCK_POS"]
+    assert path(window_left=5)[0] == "window"
+    name, kw = path(window_left=-1)
+    assert name == "loop" and (kw["BLOCK_POS"] * group_pad, kw["num_warps"]) == mod.EXTEND_TILE
+    assert path(window_left=max_window + 1)[0] == "loop"
+    assert path(window_left=max_window, window_oneshot=False)[0] == "loop"
+    name, kw = path(window_left=-1, block_m=256)
+    assert kw["BLOCK_POS"] * group_pad == 256 and kw["num_warps"] == 8
+    name, kw = path(window_left=-1, num_warps=2)
+    assert (kw["BLOCK_POS"] * group_pad, kw["num_warps"]) == (mod.EXTEND_TILE[0], 2)
+    launches.clear()
+    with pytest.raises(ValueError, match="window_oneshot holds at most"):
+        mod.sink_attention_extend(**case, sinks=None, scale=0.25, window_left=max_window + 1, window_oneshot=True)
+    assert launches == []
+
+
 SWEEP_JSON = os.path.join(HERE, "..", "benchmarks", "results", "sweeps", "bench_sink_attention_decode_sweep.json")
 H200_SMS = 132
 
