@@ -174,6 +174,77 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
     return row
 
 
+def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
+    """PDL on, the same model and inputs captured twice: RoPE + KV write as its own launch (rope_store_kv)
+    vs inside the one-shot decode attention's launch (kernels/sink_attention.py, RopeKV); paired rounds,
+    the fused graph's logits against the unfused graph's on `check` replays, and (batch 1) the fused
+    step's critical path."""
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels.pdl import set_pdl
+    from sglang_ext.kernels.sink_attention import set_rope_fusion
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    outs, graphs = {}, {}
+    set_pdl(True)
+    try:
+        for fused in (False, True):
+            set_rope_fusion(fused)
+            graphs[fused] = bc.capture_graph(lambda fused=fused: outs.__setitem__(fused, model.forward(**inputs)))
+    finally:
+        set_rope_fusion(None)
+        set_pdl(None)
+    graphs[False].replay()
+    torch.cuda.synchronize()
+    reference = outs[False].clone()
+    mismatches = 0
+    for _ in range(check):
+        graphs[True].replay()
+        torch.cuda.synchronize()
+        mismatches += int(not torch.equal(outs[True], reference))
+    off, on, diff, (q1, q3) = paired(graphs[False], graphs[True], rounds)
+    row = {"model": model_name, "batch": batch, "context": context, "unfused_us": off * 1e6, "fused_us": on * 1e6,
+           "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
+           "tok_s_unfused": batch / off, "tok_s_fused": batch / on, "bit_checks": check,
+           "bit_mismatches": mismatches}
+    if batch == 1:
+        row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
+    graphs.clear()
+    outs.clear()
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def rope_fusion_markdown(meta: dict, rows: list) -> str:
+    lines = [f"# RoPE + KV write inside the one-shot decode attention ({meta.get('gpu', 'GPU')})", "",
+             f"`{meta['command']}` — {meta.get('date', '')}", "",
+             "PDL on. Same model, inputs and kernels captured twice: rope_store_kv as its own launch before the "
+             "attention (unfused) vs RoPE, the KV write and the early K/V loads inside the one-shot decode "
+             "attention's launch (fused, kernels/sink_attention.py RopeKV). Paired rounds of 3 replays; diff = "
+             "fused - unfused (median of the per-round differences, quartiles). Bits: the fused graph's logits "
+             "against the unfused graph's on every check replay.", "",
+             bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"]),
+                           "bits": f"{r['bit_checks'] - r['bit_mismatches']}/{r['bit_checks']} equal"} for r in rows],
+                         [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
+                          ("unfused us", "unfused_us", "{:.1f}"), ("fused us", "fused_us", "{:.1f}"),
+                          ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None), ("diff %", "diff_pct", "{:+.2f}"),
+                          ("tok/s unfused", "tok_s_unfused", "{:.0f}"), ("tok/s fused", "tok_s_fused", "{:.0f}"),
+                          ("bits", "bits", None)]), ""]
+    for r in rows:
+        cp = r.get("critical_path")
+        if cp:
+            total = sum(k["increment_us"] for k in cp)
+            lines += ["", f"## {r['model']} batch {r['batch']}: the fused step's critical path (profiler, "
+                      f"{total:.0f} us of increments)", "",
+                      bc.md_table(cp[:24], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
+                                            ("increment us", "increment_us", "{:.1f}"),
+                                            ("increment per call", "per_call", "{:.2f}"),
+                                            ("duration us", "duration_us", "{:.1f}")])]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(meta: dict, rows: list) -> str:
     lines = [f"# Programmatic dependent launch on the decode step ({meta.get('gpu', 'GPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "",
@@ -231,11 +302,21 @@ def main():
     ap.add_argument("--mlp2-per-pair", default="", help="block_n:warps,...: also time the MoE's one-shot rows "
                     "with the per-pair mlp2 of these tiles (PDL on), paired against the table")
     ap.add_argument("--no-probe", action="store_true")
+    ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the one-shot "
+                    "decode attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
     bc.import_project()
     meta = bc.run_meta("python benchmarks/diag_pdl.py " + " ".join(sys.argv[1:]))
     rows = []
+    if args.rope_fusion_ab:
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows.append(rope_fusion_row(m, b, args.context, args.rounds, args.check))
+                print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
+        bc.write_results(args.out, "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
+        print(rope_fusion_markdown(meta, rows))
+        return
     for m in args.models.split(","):
         for b in (int(x) for x in args.batches.split(",")):
             rows.append(step_row(m, b, args.context, args.rounds, args.check, probe=b == 1 and not args.no_probe,

@@ -44,7 +44,7 @@ from sglang_ext.layers.norm import residual_rms_norm, rms_norm  # noqa: E402
 from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
 from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
 from sglang_ext.kernel_select import use_triton  # noqa: E402
-from sglang_ext.kernels.rope_kv import rope_store_kv  # noqa: E402
+from sglang_ext.kernels.sink_attention import RopeKV  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -328,15 +328,19 @@ class ModelStep:
             sliding = d.is_sliding(i)
             k_buf, v_buf = self.kv_swa[i] if sliding else self.kv_full[i]
             loc = out_swa if sliding else out_full
-            if use_triton(h.device):  # one launch for both RoPEs and the cache write, as the server
-                q = rope_store_kv(q, k, v, cos_sin, k_buf, v_buf, loc)
+            rope = None
+            if use_triton(h.device):
+                # As the server: both RoPEs and the cache write in one launch (rope_store_kv), or, at
+                # decode where the attention runs one-shot, inside the attention's launch.
+                rope = RopeKV(k, v, cos_sin, loc)
             else:
                 q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
                 k_buf[loc.long()] = k
                 v_buf[loc.long()] = v
             o = paged_sink_attention(
                 q, k_buf, v_buf, self.req_to_token_swa if sliding else self.req_to_token_full, req_idx,
-                seq_lens, q_start, q_len, lw.sinks, d.sliding_window - 1 if sliding else -1, hd ** -0.5)
+                seq_lens, q_start, q_len, lw.sinks, d.sliding_window - 1 if sliding else -1, hd ** -0.5,
+                rope=rope)
             o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
             if s.attn_tp > 1:
                 o = self._all_reduce(o) + lw.o.bias

@@ -42,6 +42,8 @@
 #                                         # dense GEMM tiles in CUDA graphs
 #   bash benchmarks/run_h200.sh tiles9    # (one GPU) shipped dense GEMM on other TMA tiles; TP1 prefill rows + profile
 #   bash benchmarks/run_h200.sh final9    # (one GPU) dense M <= 1024 row: gpu tests + GEMM table; TP1 prefill; sink table
+#   bash benchmarks/run_h200.sh rope10    # (one GPU) RoPE + KV write in the one-shot decode attention: its gpu
+#                                         # tests (sink, rope_kv, PDL bits), the fused vs unfused step A/B
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -407,6 +409,13 @@ final9)  # one GPU: the M 257..1024 dense row: fp8 gemm gpu tests (M = 1024 now 
     # writes bench_sink_attention.{json,md}; committed as bench_sink_attention_raw_scores.* (no SGLang peers in
     # this run: the committed bench_sink_attention.* keeps session 8's table with them)
     step bench_sink_attention 150 python benchmarks/bench_sink_attention.py --no-sweep --out "$R"
+    ;;
+rope10)  # one GPU: RoPE + KV write inside the one-shot decode attention (kernels/sink_attention.py RopeKV)
+    step gpu_test_sink_attention 150 python tests/test_kernel_sink_attention.py --gpu
+    step gpu_test_pdl_rope 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py \
+        tests/test_kernel_rope_kv.py
+    step diag_rope_fusion 300 python benchmarks/diag_pdl.py --rope-fusion-ab --models 120b,20b --batches 1,4 \
+        --rounds 40 --check 30 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

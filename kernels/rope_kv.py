@@ -74,7 +74,8 @@ def _rope_kv_kernel(
         tl.store(vdst + HALF, tl.load(vsrc + HALF, mask=mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=mask)
 
 
-def _check(q, k, v, cos_sin, k_cache, v_cache, loc):
+def check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc):
+    """rope_store_kv's shape checks (also sink_attention_decode's, which can do this work in its launch)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"rope_kv: q, k, v must be [tokens, heads, head_dim], got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -97,7 +98,7 @@ def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: to
     """Roped q [T, Hq, D] (into `q_out` if given); roped k and v stored at k_cache[loc[t]],
     v_cache[loc[t]] ([slots, Hkv, D], their dtype). q, k, v may be strided views (the last dim
     contiguous); cos_sin [T, D] fp32 rows of the RoPE cache. No host reads: graph-safe."""
-    _check(q, k, v, cos_sin, k_cache, v_cache, loc)
+    check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc)
     t, hq, d = q.shape
     hkv = k.shape[1]
     if q_out is None:
@@ -132,7 +133,7 @@ def _rope_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
 
 def rope_store_kv_ref(q, k, v, cos_sin, k_cache, v_cache, loc, q_out=None):
     """Plain torch: the same contract (q_out returned; the caches written in place)."""
-    _check(q, k, v, cos_sin, k_cache, v_cache, loc)
+    check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc)
     roped_q = _rope_ref(q, cos_sin).to(q.dtype)
     idx = loc.long()
     k_cache[idx] = _rope_ref(k, cos_sin).to(k_cache.dtype)

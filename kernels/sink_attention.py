@@ -56,7 +56,9 @@ import triton
 import triton.language as tl
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
+from sglang_ext.kernels.fp8_gemm import _round_to_bf16_grid
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
+from sglang_ext.kernels.rope_kv import check_rope_kv, rope_store_kv
 
 LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp2 is one instruction
 MAX_SPLITS = 256
@@ -628,13 +630,40 @@ def _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2,
 
 
 @triton.jit
+def _rope_cos_sin(CS_ROW, offs_d, D: tl.constexpr):
+    """cos and sin [D] of one token for the half-split rotation: element d uses entry d % (D / 2) of the
+    row's cos half (first D / 2 values) and sin half (the rest), as kernels/rope_kv.py."""
+    half = offs_d % (D // 2)
+    return tl.load(CS_ROW + half), tl.load(CS_ROW + D // 2 + half)
+
+
+@triton.jit
+def _rope_rows(ROW_PTRS, offs_d, mask, cos, sin, D: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """RoPE of rows [.., D] at ROW_PTRS (+ offs_d) in fp32, each element with its rotation partner
+    (d +- D / 2) loaded beside it: the first half x1 cos - x2 sin, the second x2 cos + x1 sin, the
+    expressions of kernels/rope_kv.py's _rope_heads (same roundings), returned in fp32 (ROUND_BF16: on
+    the bf16 grid, for the interpreter)."""
+    first = offs_d < D // 2
+    partner = tl.where(first, offs_d + D // 2, offs_d - D // 2)
+    x = tl.load(ROW_PTRS + offs_d, mask=mask, other=0.0).to(tl.float32)
+    p = tl.load(ROW_PTRS + partner, mask=mask, other=0.0).to(tl.float32)
+    r = tl.where(first, x * cos - p * sin, x * cos + p * sin)
+    if ROUND_BF16:
+        r = _round_to_bf16_grid(r)
+    return r
+
+
+@triton.jit
 def _sink_decode_oneshot_kernel(
     Q, K, V, OUT, PART_O, PART_LSE, SINKS, REQ_TO_TOKEN, SLOT_MAP, REQ_POOL_IDX, SEQ_LENS,
+    K_NEW, V_NEW, COS_SIN, LOC,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_r2t,
+    stride_knt, stride_knh, stride_vnt, stride_vnh, stride_cs,
     window_left, qk_scale_log2, num_splits, min_split_blocks,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, MARK_EMPTY: tl.constexpr, V_LATE: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
+    ROPE: tl.constexpr = False, ROUND_BF16: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """The one-shot decode (DecodeConfig.oneshot): one (request, kv head, split) whose split is one chunk of
@@ -652,7 +681,15 @@ def _sink_decode_oneshot_kernel(
     Partials as _sink_decode_kernel writes them: a request with one used split writes its output here, sink
     included; otherwise each split writes its normalised output and log2-sum-exp without the sink, and
     _sink_decode_merge_kernel adds the sink once. A split past the request's chunks exits, marking its lse
-    -inf first if the merge loads every split's row (MARK_EMPTY: the merge tile covers all splits)."""
+    -inf first if the merge loads every split's row (MARK_EMPTY: the merge tile covers all splits).
+
+    ROPE: the launch also does kernels/rope_kv.py's work for this step's token (one launch fewer). Q is
+    then the unrotated q and K_NEW / V_NEW the token's unrotated k and v (rows of the qkv GEMM's output);
+    every program rotates its group's q heads and the new k (rope_kv's maths and roundings, so the same
+    bits), the last used split stores k and v at LOC[b] (what rope_kv would have written), and the newest
+    key enters the chunk from registers instead of the cache. Every other key was written by earlier
+    steps, so under PDL its K/V loads are issued before the wait (kernels/pdl.py, rule 1): they overlap
+    the qkv GEMM instead of following it. V_LATE does not apply (V is one of those early loads)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -662,7 +699,20 @@ def _sink_decode_oneshot_kernel(
     tok_base = REQ_TO_TOKEN + req_row * stride_r2t
     koff = kv_head * stride_kh
     voff = kv_head * stride_vh
-    if USE_PDL:
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    head_ok = offs_h < GROUP
+    q_head = kv_head * GROUP + offs_h
+    if ROPE:
+        newest = seq_len - 1  # this step's key: from registers, never read from the cache
+        k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo, k_hi,
+                                             D, CHUNK, HAS_SLOT_MAP)
+        is_new = (k_lo + tl.arange(0, CHUNK)) == newest
+        k = tl.load(k_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0)
+        v = tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0)
+        cos, sin = _rope_cos_sin(COS_SIN + b * stride_cs, offs_d, D)
+        pdl_wait_then_release(USE_PDL)
+    elif USE_PDL:
         # kernels/pdl.py: the request's row, length and slot ids are written before the step (two or
         # more launches back), so the first two trips overlap the previous kernel; K/V (the newest
         # key is the previous kernel's) and q after the wait
@@ -677,23 +727,33 @@ def _sink_decode_oneshot_kernel(
         return
     single = n_used == 1
 
-    if not USE_PDL:
-        k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo,
-                                             k_hi, D, CHUNK, HAS_SLOT_MAP)
-    k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, D)
-    head_ok = offs_h < GROUP
-    q_head = kv_head * GROUP + offs_h
-    # q after K, so that it rides K's trip (it has no address to wait for), and through a select, as K in
-    # _oneshot_fold: loaded last, V alone may feed its conversion straight from the load.
-    q = tl.load(Q + b * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+    if ROPE:
+        q = _rope_rows(Q + b * stride_qt + q_head[:, None] * stride_qh, offs_d, head_ok[:, None], cos, sin, D,
+                       ROUND_BF16).to(Q.dtype.element_ty)
+        k_new = _rope_rows(K_NEW + b * stride_knt + kv_head * stride_knh, offs_d, offs_d < D, cos, sin, D,
+                           ROUND_BF16).to(K.dtype.element_ty)
+        v_new = tl.load(V_NEW + b * stride_vnt + kv_head * stride_vnh + offs_d).to(V.dtype.element_ty)
+        if split == n_used - 1:  # the split holding the newest key stores it (rope_kv's write)
+            slot_new = tl.load(LOC + b).to(tl.int64)
+            tl.store(K + slot_new * stride_kn + koff + offs_d, k_new)
+            tl.store(V + slot_new * stride_vn + voff + offs_d, v_new)
+        k = tl.where(is_new[:, None], k_new[None, :], k)
+        v = tl.where(is_new[:, None], v_new[None, :], v)
+    else:
+        if not USE_PDL:
+            k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo,
+                                                 k_hi, D, CHUNK, HAS_SLOT_MAP)
+        k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
+        # q after K, so that it rides K's trip (it has no address to wait for), and through a select, as K in
+        # _oneshot_fold: loaded last, V alone may feed its conversion straight from the load.
+        q = tl.load(Q + b * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None],
+                    other=0.0)
+        if V_LATE:
+            v = k  # not read: _oneshot_fold loads V
+        else:
+            v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
     if HAS_SINKS:
         sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-    if V_LATE:
-        v = k  # not read: _oneshot_fold loads V
-    else:
-        v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
     q = tl.where(head_ok[:, None], q, 0.0)
     if not DOTS_16BIT:
         q = q.to(tl.float32)
@@ -709,11 +769,16 @@ def _sink_decode_oneshot_kernel(
     for start in range(k_lo + CHUNK, k_hi, CHUNK):
         k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, start,
                                              k_hi, D, CHUNK, HAS_SLOT_MAP)
-        k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
-        if V_LATE:
-            v = k
+        if ROPE:
+            is_new = (start + tl.arange(0, CHUNK)) == newest
+            k = tl.where(is_new[:, None], k_new[None, :], tl.load(k_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0))
+            v = tl.where(is_new[:, None], v_new[None, :], tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0))
         else:
-            v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
+            k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
+            if V_LATE:
+                v = k
+            else:
+                v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
         acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, V_LATE, DOTS_16BIT)
     has_keys = l_i > 0  # False only for a zero-length CUDA-graph padding row without sinks
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -1068,6 +1133,34 @@ def launch_merge(part_o: torch.Tensor, part_lse: torch.Tensor, sinks: Optional[t
     )
 
 
+class RopeKV(NamedTuple):
+    """This step's unrotated k and v rows [B, Hkv, D] (views of the qkv GEMM's output, unit last stride),
+    their RoPE rows ``cos_sin`` [B, D] (fp32, kernels/rope_kv.py's layout) and the cache slots ``loc`` [B]
+    they go to. Given to ``sink_attention_decode(rope=...)`` with q unrotated: the decode then does
+    rope_kv's work too, in its own launch where it runs one-shot, else by calling rope_store_kv first."""
+    k: torch.Tensor
+    v: torch.Tensor
+    cos_sin: torch.Tensor
+    loc: torch.Tensor
+
+
+_rope_fusion_override: Optional[bool] = None  # set_rope_fusion(): benchmarks compare both in one process
+
+
+def set_rope_fusion(enabled: Optional[bool]) -> None:
+    """Force the one-shot decode's RoPE + KV write (RopeKV) in its own launch on or off from now on (None:
+    back to SGLANG_EXT_ROPE_FUSION, default on). Off, rope_store_kv runs first, as before the fusion.
+    CUDA graphs keep what they captured."""
+    global _rope_fusion_override
+    _rope_fusion_override = enabled
+
+
+def rope_fusion_enabled() -> bool:
+    if _rope_fusion_override is not None:
+        return _rope_fusion_override
+    return os.environ.get("SGLANG_EXT_ROPE_FUSION", "1") != "0"
+
+
 COUNTERS_OWNER = "sink_attention_merge"
 MAX_COUNTERS = 1 << 16  # (request, kv head) pairs of one launch
 
@@ -1103,10 +1196,14 @@ def sink_attention_decode(
     merge_splits: Optional[int] = None,
     oneshot: Optional[bool] = None,
     v_late: Optional[bool] = None,
+    rope: Optional[RopeKV] = None,
 ) -> torch.Tensor:
     """One query row per request (row b = request b, at position seq_lens[b] - 1): out [B, Hq, D] in q's
     dtype. ``config`` None picks from the batch, the window, req_to_token's width and the SM count
-    (decode_config); the keyword arguments override single fields of it."""
+    (decode_config); the keyword arguments override single fields of it. With ``rope`` (RopeKV), q is
+    unrotated and this step's k / v are not in the cache yet: they are rotated and stored as
+    ``rope_store_kv`` would, inside the one-shot launch (``_sink_decode_oneshot_kernel``'s ROPE) or, for
+    the split loop, by rope_store_kv before it; either way k_buffer / v_buffer hold them afterwards."""
     hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
     _check_scale(scale, "sink_attention_decode")
     batch = q.shape[0]
@@ -1124,6 +1221,17 @@ def sink_attention_decode(
                      num_warps=num_warps, num_stages=num_stages, fused_merge=fused_merge, prefetch=prefetch,
                      merge_heads=merge_heads, merge_splits=merge_splits, oneshot=oneshot, v_late=v_late)
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    if rope is not None:
+        check_rope_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
+        if not config.oneshot or not rope_fusion_enabled():
+            q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
+            rope = None
+        else:
+            for name, x in (("rope.k", rope.k), ("rope.v", rope.v), ("rope.cos_sin", rope.cos_sin)):
+                if x.stride(-1) != 1:
+                    raise ValueError(f"sink_attention_decode: {name} must be contiguous in its last dim")
+            # V is loaded with the early K loads (the one-shot ROPE path has no late V)
+            config = replace(config, v_late=False)
     if config.num_splits < 1 or config.min_split_blocks < 1 or config.merge_heads < 0 or config.merge_splits < 0:
         raise ValueError(f"sink_attention_decode: num_splits and min_split_blocks must be >= 1, the merge tile "
                          f">= 0, got {config}")
@@ -1142,18 +1250,26 @@ def sink_attention_decode(
         part_o = part_lse = out
     sinks_arg = sinks if sinks is not None else q
     if config.oneshot:
+        if rope is not None:
+            rope_args = (rope.k, rope.v, rope.cos_sin, rope.loc)
+            rope_strides = (rope.k.stride(0), rope.k.stride(1), rope.v.stride(0), rope.v.stride(1),
+                            rope.cos_sin.stride(0))
+        else:
+            rope_args, rope_strides = (q, q, q, seq_lens), (0, 0, 0, 0, 0)
         _sink_decode_oneshot_kernel[(batch, hkv, splits)](
             q, k_buffer, v_buffer, out, part_o, part_lse, sinks_arg, req_to_token,
-            slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,
+            slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens, *rope_args,
             q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
-            v_buffer.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
+            v_buffer.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0), *rope_strides,
             int(window_left), float(scale) * LOG2E, splits, config.min_split_blocks,
             GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_H=max(16, triton.next_power_of_2(group)),
             D=d, CHUNK=config.block_n, SPLIT=splits > 1,
             # Empty splits mark their lse only for a merge that loads every split's row (launch_merge's tile).
             MARK_EMPTY=splits > 1 and _merge_tile(config, group, d, 4, fused=False)[1] >= splits,
             V_LATE=config.v_late, HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
-            DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype), num_warps=config.num_warps,
+            DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype), ROPE=rope is not None,
+            ROUND_BF16=rope is not None and _interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype),
+            num_warps=config.num_warps,
             num_stages=config.num_stages, **pdl_launch_kwargs(q.device, batch),
         )
         if splits > 1:
@@ -1194,12 +1310,16 @@ def paged_attention(
     *,
     slot_map: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
+    rope: Optional[RopeKV] = None,
 ) -> torch.Tensor:
     """Extend or decode, chosen from shapes alone. Contract (SGLang's): every request has at least one
-    query row, so T == B means one row per request, i.e. decode, with rows in request order."""
+    query row, so T == B means one row per request, i.e. decode, with rows in request order. ``rope``:
+    q unrotated and this forward's k / v still to be rotated and stored (RopeKV; the decode may fuse it)."""
     if q.shape[0] == req_pool_indices.shape[0]:
         return sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
-                                     window_left, scale, slot_map=slot_map, out=out)
+                                     window_left, scale, slot_map=slot_map, out=out, rope=rope)
+    if rope is not None:
+        q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
     return sink_attention_extend(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
                                  sinks, window_left, scale, slot_map=slot_map, out=out)
 

@@ -167,8 +167,10 @@ class SinkAttnBackend(AttentionBackend):
                              kwargs.get("rope_cos_sin"))
 
     def _rope_and_write(self, q, k, v, layer, forward_batch, cos_sin, in_swa_pool, save_kv_cache):
-        """(roped q [T, Hq, D], roped k or None): None when k and v are already in the pool (one
-        launch, `kernels/rope_kv.py`), else roped k for set_kv_buffer."""
+        """(q [T, Hq, D], roped k or None, RopeKV or None). Roped q and k for set_kv_buffer; or roped q
+        and None when k and v are already in the pool (one launch, `kernels/rope_kv.py`); or, at decode
+        on that path, q unrotated, None and the RopeKV that the decode launcher rotates and writes
+        (inside the one-shot kernel's launch where it runs, `kernels/sink_attention.py`)."""
         from sglang_ext.layers.rope import apply_rope
 
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
@@ -183,10 +185,13 @@ class SinkAttnBackend(AttentionBackend):
                      and getattr(layer, "k_scale", None) is None and getattr(layer, "v_scale", None) is None)
             if plain:
                 from sglang_ext.kernels.rope_kv import rope_store_kv
+                from sglang_ext.kernels.sink_attention import RopeKV
 
                 loc = self.swa_out_cache_loc if in_swa_pool else forward_batch.out_cache_loc
-                return rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc), None
-        return apply_rope(q3, cos_sin), apply_rope(k3, cos_sin)
+                if self.device_batch.q_len is None:  # decode
+                    return q3, None, RopeKV(k3, v3, cos_sin, loc)
+                return rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc), None, None
+        return apply_rope(q3, cos_sin), apply_rope(k3, cos_sin), None
 
     def _forward(
         self,
@@ -202,8 +207,10 @@ class SinkAttnBackend(AttentionBackend):
         if layer.is_cross_attention:
             raise NotImplementedError(f"{BACKEND_NAME} has no cross attention")
         in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+        rope = None
         if rope_cos_sin is not None:
-            q, k = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool, save_kv_cache)
+            q, k, rope = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool,
+                                              save_kv_cache)
             if k is not None:  # not written yet: set_kv_buffer below (v: a strided view of the GEMM output)
                 v = v.contiguous()
         if save_kv_cache and k is not None and v is not None:
@@ -224,7 +231,7 @@ class SinkAttnBackend(AttentionBackend):
         req_to_token = self.req_to_token_pool.req_to_token
 
         if self.kernel_path == "triton":
-            self._forward_triton(q3, k_cache, v_cache, out, sinks, window_left, layer.scaling, in_swa_pool)
+            self._forward_triton(q3, k_cache, v_cache, out, sinks, window_left, layer.scaling, in_swa_pool, rope)
             return out.view(-1, num_heads * v_head_dim)
 
         for span in self.spans:
@@ -251,7 +258,7 @@ class SinkAttnBackend(AttentionBackend):
             )
         return out.view(-1, num_heads * v_head_dim)
 
-    def _forward_triton(self, q3, k_cache, v_cache, out, sinks, window_left, scale, in_swa_pool):
+    def _forward_triton(self, q3, k_cache, v_cache, out, sinks, window_left, scale, in_swa_pool, rope=None):
         from sglang_ext.kernels.sink_attention import sink_attention_decode, sink_attention_extend
 
         batch = self.device_batch
@@ -262,7 +269,7 @@ class SinkAttnBackend(AttentionBackend):
             q3 = q3.contiguous()
         if batch.q_len is None:
             sink_attention_decode(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,
-                                  sinks, window_left, scale, slot_map=slot_map, out=out)
+                                  sinks, window_left, scale, slot_map=slot_map, out=out, rope=rope)
         else:
             sink_attention_extend(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,
                                   batch.q_start, batch.q_len, sinks, window_left, scale, slot_map=slot_map,

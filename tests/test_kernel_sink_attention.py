@@ -734,6 +734,85 @@ def oneshot_sweep(dtype_name: str, device: str = "cpu") -> dict:
     return {"dtype": dtype_name, "oneshot_cases": len(oneshot_cases(dtype_name)), "max_abs_err": worst}
 
 
+# --- the one-shot decode with RoPE and the KV write in its launch (RopeKV) --------------------------------
+
+
+def rope_case_inputs(case, slot_map, seed):
+    """This step's unrotated q / k / v as strided views of one qkv row per request (the GEMM's output),
+    their RoPE rows (gpt-oss's layout: cos half, sin half; real angles at position seq_len - 1) and the
+    slots the new k / v go to (the newest position's slot, translated into the sub-pool with a slot map)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, hq, d = case["q"].shape
+    hkv = case["k_buffer"].shape[1]
+    dev, dtype = case["q"].device, case["q"].dtype
+    qkv = (torch.randn(batch, (hq + 2 * hkv) * d, generator=g) * 2.0).to(dtype).to(dev)
+    q = qkv[:, : hq * d].view(batch, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].view(batch, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].view(batch, hkv, d)
+    pos = (case["seq_lens"] - 1).double().cpu()
+    inv_freq = 1.0 / (150000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = pos[:, None] * inv_freq[None, :]
+    cos_sin = torch.cat([ang.cos(), ang.sin()], dim=1).float().to(dev)
+    newest = torch.stack([case["req_to_token"][r, n - 1].long() for r, n in
+                          zip(case["req_pool_indices"].tolist(), case["seq_lens"].tolist())])
+    loc = (slot_map[newest] if slot_map is not None else newest).to(torch.int64)
+    return q, k, v, cos_sin, loc
+
+
+def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
+    """sink_attention_decode(rope=RopeKV(...)) on the one-shot cases (and one split-loop config, which calls
+    rope_store_kv first): the cache afterwards equals rope_store_kv_ref's bit for bit, the output equals
+    the unfused launches' (rope_store_kv, then the same decode config) bit for bit and the references
+    within tolerance. The newest key's slot holds NaN before the fused launch: the kernel must take that
+    key from its registers, never from the cache (which it writes in the same launch)."""
+    from sglang_ext.kernels.rope_kv import rope_store_kv, rope_store_kv_ref
+
+    mod = _kernel_module()
+    dtype = getattr(torch, dtype_name)
+    with_loop = dtype_name == "float32" and device == "cpu"
+    cases = [c for c in oneshot_cases(dtype_name)]
+    cases.append(("b3 split loop", [16, 70, 129], -1, True, False, None, {}))
+    worst = 0.0
+    for i, (label, lengths, window_left, with_sinks, swa_map, oneshot, kw) in enumerate(cases):
+        if lengths[0] == "paged":
+            case, sinks = paged_case(lengths[1], 64, dtype, seed=700 + i, device=device)
+            slot_map = None
+        else:
+            case, extra = _decode_case(dtype, seed=700 + i, device=device, swa_map=swa_map, seq_lens=lengths)
+            sinks, slot_map = extra["sinks"], extra["slot_map"]
+        case = poisoned(case, slot_map, window_left)
+        sinks = sinks if with_sinks else None
+        batch = case["q"].shape[0]
+        width = case["req_to_token"].shape[1]
+        if oneshot is None:
+            cfg = mod.DecodeConfig(num_splits=4, block_n=16, min_split_blocks=1, fused_merge=False)
+        else:
+            cfg = dataclasses.replace(mod.oneshot_config(batch, HKV, window_left, width, chunk=oneshot[0],
+                                                         v_late=oneshot[1]), **kw)
+        q, k, v, cos_sin, loc = rope_case_inputs(case, slot_map, seed=800 + i)
+        kc_ref, vc_ref = case["k_buffer"].clone(), case["v_buffer"].clone()
+        q_roped = rope_store_kv_ref(q, k, v, cos_sin, kc_ref, vc_ref, loc)
+        kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
+        kc[loc] = float("nan")
+        vc[loc] = float("nan")
+        common = (case["req_to_token"], case["req_pool_indices"], case["seq_lens"], sinks, window_left, 0.25)
+        with poisoned_workspaces():
+            got = mod.sink_attention_decode(q, kc, vc, *common, slot_map=slot_map, config=cfg,
+                                            rope=mod.RopeKV(k, v, cos_sin, loc))
+        kc2, vc2 = case["k_buffer"].clone(), case["v_buffer"].clone()
+        with poisoned_workspaces():
+            q2 = rope_store_kv(q, k, v, cos_sin, kc2, vc2, loc)
+            unfused = mod.sink_attention_decode(q2, kc2, vc2, *common, slot_map=slot_map, config=cfg)
+        tag = f"rope {dtype_name} {label} {cfg}"
+        for name, have, want in (("k cache", kc, kc_ref), ("v cache", vc, vc_ref), ("k cache (unfused)", kc2, kc_ref)):
+            torch.testing.assert_close(have, want, rtol=0, atol=0, equal_nan=True, msg=f"{tag}: {name}")
+        assert torch.equal(got, unfused), f"{tag}: fused output differs from rope_store_kv + decode"
+        ref_case = dict(case, q=q_roped, k_buffer=kc_ref, v_buffer=vc_ref)
+        worst = max(worst, _check(got, ref_case, sinks, window_left, 0.25, dtype_name, tag, slot_map=slot_map,
+                                  with_loop=with_loop))
+    return {"dtype": dtype_name, "rope_cases": len(cases), "max_abs_err": worst}
+
+
 # --- the backend's Triton path against its torch path -----------------------------------------------------
 
 
@@ -777,8 +856,9 @@ def backend_parity() -> dict:
         sinks = torch.randn(num_heads) * 2
         worst = 0.0
 
-        def both(kind, q, k, v, layer, fb):
+        def both(kind, q, k, v, layer, fb, rope_cos_sin=None):
             nonlocal worst
+            rope_kw = {} if rope_cos_sin is None else {"rope_cos_sin": rope_cos_sin}
             outs = {}
             for path, backend in backends.items():
                 if path == "triton_graph_hooks":
@@ -789,7 +869,7 @@ def backend_parity() -> dict:
                 else:
                     backend.init_forward_metadata(fb)
                 fwd = backend.forward_decode if kind == "decode" else backend.forward_extend
-                outs[path] = fwd(q, k, v, layer, fb, sinks=sinks).float()
+                outs[path] = fwd(q, k, v, layer, fb, sinks=sinks, **rope_kw).float()
             err = max((outs[p] - outs["torch"]).abs().max().item() for p in outs if p != "torch")
             tol = TOL["float32" if dtype == torch.float32 else "bfloat16"]
             if not err <= tol * max(1.0, outs["torch"].abs().max().item()):
@@ -816,6 +896,14 @@ def backend_parity() -> dict:
             both("decode", torch.randn(len(rpis), num_heads * head_dim).to(dtype),
                  torch.stack([keys[r][n] for r, n in zip(rpis, seq_lens)]),
                  torch.stack([values[r][n] for r, n in zip(rpis, seq_lens)]), layer, fb)
+            # The same step with q and k unrotated and their RoPE rows (gpt-oss's call): the Triton path
+            # rotates and writes in the decode launcher (in the one-shot kernel where it runs: here the
+            # sliding layer), the torch path with apply_rope + set_kv_buffer.
+            ang = torch.rand(len(rpis), head_dim // 2) * 6.0
+            both("decode", torch.randn(len(rpis), num_heads * head_dim).to(dtype),
+                 torch.randn(len(rpis), num_kv_heads, head_dim).to(dtype),
+                 torch.randn(len(rpis), num_kv_heads, head_dim).to(dtype), layer, fb,
+                 rope_cos_sin=torch.cat([ang.cos(), ang.sin()], dim=1))
         results.append({"swa_pool": swa_pool, "dtype": str(dtype), "max_abs_err": worst})
     return {"backend_parity": results}
 
@@ -846,6 +934,13 @@ def test_oneshot_decode_matches_reference_interpreted():
     results, _ = _run_interpreted(["--oneshot", "float32,float16,bfloat16"], timeout=600)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     assert results[0]["oneshot_cases"] == 10
+
+
+def test_oneshot_decode_with_rope_matches_unfused_interpreted():
+    """RoPE + KV write inside the one-shot decode launch: the same bits as rope_store_kv + the decode."""
+    results, _ = _run_interpreted(["--rope", "float32,float16,bfloat16"], timeout=600)
+    assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
+    assert results[0]["rope_cases"] == 11
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
@@ -1021,6 +1116,7 @@ def test_kernels_compiled_full_shapes_and_graph():
     for name in ("float32", "bfloat16"):
         sweep(name, device="cuda")
         oneshot_sweep(name, device="cuda")
+        rope_sweep(name, device="cuda")
     res = gpu_full_shapes()
     assert all(err <= TOL["bfloat16"] * 8 for err in res.values()), res
 
@@ -1032,7 +1128,14 @@ if __name__ == "__main__":
     # python tests/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
     # python tests/test_kernel_sink_attention.py --gpu-full         (full shapes + graph only)
     argv = sys.argv[1:]
-    if "--backend" in argv:
+    if "--rope" in argv:
+        dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        for name in argv[argv.index("--rope") + 1].split(","):
+            t0 = time.time()
+            res = rope_sweep(name, device=dev)
+            res["seconds"] = round(time.time() - t0, 1)
+            print(json.dumps(res), flush=True)
+    elif "--backend" in argv:
         print(json.dumps(backend_parity()), flush=True)
     elif "--oneshot" in argv:
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
@@ -1047,6 +1150,7 @@ if __name__ == "__main__":
         for name in ("float32", "bfloat16"):
             print(json.dumps(sweep(name, device="cuda")), flush=True)
             print(json.dumps(oneshot_sweep(name, device="cuda")), flush=True)
+            print(json.dumps(rope_sweep(name, device="cuda")), flush=True)
         print(json.dumps({"full_shapes": gpu_full_shapes()}), flush=True)
     else:
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"

@@ -75,8 +75,13 @@ def paged_sink_attention(
     sinks: torch.Tensor | None,
     window_left: int,
     scale: float,
+    rope=None,
 ) -> torch.Tensor:
     """Attention of flattened query rows over SGLang's paged KV layout, [T, Hq, D].
+
+    ``rope`` (kernels/sink_attention.py's RopeKV: this forward's unrotated k / v rows, their cos_sin rows
+    and cache slots): q is unrotated and k / v are rotated and written to the cache first (at decode the
+    one-shot kernel does that in its own launch); without it, q is rotated and the cache already written.
 
     Request b owns rows q_start[b] .. q_start[b]+q_len[b]-1, at the last q_len[b] of its
     seq_lens[b] positions; position p of request b lives in slot req_to_token[req_pool_indices[b], p]
@@ -90,7 +95,11 @@ def paged_sink_attention(
         from sglang_ext.kernels.sink_attention import paged_attention
 
         return paged_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
-                               sinks, window_left, scale)
+                               sinks, window_left, scale, rope=rope)
+    if rope is not None:
+        from sglang_ext.kernels.rope_kv import rope_store_kv_ref
+
+        q = rope_store_kv_ref(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
     out = torch.empty_like(q)
     for b, (rpi, seq_len, start, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(),
                                                        q_start.tolist(), q_len.tolist())):
