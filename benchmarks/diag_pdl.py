@@ -174,7 +174,8 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
     return row
 
 
-def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
+def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, check: int,
+                    picks: tuple = ()) -> dict:
     """PDL on, the same model and inputs captured twice: RoPE + KV write as its own launch (rope_store_kv)
     vs inside the one-shot decode attention's launch (kernels/sink_attention.py, RopeKV); paired rounds,
     the fused graph's logits against the unfused graph's on `check` replays, and (batch 1) the fused
@@ -210,11 +211,41 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
            "bit_mismatches": mismatches}
     if batch == 1:
         row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
+    # Other one-shot picks for the batch-1 full layers (fused), paired against the unfused graph.
+    from sglang_ext.kernels import sink_attention as sa
+
+    row["picks"] = []
+    table = dict(sa.ONESHOT_PICKS)
+    for label, pick in picks if batch == 1 else ():
+        holder = {}
+        sa.ONESHOT_PICKS[(1, "<=8k")] = pick
+        set_pdl(True)
+        try:
+            g = bc.capture_graph(lambda: holder.__setitem__("out", model.forward(**inputs)))
+        finally:
+            set_pdl(None)
+            sa.ONESHOT_PICKS.clear()
+            sa.ONESHOT_PICKS.update(table)
+        base, var, d, (v1, v3) = paired(graphs[False], g, rounds)
+        g.replay()
+        torch.cuda.synchronize()
+        row["picks"].append({"pick": label, "unfused_us": base * 1e6, "fused_us": var * 1e6, "diff_us": d * 1e6,
+                             "iqr_us": [v1 * 1e6, v3 * 1e6],
+                             "logits_equal": bool(torch.equal(holder["out"], reference))})
+        print(row["picks"][-1], flush=True)
+        del g
     graphs.clear()
     outs.clear()
     model = None
     torch.cuda.empty_cache()
     return row
+
+
+# --rope-fusion-ab's other picks for the batch-1 full layers at <= 8k (the table's is c128 V late)
+ROPE_PICKS = (("c128 v_late r128", dict(chunk=128, v_late=True, max_regs=128)),
+              ("c128 r128", dict(chunk=128, max_regs=128)),
+              ("c64", dict(chunk=64)),
+              ("c64 v_late", dict(chunk=64, v_late=True)))
 
 
 def rope_fusion_markdown(meta: dict, rows: list) -> str:
@@ -232,6 +263,15 @@ def rope_fusion_markdown(meta: dict, rows: list) -> str:
                           ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None), ("diff %", "diff_pct", "{:+.2f}"),
                           ("tok/s unfused", "tok_s_unfused", "{:.0f}"), ("tok/s fused", "tok_s_fused", "{:.0f}"),
                           ("bits", "bits", None)]), ""]
+    pk = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
+          for r in rows for v in r.get("picks", [])]
+    if pk:
+        lines += ["## Other one-shot picks for the full layers (batch 1), fused, against the unfused graph", "",
+                  "rN: register cap (ptxas maxnreg). Logits equal: against the unfused graph's.", "",
+                  bc.md_table(pk, [("model", "model", None), ("batch", "batch", None), ("pick", "pick", None),
+                                   ("unfused us", "unfused_us", "{:.1f}"), ("fused us", "fused_us", "{:.1f}"),
+                                   ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None),
+                                   ("logits equal", "logits_equal", None)]), ""]
     for r in rows:
         cp = r.get("critical_path")
         if cp:
@@ -312,7 +352,10 @@ def main():
     if args.rope_fusion_ab:
         for m in args.models.split(","):
             for b in (int(x) for x in args.batches.split(",")):
-                rows.append(rope_fusion_row(m, b, args.context, args.rounds, args.check))
+                from sglang_ext.kernels.sink_attention import OneshotPick
+
+                picks = tuple((label, OneshotPick(**kw)) for label, kw in ROPE_PICKS)
+                rows.append(rope_fusion_row(m, b, args.context, args.rounds, args.check, picks))
                 print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
         bc.write_results(args.out, "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))

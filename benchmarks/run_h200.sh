@@ -44,6 +44,11 @@
 #   bash benchmarks/run_h200.sh final9    # (one GPU) dense M <= 1024 row: gpu tests + GEMM table; TP1 prefill; sink table
 #   bash benchmarks/run_h200.sh rope10    # (one GPU) RoPE + KV write in the one-shot decode attention: its gpu
 #                                         # tests (sink, rope_kv, PDL bits), the fused vs unfused step A/B
+#   bash benchmarks/run_h200.sh dec10     # (one GPU) the sink gpu tests; decode attention fused / unfused / variants
+#                                         # with compiled resources, and its ncu; MoE gpu tests + TP1 decode rows
+#   bash benchmarks/run_h200.sh dec10b    # (one GPU) sink + rope_kv gpu tests (explicit-FMA RoPE); decode attention
+#                                         # variants (register cap, V late with RoPE); in-step picks; MoE gpu tests
+#                                         # and the 120b batch-32 profile (the routing launch's pair-comparison sort)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -416,6 +421,29 @@ rope10)  # one GPU: RoPE + KV write inside the one-shot decode attention (kernel
         tests/test_kernel_rope_kv.py
     step diag_rope_fusion 300 python benchmarks/diag_pdl.py --rope-fusion-ab --models 120b,20b --batches 1,4 \
         --rounds 40 --check 30 --out "$R"
+    ;;
+dec10)  # one GPU: where the batch-1 decode attention's time goes (fused RoPE or not, one-shot variants, ncu),
+       # then the MoE gpu tests and the TP1 decode rows (the routing launch's pair-comparison sort at 17..128 tokens)
+    step gpu_test_sink_attention 150 python tests/test_kernel_sink_attention.py --gpu
+    step diag_sink_decode 120 python benchmarks/diag_sink_decode.py --out "$R"
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+    step ncu_sink_decode 60 "$NCU" --clock-control none --profile-from-start off \
+        --kernel-name regex:"_sink_decode|_rope_kv" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
+        python benchmarks/diag_sink_decode.py --ncu
+    step gpu_test_moe_fused_sort 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    step bench_decode_tp1 150 python benchmarks/bench_decode.py --models 120b,20b --batches 1,32 \
+        --contexts 8192 --configs 1:1:1 --out "$R" --stem bench_decode_tp1
+    ;;
+dec10b)  # one GPU: dec10's findings (the fused one-shot kernel at 242 registers, two programs an SM) followed up
+    step gpu_test_sink_attention 150 python tests/test_kernel_sink_attention.py --gpu
+    step gpu_test_rope_kv 60 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_rope_kv.py
+    step diag_sink_decode 60 python benchmarks/diag_sink_decode.py --contexts 8192 --batches 1 --out "$R"
+    step diag_rope_fusion 120 python benchmarks/diag_pdl.py --rope-fusion-ab --models 120b,20b --batches 1 \
+        --rounds 40 --check 30 --out "$R"
+    step gpu_test_moe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    step bench_decode_120b_b32 80 python benchmarks/bench_decode.py --models 120b --batches 32 --contexts 8192 \
+        --configs 1:1:1 --no-probe --profile --out "$R" --stem bench_decode_120b_b32
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

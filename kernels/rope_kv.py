@@ -7,8 +7,9 @@ reads q, k, v once from the GEMM output (any row stride), writes roped q for att
 roped k and v straight into their cache slots.
 
 RoPE is gpt-oss's (`sglang_ext.layers.rope.apply_rope`): halves, not interleaved pairs;
-cos_sin rows hold cos in the first half and sin in the second (fp32); maths in fp32, one
-rounding to the output dtype.
+cos_sin rows hold cos in the first half and sin in the second (fp32); maths in fp32 with one
+explicit FMA per element (`rope_first_half` / `rope_second_half`, shared with the one-shot decode
+attention, which can do this work in its own launch), one rounding to the output dtype.
 """
 
 from __future__ import annotations
@@ -22,13 +23,26 @@ from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
 @triton.jit
+def rope_first_half(x1, x2, cos, sin):
+    """x1 cos - x2 sin with one explicit FMA: every kernel that rotates (this one, the one-shot decode
+    attention's RopeKV path) gets the same bits, whatever FMA contraction its compiler would pick."""
+    return tl.fma(x1, cos, -(x2 * sin))
+
+
+@triton.jit
+def rope_second_half(x2, x1, cos, sin):
+    """x2 cos + x1 sin, as rope_first_half."""
+    return tl.fma(x2, cos, x1 * sin)
+
+
+@triton.jit
 def _rope_heads(SRC, DST, mask, cos, sin, HALF: tl.constexpr, ROUND_BF16: tl.constexpr):
     """DST = RoPE(SRC) for a [heads, 2 * HALF] tile of row pointers (first halves), fp32 maths,
     one rounding to DST's dtype."""
     x1 = tl.load(SRC, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(SRC + HALF, mask=mask, other=0.0).to(tl.float32)
-    a = x1 * cos[None, :] - x2 * sin[None, :]
-    b = x2 * cos[None, :] + x1 * sin[None, :]
+    a = rope_first_half(x1, x2, cos[None, :], sin[None, :])
+    b = rope_second_half(x2, x1, cos[None, :], sin[None, :])
     if ROUND_BF16:
         a, b = _round_to_bf16_grid(a), _round_to_bf16_grid(b)
     tl.store(DST, a.to(DST.dtype.element_ty), mask=mask)

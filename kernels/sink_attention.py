@@ -58,7 +58,7 @@ import triton.language as tl
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.fp8_gemm import _round_to_bf16_grid
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.kernels.rope_kv import check_rope_kv, rope_store_kv
+from sglang_ext.kernels.rope_kv import check_rope_kv, rope_first_half, rope_second_half, rope_store_kv
 
 LOG2E = 1.4426950408889634  # the kernels work in log2 units: exp2 is one instruction
 MAX_SPLITS = 256
@@ -600,10 +600,11 @@ def _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, kv_head_off_k,
 
 
 @triton.jit
-def _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2,
-                  V_LATE: tl.constexpr, DOTS_16BIT: tl.constexpr):
+def _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, is_new, v_new,
+                  V_LATE: tl.constexpr, DOTS_16BIT: tl.constexpr, ROPE: tl.constexpr):
     """One chunk's keys (K tile k [CHUNK, D], V tile v, or with V_LATE v_ptr: V loaded here, after the
-    scores) folded into (acc, m_i, l_i); keys with key_ok False score -inf.
+    scores) folded into (acc, m_i, l_i); keys with key_ok False score -inf. With ROPE and V_LATE the row
+    is_new (this step's key) takes v_new instead of the cache's.
 
     K enters through a select. The compiler places the conversion that feeds a dot operand right after the
     load that produced it, and that conversion waits for the data: fed straight from its load, K's would
@@ -620,7 +621,11 @@ def _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2,
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if V_LATE:
-        v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
+        if ROPE:
+            v = tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0)
+            v = tl.where(is_new[:, None], v_new[None, :], v)
+        else:
+            v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
     if DOTS_16BIT:
         p_hi = p.to(v.dtype)
         pv = tl.dot(p_hi, v) + tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v)
@@ -640,14 +645,14 @@ def _rope_cos_sin(CS_ROW, offs_d, D: tl.constexpr):
 @triton.jit
 def _rope_rows(ROW_PTRS, offs_d, mask, cos, sin, D: tl.constexpr, ROUND_BF16: tl.constexpr):
     """RoPE of rows [.., D] at ROW_PTRS (+ offs_d) in fp32, each element with its rotation partner
-    (d +- D / 2) loaded beside it: the first half x1 cos - x2 sin, the second x2 cos + x1 sin, the
-    expressions of kernels/rope_kv.py's _rope_heads (same roundings), returned in fp32 (ROUND_BF16: on
+    (d +- D / 2) loaded beside it: the first half x1 cos - x2 sin, the second x2 cos + x1 sin, by
+    kernels/rope_kv.py's own helpers (the same FMAs, so the same bits), returned in fp32 (ROUND_BF16: on
     the bf16 grid, for the interpreter)."""
     first = offs_d < D // 2
     partner = tl.where(first, offs_d + D // 2, offs_d - D // 2)
     x = tl.load(ROW_PTRS + offs_d, mask=mask, other=0.0).to(tl.float32)
     p = tl.load(ROW_PTRS + partner, mask=mask, other=0.0).to(tl.float32)
-    r = tl.where(first, x * cos - p * sin, x * cos + p * sin)
+    r = tl.where(first, rope_first_half(x, p, cos, sin), rope_second_half(x, p, cos, sin))
     if ROUND_BF16:
         r = _round_to_bf16_grid(r)
     return r
@@ -689,7 +694,8 @@ def _sink_decode_oneshot_kernel(
     bits), the last used split stores k and v at LOC[b] (what rope_kv would have written), and the newest
     key enters the chunk from registers instead of the cache. Every other key was written by earlier
     steps, so under PDL its K/V loads are issued before the wait (kernels/pdl.py, rule 1): they overlap
-    the qkv GEMM instead of following it. V_LATE does not apply (V is one of those early loads)."""
+    the qkv GEMM instead of following it (with V_LATE only K's: V's load follows the scores, as without
+    ROPE, and takes the new v for the newest key)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -709,7 +715,8 @@ def _sink_decode_oneshot_kernel(
                                              D, CHUNK, HAS_SLOT_MAP)
         is_new = (k_lo + tl.arange(0, CHUNK)) == newest
         k = tl.load(k_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0)
-        v = tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0)
+        if not V_LATE:
+            v = tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0)
         cos, sin = _rope_cos_sin(COS_SIN + b * stride_cs, offs_d, D)
         pdl_wait_then_release(USE_PDL)
     elif USE_PDL:
@@ -738,7 +745,10 @@ def _sink_decode_oneshot_kernel(
             tl.store(K + slot_new * stride_kn + koff + offs_d, k_new)
             tl.store(V + slot_new * stride_vn + voff + offs_d, v_new)
         k = tl.where(is_new[:, None], k_new[None, :], k)
-        v = tl.where(is_new[:, None], v_new[None, :], v)
+        if V_LATE:
+            v = k  # not read: _oneshot_fold loads V (and takes v_new for the newest key)
+        else:
+            v = tl.where(is_new[:, None], v_new[None, :], v)
     else:
         if not USE_PDL:
             k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, k_lo,
@@ -752,6 +762,8 @@ def _sink_decode_oneshot_kernel(
             v = k  # not read: _oneshot_fold loads V
         else:
             v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
+        is_new = key_ok  # ROPE's arguments of _oneshot_fold, unused without it
+        v_new = offs_d
     if HAS_SINKS:
         sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
     q = tl.where(head_ok[:, None], q, 0.0)
@@ -764,7 +776,8 @@ def _sink_decode_oneshot_kernel(
         m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
-    acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, V_LATE, DOTS_16BIT)
+    acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, is_new, v_new, V_LATE,
+                                  DOTS_16BIT, ROPE)
     # Only when the request has more than num_splits * CHUNK keys: the split's further chunks.
     for start in range(k_lo + CHUNK, k_hi, CHUNK):
         k_ptr, v_ptr, key_ok = _oneshot_ptrs(tok_base, SLOT_MAP, K, V, stride_kn, stride_vn, koff, voff, start,
@@ -772,14 +785,19 @@ def _sink_decode_oneshot_kernel(
         if ROPE:
             is_new = (start + tl.arange(0, CHUNK)) == newest
             k = tl.where(is_new[:, None], k_new[None, :], tl.load(k_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0))
-            v = tl.where(is_new[:, None], v_new[None, :], tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0))
+            if V_LATE:
+                v = k
+            else:
+                v = tl.where(is_new[:, None], v_new[None, :],
+                             tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0))
         else:
             k = tl.load(k_ptr, mask=key_ok[:, None], other=0.0)
             if V_LATE:
                 v = k
             else:
                 v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
-        acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, V_LATE, DOTS_16BIT)
+        acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, is_new, v_new, V_LATE,
+                                      DOTS_16BIT, ROPE)
     has_keys = l_i > 0  # False only for a zero-length CUDA-graph padding row without sinks
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     o_ptr = OUT + b * stride_ot + q_head[:, None] * stride_oh + offs_d[None, :]
@@ -973,6 +991,9 @@ class DecodeConfig:
     # read). v_late: V's load is issued after the scores instead of with K.
     oneshot: bool = False
     v_late: bool = False
+    # One-shot only: a register cap per thread (ptxas maxnreg; 0: none), so that more programs fit an SM
+    # (65536 registers: 4 programs of 4 warps need <= 128 each, and the batch-1 8k grid is 512 programs).
+    max_regs: int = 0
 
 
 SHORT_KEYS = 256  # at most this many keys (a gpt-oss sliding layer: 128): one pass, no split
@@ -986,6 +1007,7 @@ class OneshotPick(NamedTuple):
     v_late: bool = False
     num_warps: int = 4
     max_splits: int = MAX_SPLITS
+    max_regs: int = 0
 
 
 ONESHOT_MAX_BATCH = 4
@@ -1003,7 +1025,13 @@ ONESHOT_MAX_BATCH = 4
 # with max context 131072 it was 1.05x at 8k but slower at 32k, so ">8k" keeps the split loop. Its
 # programs still wait three memory latencies in a row (length -> slot ids -> K/V), which the merge
 # launch adds to: the read floor of 16.8 MB is 5.6 us (diag_floor.md).
-ONESHOT_PICKS: dict = {(1, "<=8k"): OneshotPick(chunk=128, v_late=True),
+#
+# Session 10 (benchmarks/results/diag_sink_decode.md, ncu in logs/h200_session10_ncu_sink_decode.log): at 135
+# registers that pick ran 3 programs an SM, so its 512 programs took two waves (1.29 waves a launch); with
+# RoPE + the KV write in the launch (RopeKV) it held 192-242. Capped at 128 (4 spills) the 8k grid fits one
+# wave: fused 11.6 us vs 14.7 uncapped (unfused chain 15.1); in the whole step, paired graphs, 120b batch 1
+# -78 us against the unfused step, 20b -49, logits bit-equal (diag_rope_fusion.md; uncapped -30 / -26).
+ONESHOT_PICKS: dict = {(1, "<=8k"): OneshotPick(chunk=128, v_late=True, max_regs=128),
                        **{(b, "short"): OneshotPick(chunk=128) for b in (1, 2, 4)}}
 
 
@@ -1012,7 +1040,8 @@ def _keys_kind(keys: int) -> str:
 
 
 def oneshot_config(batch: int, num_kv_heads: int, window_left: int, max_context: int, chunk: int = 128,
-                   v_late: bool = False, num_warps: int = 4, max_splits: int = MAX_SPLITS) -> DecodeConfig:
+                   v_late: bool = False, num_warps: int = 4, max_splits: int = MAX_SPLITS,
+                   max_regs: int = 0) -> DecodeConfig:
     """The one-shot decode from host-known values only (CUDA-graph safe): one split per ``chunk`` keys
     that a request may have (max_context, or the window's keys), at most ``max_splits``; a request longer
     than max_splits * chunk keys folds several chunks per split. ``batch`` and ``num_kv_heads`` do not
@@ -1023,7 +1052,7 @@ def oneshot_config(batch: int, num_kv_heads: int, window_left: int, max_context:
     keys = max_context if window_left < 0 else min(max_context, window_left + 1)
     splits = max(1, min(max_splits, triton.cdiv(keys, chunk)))
     return DecodeConfig(num_splits=splits, block_n=chunk, min_split_blocks=1, num_warps=num_warps, num_stages=1,
-                        fused_merge=False, prefetch=False, oneshot=True, v_late=v_late)
+                        fused_merge=False, prefetch=False, oneshot=True, v_late=v_late, max_regs=max_regs)
 
 
 def _old_config(splits: int) -> DecodeConfig:
@@ -1230,11 +1259,11 @@ def sink_attention_decode(
             for name, x in (("rope.k", rope.k), ("rope.v", rope.v), ("rope.cos_sin", rope.cos_sin)):
                 if x.stride(-1) != 1:
                     raise ValueError(f"sink_attention_decode: {name} must be contiguous in its last dim")
-            # V is loaded with the early K loads (the one-shot ROPE path has no late V)
-            config = replace(config, v_late=False)
     if config.num_splits < 1 or config.min_split_blocks < 1 or config.merge_heads < 0 or config.merge_splits < 0:
         raise ValueError(f"sink_attention_decode: num_splits and min_split_blocks must be >= 1, the merge tile "
                          f">= 0, got {config}")
+    if config.max_regs < 0:
+        raise ValueError(f"sink_attention_decode: max_regs must be >= 0 (0: no cap), got {config.max_regs}")
     if config.oneshot and (config.block_n < 16 or config.block_n & (config.block_n - 1)):
         raise ValueError(f"sink_attention_decode: the one-shot chunk (block_n) must be a power of two >= 16, "
                          f"got {config.block_n}")
@@ -1269,8 +1298,9 @@ def sink_attention_decode(
             V_LATE=config.v_late, HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
             DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype), ROPE=rope is not None,
             ROUND_BF16=rope is not None and _interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype),
-            num_warps=config.num_warps,
-            num_stages=config.num_stages, **pdl_launch_kwargs(q.device, batch),
+            num_warps=config.num_warps, num_stages=config.num_stages,
+            **({"maxnreg": config.max_regs} if config.max_regs and not _interpreted() else {}),
+            **pdl_launch_kwargs(q.device, batch),
         )
         if splits > 1:
             launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)
