@@ -10,8 +10,9 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
      quantised to e4m3 in 1x128 groups (mlp1's A operand, one group column per program), and
      the (token, slot) pairs sorted by local expert into BLOCK_M-padded segments, stable
      (token order kept), sized for the worst case from T alone, so nothing is read back to
-     the host (CUDA-graph safe). Up to 128 tokens it does all of it in one launch; with more
-     tokens the sort runs after it (`_count_kernel` per chunk of pairs, `_align_kernel`);
+     the host (CUDA-graph safe). Up to 128 tokens it does all of it in one launch (the sort by
+     comparing pairs with pairs, `_sort_pairs_compare`); with more tokens the sort runs after it
+     (`_count_kernel` per chunk of pairs, `_align_kernel`);
   1.+2. decode (T <= DECODE_FRONT_MAX_TOKENS = 16): `_decode_front_kernel` replaces both in one
      launch. 96 programs each multiply x by 1-4 router rows over a third of H (a 128-expert
      router's 737 KB in flight at once; cuBLAS ran 4 CTAs and a split-K reduce launch, ~6 us);
@@ -634,7 +635,7 @@ def _quantize_x_column(q, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T
     tl.store(XS + tokens * num_groups + g, scale, mask=token_ok)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_heads", "num_chunks", "max_blocks"])
+@triton.jit(do_not_specialize=["num_tokens", "num_heads", "max_blocks"])
 def _front_kernel(
     LOGITS,  # [T, E] router dtype (ROUTE)
     X,  # [T, H] (QUANT)
@@ -642,10 +643,10 @@ def _front_kernel(
     XS,  # [T, cdiv(H, 128)] fp32
     TOPK_W,  # [T, TOP_K] router dtype (written when ROUTE)
     TOPK_IDS,  # [T, TOP_K] int32 (written when ROUTE, read when ALIGN)
-    SORTED_PAIRS, BLOCK_EXPERT,  # the sort's outputs (ALIGN)
+    SORTED_PAIRS, BLOCK_EXPERT, SORT_SCRATCH,  # the sort's outputs and its P_PAD int32 (ALIGN)
     num_tokens, stride_logits, stride_x, num_experts, hidden, expert_offset, num_local,
     num_heads,  # programs 0..num_heads-1 route (and sort); the rest quantise x
-    num_chunks, max_blocks,  # the sort's, when ALIGN
+    max_blocks,  # the sort's, when ALIGN
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
     E_PAD: tl.constexpr,
@@ -656,20 +657,27 @@ def _front_kernel(
     ALIGN: tl.constexpr,  # num_heads == 1: the head program also sorts all pairs
     TORCH_CPU_SOFTMAX: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    CHUNK: tl.constexpr,
-    E_LOCAL_PAD: tl.constexpr,
+    P_PAD: tl.constexpr,  # the sort's: >= T * TOP_K
+    COLS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < num_heads:
         if ROUTE:
-            _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
-                        TOP_K, K_PAD, E_PAD, ROUTE_BLOCK_T, TORCH_CPU_SOFTMAX)
+            if ALIGN:
+                # the one head routes every token, a tile at a time: a [128, 128] tile of logits
+                # spilled (255 registers, sm_90a)
+                for tile in range(0, (num_tokens + ROUTE_BLOCK_T - 1) // ROUTE_BLOCK_T):
+                    _route_rows(tile, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
+                                TOP_K, K_PAD, E_PAD, ROUTE_BLOCK_T, TORCH_CPU_SOFTMAX)
+            else:
+                _route_rows(pid, LOGITS, TOPK_W, TOPK_IDS, num_tokens, stride_logits, num_experts,
+                            TOP_K, K_PAD, E_PAD, ROUTE_BLOCK_T, TORCH_CPU_SOFTMAX)
         if ALIGN:
             # the ids were just stored by other threads of this program: a CTA barrier makes
             # them visible (global memory, same block)
             tl.debug_barrier()
-            _align_body(0, TOPK_IDS, TOPK_IDS, SORTED_PAIRS, BLOCK_EXPERT, num_tokens * TOP_K, expert_offset,
-                        num_local, num_chunks, max_blocks, max_blocks, BLOCK_M, CHUNK, E_LOCAL_PAD, True)
+            _sort_pairs_compare(TOPK_IDS, SORT_SCRATCH, SORTED_PAIRS, BLOCK_EXPERT, num_tokens * TOP_K,
+                                expert_offset, num_local, max_blocks, BLOCK_M, P_PAD, COLS)
     else:
         if QUANT:
             _quantize_x_column(pid - num_heads, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T)
@@ -716,6 +724,65 @@ def _sort_few_pairs(top_i, tokens, num_tokens, expert_offset, num_local, max_blo
     slots = row0[:, None] + tl.arange(0, BLOCK_M)[None, :]
     padding = (slots - seg_start[:, None]) >= seg_count[:, None]
     tl.store(SORTED_PAIRS + slots, tl.zeros_like(slots) + num_pairs, mask=padding & (used & in_range)[:, None])
+
+
+@triton.jit
+def _local_ids(TOPK_IDS, pairs, num_pairs, expert_offset, num_local):
+    """Local expert of each pair, -1 for a foreign expert or a pair past the end."""
+    ok = pairs < num_pairs
+    local = tl.load(TOPK_IDS + pairs, mask=ok, other=0).to(tl.int32) - expert_offset
+    return tl.where(ok & (local >= 0) & (local < num_local), local, -1)
+
+
+@triton.jit
+def _sort_pairs_compare(TOPK_IDS, SCRATCH, SORTED_PAIRS, BLOCK_EXPERT, num_pairs, expert_offset, num_local,
+                        max_blocks, BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, COLS: tl.constexpr):
+    """`_align_body`'s layout for up to P_PAD pairs in one program, by comparing pairs with pairs as
+    `_sort_few_pairs` does, every pair a row of registers and the other pairs in [P_PAD, COLS] tiles:
+    the work grows with the pair count only. `_align_body`'s [pairs, E] one-hots and scan over the
+    pair axis cost 45 us at 32 tokens with 128 experts (255 registers and spills, sm_90a) against 5 at
+    32 experts. ``SCRATCH`` (P_PAD int32) carries each expert's padded size from its first pair to the
+    second pass; TOPK_IDS was stored by this program (the caller's barrier makes it visible)."""
+    pair = tl.arange(0, P_PAD)
+    local = _local_ids(TOPK_IDS, pair, num_pairs, expert_offset, num_local)
+    mine = local >= 0
+    offs_c = tl.arange(0, COLS)
+    rank = tl.zeros([P_PAD], tl.int32)  # earlier pairs of the same expert: stable, pair order
+    count = tl.zeros([P_PAD], tl.int32)  # pairs of the same expert
+    for c0 in range(0, num_pairs, COLS):
+        cols = c0 + offs_c
+        same = (local[:, None] == _local_ids(TOPK_IDS, cols, num_pairs, expert_offset, num_local)[None, :])
+        same = same & mine[:, None]
+        count += tl.sum(same.to(tl.int32), axis=1)
+        rank += tl.sum((same & (cols[None, :] < pair[:, None])).to(tl.int32), axis=1)
+    first = mine & (rank == 0)  # one pair stands for each expert's segment
+    padded = tl.where(first, (count + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    tl.store(SCRATCH + pair, padded)
+    tl.debug_barrier()  # every thread's sizes stored before any thread reads them
+    start = tl.zeros([P_PAD], tl.int32)  # segments of lower experts come first
+    for c0 in range(0, num_pairs, COLS):
+        cols = c0 + offs_c
+        lower = _local_ids(TOPK_IDS, cols, num_pairs, expert_offset, num_local)[None, :] < local[:, None]
+        start += tl.sum(tl.where(lower, tl.load(SCRATCH + cols)[None, :], 0), axis=1)
+    tl.store(SORTED_PAIRS + start + rank, pair, mask=mine)
+    # Block b belongs to the segment that holds its first row; its slots past that segment's
+    # pairs are padding (disjoint from the slots above).
+    used_blocks = tl.sum(padded, axis=0) // BLOCK_M
+    BLOCKS: tl.constexpr = COLS
+    offs_m = tl.arange(0, BLOCK_M)
+    for b0 in range(0, max_blocks, BLOCKS):
+        blocks = b0 + tl.arange(0, BLOCKS)
+        row0 = blocks * BLOCK_M
+        own = first[None, :] & (start[None, :] <= row0[:, None]) & (row0[:, None] < (start + padded)[None, :])
+        expert = tl.sum(tl.where(own, local[None, :], 0), axis=1)
+        seg_start = tl.sum(tl.where(own, start[None, :], 0), axis=1)
+        seg_count = tl.sum(tl.where(own, count[None, :], 0), axis=1)
+        used = blocks < used_blocks
+        in_range = blocks < max_blocks
+        tl.store(BLOCK_EXPERT + blocks, tl.where(used, expert, -1), mask=in_range)
+        slots = row0[:, None] + offs_m[None, :]
+        padding = (slots - seg_start[:, None]) >= seg_count[:, None]
+        tl.store(SORTED_PAIRS + slots, tl.zeros_like(slots) + num_pairs, mask=padding & (used & in_range)[:, None])
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_blocks"])
@@ -1541,6 +1608,9 @@ COMBINE_BLOCK_T = 4
 # pair inside the routing launch (decode: one launch instead of three).
 FUSED_SORT_MAX_TOKENS = 128
 SORT_MAX_SINGLE_CHUNKS = 4
+# The fused sort's pair-comparison tiles, [P_PAD, COLS]: 32 int32 a thread at 8 warps (64 took
+# 249 registers at 512 pairs, sm_90a).
+SORT_TILE_VALUES = 8192
 # Up to this many tokens `_decode_front_kernel` computes the router logits too (one launch for
 # router + routing + quantisation + sort, instead of cuBLAS's GEMM and split-K reduce and
 # `_front_kernel`). At 16 its last program's sort compares [64, 64] pairs and its router
@@ -1663,8 +1733,9 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         xs = torch.empty((t, _cdiv(hidden, QUANT_GROUP)), dtype=torch.float32, device=dev)
     num_pairs = t * top_k
     fused_sort = False
-    align = dict(BLOCK_M=16, CHUNK=16, E_LOCAL_PAD=1)
-    num_local = expert_offset = num_chunks = 0
+    align = dict(BLOCK_M=16, P_PAD=16, COLS=16)
+    num_local = expert_offset = 0
+    sort_scratch = None
     if sort is not None:
         num_local, expert_offset, block_m, chunk = sort
         max_blocks = _max_blocks(num_pairs, num_local, block_m)
@@ -1672,12 +1743,15 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
         num_chunks = _cdiv(num_pairs, _sort_chunk(num_pairs, chunk))
         fused_sort = t <= FUSED_SORT_MAX_TOKENS and num_chunks <= SORT_MAX_SINGLE_CHUNKS
-        if fused_sort:
-            align = dict(BLOCK_M=block_m, CHUNK=_sort_chunk(num_pairs, chunk), E_LOCAL_PAD=_experts_pad(num_local))
+    # one program routing everything takes 16 or 32 tokens a step, and sorts in pair tiles sized by
+    # a power of two of the pairs: one compile per bucket
+    route_block_t = (16 if t <= 16 else 32) if fused_sort else ROUTE_BLOCK_T
+    if fused_sort:
+        p_pad = _next_pow2(max(16, t)) * _next_pow2(top_k)
+        align = dict(BLOCK_M=block_m, P_PAD=p_pad, COLS=max(1, min(p_pad, SORT_TILE_VALUES // p_pad)))
+        sort_scratch = torch.empty(p_pad, dtype=torch.int32, device=dev)
     if t == 0:
         return weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks
-    # two routing tile heights when one program routes everything: one compile per bucket
-    route_block_t = (16 if t <= 16 else FUSED_SORT_MAX_TOKENS) if fused_sort else ROUTE_BLOCK_T
     heads = 1 if fused_sort else (_cdiv(t, route_block_t) if route else 0)
     quant_programs = _cdiv(t, QUANT_BLOCK_T) * _cdiv(hidden, QUANT_GROUP) if x is not None else 0
     dummy = ref
@@ -1686,8 +1760,9 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         xs if xs is not None else dummy, weights if weights is not None else dummy,
         ids if ids is not None else dummy,
         sorted_pairs if fused_sort else dummy, block_expert if fused_sort else dummy,
+        sort_scratch if fused_sort else dummy,
         t, stride_logits, x.stride(0) if x is not None else 0, num_experts, hidden, expert_offset, num_local,
-        heads, num_chunks, max_blocks,
+        heads, max_blocks,
         TOP_K=top_k, K_PAD=_next_pow2(top_k), E_PAD=e_pad, ROUTE_BLOCK_T=route_block_t,
         QUANT_BLOCK_T=QUANT_BLOCK_T, ROUTE=route, QUANT=x is not None, ALIGN=fused_sort,
         TORCH_CPU_SOFTMAX=dev.type == "cpu", **align, num_warps=8 if fused_sort else 4,
@@ -1800,6 +1875,16 @@ def route_and_quantize(logits: torch.Tensor | None, x: torch.Tensor | None, top_
     `quantize_activation_group128`. Pass None for the half not wanted."""
     weights, ids, xq, xs, *_ = _front(x, logits, None, top_k)
     return (weights, ids if logits is not None else None, xq, xs)
+
+
+def route_and_align(logits: torch.Tensor, x: torch.Tensor | None, top_k: int, num_local: int, expert_offset: int,
+                    block_m: int, chunk: int = 128) -> dict:
+    """The MoE front as `fused_moe_fp8` runs it above the decode front's batches: routing from
+    `logits`, x's e4m3 groups (x may be None) and the pair sort, in one launch up to
+    FUSED_SORT_MAX_TOKENS tokens (the sort fused), else two. A dict of tensors (tests, benchmarks)."""
+    front = _front(x, logits, None, top_k, (num_local, expert_offset, block_m, chunk))
+    names = ("topk_weights", "topk_ids", "x_fp8", "x_scale", "sorted_pairs", "block_expert", "max_blocks")
+    return dict(zip(names, front))
 
 
 def align_pairs(topk_ids: torch.Tensor, num_local: int, expert_offset: int, block_m: int, chunk: int = 128):

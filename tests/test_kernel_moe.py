@@ -394,6 +394,38 @@ def check_align(mod, device) -> dict:
     return {"align_cases": cases}
 
 
+def fused_sort_cases(device):
+    """(router experts, tokens, local experts, expert_offset, block_m): the routing launch's own sort
+    (17..128 tokens, up to 4 chunks of pairs) on gpt-oss's expert counts, EP subsets, ragged counts."""
+    cases = [(128, 17, 128, 0, 16), (128, 32, 128, 0, 16), (128, 100, 32, 64, 16), (32, 128, 32, 0, 64),
+             (128, 33, 128, 0, 32), (8, 64, 4, 4, 16)]
+    return cases if device == "cpu" else cases[:3]
+
+
+def check_fused_sort(mod, device) -> dict:
+    """route_and_align's fused sort (the routing program sorts every pair) vs the Python oracle, and
+    its routing vs torch's top-k + softmax on the same logits."""
+    g = torch.Generator().manual_seed(11)
+    for num_experts, num_tokens, num_local, offset, block_m in fused_sort_cases(device):
+        what = f"fused sort E={num_experts} T={num_tokens} local {offset}..{offset + num_local - 1} block {block_m}"
+        logits = torch.randn(num_tokens, num_experts, generator=g).to(torch.bfloat16).to(device)
+        if num_tokens >= 64:  # crowd a few experts: segments of several blocks
+            logits[: num_tokens // 2, :3] += 8
+        got = mod.route_and_align(logits, None, TOP_K, num_local, offset, block_m)
+        assert mod._front.__name__ and num_tokens <= mod.FUSED_SORT_MAX_TOKENS
+        want_w, want_ids = route_from_logits(logits, TOP_K)
+        top = torch.topk(logits.float(), TOP_K + 1, dim=-1).values
+        distinct = (top[:, :-1] != top[:, 1:]).all(dim=-1)
+        assert torch.equal(got["topk_ids"][distinct].long(), want_ids[distinct]), f"{what}: routing ids"
+        assert torch.equal(got["topk_weights"][distinct], want_w[distinct]), f"{what}: routing weights"
+        slots, experts = align_oracle(got["topk_ids"].cpu(), num_local, offset, block_m)
+        max_blocks = got["max_blocks"]
+        assert len(experts) <= max_blocks, what
+        assert got["block_expert"].cpu().tolist() == experts + [-1] * (max_blocks - len(experts)), what
+        assert got["sorted_pairs"][: block_m * len(experts)].cpu().tolist() == slots, what
+    return {"fused_sort_cases": len(fused_sort_cases(device))}
+
+
 def route_from_logits(logits, top_k):
     """`route`'s last two steps on given logits: top-k, then softmax over those k in their dtype."""
     top_values, top_ids = torch.topk(logits, top_k, dim=-1)
@@ -709,6 +741,7 @@ def sweep(device: str = "cpu") -> dict:
     result = {"device": device}
     result.update(check_routing(mod, device))
     result.update(check_align(mod, device))
+    result.update(check_fused_sort(mod, device))
     result.update(check_decode_front(mod, device))
     result.update(check_moe(mod, device))
     result["seconds"] = round(time.time() - t0, 1)
@@ -723,6 +756,7 @@ def test_kernels_interpreted():
     assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     results = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
     assert len(results) == 1 and results[0]["routing_cases"] == 3 and results[0]["align_cases"] == 7
+    assert results[0]["fused_sort_cases"] == len(fused_sort_cases("cpu"))
     assert results[0]["decode_front_cases"] == len(decode_front_cases(_kernel_module()))
     assert results[0]["decode_front_logit_flips"] <= 2, "fp32 sums one ulp off the exact logits too often"
     assert len(results[0]["moe"]) == len(moe_cases(_kernel_module()))
