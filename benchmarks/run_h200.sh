@@ -49,6 +49,8 @@
 #   bash benchmarks/run_h200.sh dec10b    # (one GPU) sink + rope_kv gpu tests (explicit-FMA RoPE); decode attention
 #                                         # variants (register cap, V late with RoPE); in-step picks; MoE gpu tests
 #                                         # and the 120b batch-32 profile (the routing launch's pair-comparison sort)
+#   bash benchmarks/run_h200.sh final10   # (one GPU) the RoPE sweep in bf16, full-shape sink tests, PDL bits; TP1
+#                                         # decode rows with session 10's kernels
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -444,6 +446,13 @@ dec10b)  # one GPU: dec10's findings (the fused one-shot kernel at 242 registers
     step gpu_test_moe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
     step bench_decode_120b_b32 80 python benchmarks/bench_decode.py --models 120b --batches 32 --contexts 8192 \
         --configs 1:1:1 --no-probe --profile --out "$R" --stem bench_decode_120b_b32
+    ;;
+final10)  # one GPU: session 10's last state (fused RoPE + capped batch-1 pick, the pair-comparison sort)
+    step gpu_test_rope_bf16 60 python tests/test_kernel_sink_attention.py --rope bfloat16 --device cuda
+    step gpu_test_pdl 70 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
+    step gpu_test_sink_full 100 python tests/test_kernel_sink_attention.py --gpu-full
+    step bench_decode_tp1 200 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
