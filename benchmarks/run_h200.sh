@@ -450,8 +450,8 @@ dec10b)  # one GPU: dec10's findings (the fused one-shot kernel at 242 registers
 final10)  # one GPU: session 10's last state (fused RoPE + capped batch-1 pick, the pair-comparison sort)
     step gpu_test_rope_bf16 60 python tests/test_kernel_sink_attention.py --rope bfloat16 --device cuda
     step gpu_test_pdl 70 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
-    step gpu_test_sink_full 100 python tests/test_kernel_sink_attention.py --gpu-full
-    step bench_decode_tp1 200 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
+    step gpu_test_sink_full 90 python tests/test_kernel_sink_attention.py --gpu-full
+    step bench_decode_tp1 180 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
