@@ -33,7 +33,10 @@ a CUDA graph:
   - one-shot decode (DecodeConfig.oneshot, for small batches): one program per (request, kv head, chunk
     of a fixed power-of-two number of keys), no key loop: its q, slot ids, K and V are each one load, all
     issued before any maths, so a program is three dependent trips to memory and the parallelism is in
-    the grid (max_context / chunk splits, capped). The merge kernel finishes, as above.
+    the grid (max_context / chunk splits, capped). The merge kernel finishes, as above. With ``rope``
+    (RopeKV: this step's unrotated k / v, their cos/sin rows and cache slots) it also does
+    kernels/rope_kv.py's work for the step's token, one launch fewer, and loads every earlier key's K
+    before its PDL wait; the split loop and extend call rope_store_kv first instead.
 
 Precision: scores, softmax and accumulators are fp32. fp32 inputs use IEEE fp32 dots. When q and K/V are
 both bf16 (or both fp16) the dots run on tensor cores: Q.K^T products are exact in the fp32 accumulator;
