@@ -6,8 +6,9 @@ write in its launch (kernels/sink_attention.py RopeKV), its compiled resources, 
 
 gpt-oss shapes (64 q / 8 kv heads, head_dim 64, bf16 KV, window 127 for sliding layers), random slots,
 req_to_token as wide as the context. Each row times a CUDA graph of back-to-back calls on distinct
-requests (more KV than L2 holds), PDL on where the launcher takes it: "unfused" is rope_store_kv then the
-decode (the chain before RopeKV), "fused" the decode with RopeKV, and "attention only" the decode on a
+requests (more KV than L2 holds for full layers; the sliding rows' 64 windows, 16.8 MB, stay in L2),
+PDL on where the launcher takes it: "unfused" is rope_store_kv then the decode (the chain before
+RopeKV), "fused" the decode with RopeKV, and "attention only" the decode on a
 cache that already holds the new key (no RoPE at all: the floor of the fused chain). Configs: the
 table's pick, then (batch 1, 8k, full layers) one-shot variants: chunk, warps, V after the scores, a
 register cap (rN: ptxas maxnreg).
@@ -110,6 +111,7 @@ def main():
     bc.import_project()
     from sglang_ext.kernels import sink_attention as sa
 
+    sa.set_rope_fusion(True)  # "fused" rows whatever SGLANG_EXT_ROPE_FUSION says
     g = torch.Generator(device="cuda").manual_seed(0)
     if args.ncu:
         case = build(8192, 1, -1, g)

@@ -406,13 +406,27 @@ def check_fused_sort(mod, device) -> dict:
     """route_and_align's fused sort (the routing program sorts every pair) vs the Python oracle, and
     its routing vs torch's top-k + softmax on the same logits."""
     g = torch.Generator().manual_seed(11)
+    real = mod._front_kernel
+
+    class Recording:  # the routing launches' ALIGN flag: the fused sort ran, not _align_kernel after it
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                aligns.append(kwargs["ALIGN"])
+                return real[grid](*args, **kwargs)
+            return launch
+
     for num_experts, num_tokens, num_local, offset, block_m in fused_sort_cases(device):
         what = f"fused sort E={num_experts} T={num_tokens} local {offset}..{offset + num_local - 1} block {block_m}"
         logits = torch.randn(num_tokens, num_experts, generator=g).to(torch.bfloat16).to(device)
         if num_tokens >= 64:  # crowd a few experts: segments of several blocks
             logits[: num_tokens // 2, :3] += 8
-        got = mod.route_and_align(logits, None, TOP_K, num_local, offset, block_m)
-        assert mod._front.__name__ and num_tokens <= mod.FUSED_SORT_MAX_TOKENS
+        aligns: list = []
+        mod._front_kernel = Recording()
+        try:
+            got = mod.route_and_align(logits, None, TOP_K, num_local, offset, block_m)
+        finally:
+            mod._front_kernel = real
+        assert aligns == [True], f"{what}: routing launches {aligns}, not one with the fused sort"
         want_w, want_ids = route_from_logits(logits, TOP_K)
         top = torch.topk(logits.float(), TOP_K + 1, dim=-1).values
         distinct = (top[:, :-1] != top[:, 1:]).all(dim=-1)

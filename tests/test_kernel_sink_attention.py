@@ -357,13 +357,15 @@ ROPE_FUSION_JSON = os.path.join(HERE, "..", "benchmarks", "results", "diag_rope_
 def test_batch1_pick_is_the_in_step_winner():
     """The batch-1 full-layer pick (<= 8k) is the one-shot variant that made the whole decode step fastest
     in the committed in-step A/B (benchmarks/diag_pdl.py --rope-fusion-ab, paired graphs, both models),
-    among those whose logits equal the unfused step's, and it beat the table's old pick there."""
+    among those whose logits equal the unfused step's, and it was faster than the unfused step there."""
     mod = _kernel_module()
     if not os.path.exists(ROPE_FUSION_JSON):
         pytest.skip("no in-step A/B results in this checkout")
     with open(ROPE_FUSION_JSON) as f:
         rows = json.load(f)["rows"]
-    labels = {"c128 v_late r128": mod.OneshotPick(chunk=128, v_late=True, max_regs=128),
+    labels = {"table": mod.ONESHOT_PICKS[(1, "<=8k")],
+              "c128 v_late": mod.OneshotPick(chunk=128, v_late=True),
+              "c128 v_late r128": mod.OneshotPick(chunk=128, v_late=True, max_regs=128),
               "c128 r128": mod.OneshotPick(chunk=128, max_regs=128), "c64": mod.OneshotPick(chunk=64),
               "c64 v_late": mod.OneshotPick(chunk=64, v_late=True)}
     for row in rows:
@@ -371,7 +373,7 @@ def test_batch1_pick_is_the_in_step_winner():
         exact = [p for p in row["picks"] if p["logits_equal"]]
         best = min(exact, key=lambda p: p["diff_us"])
         assert labels[best["pick"]] == mod.ONESHOT_PICKS[(1, "<=8k")], (row["model"], best)
-        assert best["diff_us"] < row["diff_us"], (row["model"], best, row["diff_us"])
+        assert best["iqr_us"][1] < 0, (row["model"], best)
 
 
 def test_oneshot_config_from_host_values():
@@ -797,6 +799,8 @@ def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
     with_loop = dtype_name == "float32" and device == "cpu"
     cases = [c for c in oneshot_cases(dtype_name)]
     cases.append(("b3 split loop", [16, 70, 129], -1, True, False, None, {}))
+    # the batch-1 pick's register cap (compiled only: the interpreter has no registers to cap)
+    cases.append(("b2 full c32 v_late capped registers", [1, 200], -1, True, False, (32, True), dict(max_regs=128)))
     worst = 0.0
     for i, (label, lengths, window_left, with_sinks, swa_map, oneshot, kw) in enumerate(cases):
         if lengths[0] == "paged":
@@ -890,7 +894,13 @@ def backend_parity() -> dict:
         def both(kind, q, k, v, layer, fb, rope_cos_sin=None):
             nonlocal worst
             rope_kw = {} if rope_cos_sin is None else {"rope_cos_sin": rope_cos_sin}
-            outs = {}
+            # With RoPE each backend writes this step's k / v itself (the Triton decode inside its launch):
+            # the slots are poisoned before each backend runs and compared after, so a write to the wrong
+            # slot (or none) shows even though the kernel attends to the new key from its registers.
+            kbuf, vbuf = pools.kv.get_key_buffer(layer.layer_id), pools.kv.get_value_buffer(layer.layer_id)
+            in_swa = swa_pool and pools.kv.layers_mapping[layer.layer_id][1]
+            slots = (pools.kv.translate_loc_from_full_to_swa(fb.out_cache_loc) if in_swa else fb.out_cache_loc).long()
+            outs, written = {}, {}
             for path, backend in backends.items():
                 if path == "triton_graph_hooks":
                     if kind != "decode":
@@ -899,10 +909,20 @@ def backend_parity() -> dict:
                     backend.init_forward_metadata_out_graph(fb)
                 else:
                     backend.init_forward_metadata(fb)
+                if rope_cos_sin is not None:
+                    kbuf[slots] = float("nan")
+                    vbuf[slots] = float("nan")
                 fwd = backend.forward_decode if kind == "decode" else backend.forward_extend
                 outs[path] = fwd(q, k, v, layer, fb, sinks=sinks, **rope_kw).float()
-            err = max((outs[p] - outs["torch"]).abs().max().item() for p in outs if p != "torch")
+                written[path] = (kbuf[slots].float().clone(), vbuf[slots].float().clone())
             tol = TOL["float32" if dtype == torch.float32 else "bfloat16"]
+            if rope_cos_sin is not None:
+                for path, (kw, vw) in written.items():
+                    for name, got, want in (("k", kw, written["torch"][0]), ("v", vw, written["torch"][1])):
+                        if not (torch.isfinite(got).all() and (got - want).abs().max().item() <= tol * 4):
+                            raise AssertionError(f"backend {path} swa={swa_pool} layer {layer.layer_id}: this "
+                                                 f"step's {name} not written to its slots as the torch path writes it")
+            err = max((outs[p] - outs["torch"]).abs().max().item() for p in outs if p != "torch")
             if not err <= tol * max(1.0, outs["torch"].abs().max().item()):
                 raise AssertionError(f"backend {kind} swa={swa_pool} {dtype} layer {layer.layer_id}: err {err}")
             worst = max(worst, err)
@@ -971,7 +991,7 @@ def test_oneshot_decode_with_rope_matches_unfused_interpreted():
     """RoPE + KV write inside the one-shot decode launch: the same bits as rope_store_kv + the decode."""
     results, _ = _run_interpreted(["--rope", "float32,float16,bfloat16"], timeout=600)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
-    assert results[0]["rope_cases"] == 11
+    assert results[0]["rope_cases"] == 12
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
