@@ -981,17 +981,17 @@ def test_kernels_match_reference_interpreted():
 
 
 def test_oneshot_decode_matches_reference_interpreted():
-    """The one-shot decode: fp32 (every case), fp16 (16-bit dots) and bf16 (upcast at load), one process."""
-    results, _ = _run_interpreted(["--oneshot", "float32,float16,bfloat16"], timeout=600)
-    assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
-    assert results[0]["oneshot_cases"] == 10
-
-
-def test_oneshot_decode_with_rope_matches_unfused_interpreted():
-    """RoPE + KV write inside the one-shot decode launch: the same bits as rope_store_kv + the decode."""
-    results, _ = _run_interpreted(["--rope", "float32,float16,bfloat16"], timeout=600)
-    assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
-    assert results[0]["rope_cases"] == 12
+    """The one-shot decode: fp32 (every case), fp16 (16-bit dots) and bf16 (upcast at load), one process;
+    in the same process, RoPE + the KV write inside its launch (RopeKV) against rope_store_kv + the decode,
+    fp32 and fp16 (bf16 with RoPE: the backend parity test here, and the GPU sweep)."""
+    results, _ = _run_interpreted(["--oneshot", "float32,float16,bfloat16", "--rope", "float32,float16"],
+                                  timeout=600)
+    oneshot = [r for r in results if "oneshot_cases" in r]
+    rope = [r for r in results if "rope_cases" in r]
+    assert [r["dtype"] for r in oneshot] == ["float32", "float16", "bfloat16"]
+    assert oneshot[0]["oneshot_cases"] == 10
+    assert [r["dtype"] for r in rope] == ["float32", "float16"]
+    assert rope[0]["rope_cases"] == 12
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
@@ -1174,27 +1174,21 @@ def test_kernels_compiled_full_shapes_and_graph():
 
 if __name__ == "__main__":
     # python tests/test_kernel_sink_attention.py --sweep DTYPE[,DTYPE...] [--device cuda]
-    # python tests/test_kernel_sink_attention.py --oneshot DTYPE[,DTYPE...] [--device cuda]
+    # python tests/test_kernel_sink_attention.py --oneshot DTYPE[,DTYPE...] [--rope DTYPE[,...]] [--device cuda]
     # python tests/test_kernel_sink_attention.py --backend          (interpreter: TRITON_INTERPRET=1)
     # python tests/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
     # python tests/test_kernel_sink_attention.py --gpu-full         (full shapes + graph only)
     argv = sys.argv[1:]
-    if "--rope" in argv:
+    if "--oneshot" in argv or "--rope" in argv:
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
-        for name in argv[argv.index("--rope") + 1].split(","):
-            t0 = time.time()
-            res = rope_sweep(name, device=dev)
-            res["seconds"] = round(time.time() - t0, 1)
-            print(json.dumps(res), flush=True)
+        for flag, run in (("--oneshot", oneshot_sweep), ("--rope", rope_sweep)):
+            for name in (argv[argv.index(flag) + 1].split(",") if flag in argv else ()):
+                t0 = time.time()
+                res = run(name, device=dev)
+                res["seconds"] = round(time.time() - t0, 1)
+                print(json.dumps(res), flush=True)
     elif "--backend" in argv:
         print(json.dumps(backend_parity()), flush=True)
-    elif "--oneshot" in argv:
-        dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
-        for name in argv[argv.index("--oneshot") + 1].split(","):
-            t0 = time.time()
-            res = oneshot_sweep(name, device=dev)
-            res["seconds"] = round(time.time() - t0, 1)
-            print(json.dumps(res), flush=True)
     elif "--gpu-full" in argv:
         print(json.dumps({"full_shapes": gpu_full_shapes()}), flush=True)
     elif "--gpu" in argv:
