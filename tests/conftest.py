@@ -27,7 +27,7 @@ FILE_SECONDS = {
     "test_probe_serving.py": 358,
     "test_served_parity.py": 310,
     "test_fp8.py": 211,
-    "test_kernel_sink_attention.py": 114,
+    "test_kernel_sink_attention.py": 198,
     "test_kernel_moe.py": 97,
     "test_probe_serving_bf16.py": 95,
     "test_kernel_fp8_gemm.py": 91,
