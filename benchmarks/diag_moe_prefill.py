@@ -78,23 +78,6 @@ def decode_tma_candidates(tokens: int) -> dict:
             "two_dot": replace(row, mlp1_one_dot=False, mlp1_passes=1, tma=False)}
 
 
-def compiled_info(kernel) -> dict:
-    """Registers, spills and shared memory of each compiled variant of a Triton kernel (best effort:
-    the cache layout differs between Triton versions)."""
-    out = []
-    try:
-        for caches in kernel.device_caches.values():
-            cache = caches[0] if isinstance(caches, tuple) else caches
-            for compiled in cache.values():
-                compiled._init_handles()
-                out.append({"regs": compiled.n_regs, "spills": compiled.n_spills,
-                            "shared_KB": round(compiled.metadata.shared / 1024, 1),
-                            "warps": compiled.metadata.num_warps})
-    except Exception as exc:  # noqa: BLE001
-        out.append({"error": f"{type(exc).__name__}: {exc}"[:200]})
-    return out
-
-
 def clear_caches():
     for k in (moe_kernels._mlp1_kernel, moe_kernels._mlp2_kernel):
         try:
@@ -116,8 +99,8 @@ def run_config(name, config, layer, x, ref_out, x_small, ceil):
         call()
         if x.is_cuda:
             torch.cuda.synchronize()
-        row["mlp1_compiled"] = compiled_info(moe_kernels._mlp1_kernel)
-        row["mlp2_compiled"] = compiled_info(moe_kernels._mlp2_kernel)
+        row["mlp1_compiled"] = bc.compiled_info(moe_kernels._mlp1_kernel)
+        row["mlp2_compiled"] = bc.compiled_info(moe_kernels._mlp2_kernel)
         t = bm.event_time(call, iters=20)
         if x.is_cuda:
             row["enqueue_us"] = bc.enqueue_time(call) * 1e6

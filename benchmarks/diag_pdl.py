@@ -109,20 +109,17 @@ def table_with_mlp2_per_pair(block_n: int, warps: int):
                  for t, c in moe.H200_HIDDEN_2880_CONFIGS)
 
 
-def step_row(model_name: str, batch: int, context: int, rounds: int, check: int, probe: bool,
-             mlp2_variants: tuple = ()) -> dict:
-    from model_step import MODELS, ModelStep, Sharding
-
-    from sglang_ext.kernels.pdl import set_pdl
-
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
-    inputs = model.decode_inputs(context)
-    outs = {}
-    graphs = {}
-    for pdl in (False, True):
-        set_pdl(pdl)
-        graphs[pdl] = bc.capture_graph(lambda pdl=pdl: outs.__setitem__(pdl, model.forward(**inputs)))
-    set_pdl(None)
+def capture_ab(model, inputs, switch, rounds: int, check: int):
+    """model.forward captured twice, with switch(False) then switch(True) applied at capture (switch(None)
+    after); the True graph's logits against the False graph's on `check` replays, then paired rounds.
+    Returns (graphs, outs, reference logits, mismatches, (median a, median b, diff, (q1, q3)))."""
+    outs, graphs = {}, {}
+    try:
+        for on in (False, True):
+            switch(on)
+            graphs[on] = bc.capture_graph(lambda on=on: outs.__setitem__(on, model.forward(**inputs)))
+    finally:
+        switch(None)
     graphs[False].replay()
     torch.cuda.synchronize()
     reference = outs[False].clone()
@@ -131,7 +128,18 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
         graphs[True].replay()
         torch.cuda.synchronize()
         mismatches += int(not torch.equal(outs[True], reference))
-    off, on, diff, (q1, q3) = paired(graphs[False], graphs[True], rounds)
+    return graphs, outs, reference, mismatches, paired(graphs[False], graphs[True], rounds)
+
+
+def step_row(model_name: str, batch: int, context: int, rounds: int, check: int, probe: bool,
+             mlp2_variants: tuple = ()) -> dict:
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels.pdl import set_pdl
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    graphs, outs, _, mismatches, (off, on, diff, (q1, q3)) = capture_ab(model, inputs, set_pdl, rounds, check)
     row = {"model": model_name, "batch": batch, "context": context, "plain_us": off * 1e6, "pdl_us": on * 1e6,
            "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
            "tok_s_plain": batch / off, "tok_s_pdl": batch / on, "bit_checks": check,
@@ -187,24 +195,13 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
 
     model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
     inputs = model.decode_inputs(context)
-    outs, graphs = {}, {}
-    set_pdl(True)
-    try:
-        for fused in (False, True):
-            set_rope_fusion(fused)
-            graphs[fused] = bc.capture_graph(lambda fused=fused: outs.__setitem__(fused, model.forward(**inputs)))
-    finally:
-        set_rope_fusion(None)
-        set_pdl(None)
-    graphs[False].replay()
-    torch.cuda.synchronize()
-    reference = outs[False].clone()
-    mismatches = 0
-    for _ in range(check):
-        graphs[True].replay()
-        torch.cuda.synchronize()
-        mismatches += int(not torch.equal(outs[True], reference))
-    off, on, diff, (q1, q3) = paired(graphs[False], graphs[True], rounds)
+
+    def fusion_with_pdl(on):
+        set_pdl(None if on is None else True)
+        set_rope_fusion(on)
+
+    graphs, outs, reference, mismatches, (off, on, diff, (q1, q3)) = capture_ab(
+        model, inputs, fusion_with_pdl, rounds, check)
     row = {"model": model_name, "batch": batch, "context": context, "unfused_us": off * 1e6, "fused_us": on * 1e6,
            "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
            "tok_s_unfused": batch / off, "tok_s_fused": batch / on, "bit_checks": check,
@@ -218,13 +215,11 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
     for label, pick in picks if batch == 1 else ():
         holder = {}
         sa.ONESHOT_PICKS[(1, "<=8k")] = pick
-        set_pdl(True)
-        set_rope_fusion(True)
+        fusion_with_pdl(True)
         try:
             g = bc.capture_graph(lambda: holder.__setitem__("out", model.forward(**inputs)))
         finally:
-            set_rope_fusion(None)
-            set_pdl(None)
+            fusion_with_pdl(None)
             sa.ONESHOT_PICKS.clear()
             sa.ONESHOT_PICKS.update(table)
         base, var, d, (v1, v3) = paired(graphs[False], g, rounds)
@@ -252,6 +247,37 @@ ROPE_PICKS = (("c128 v_late", dict(chunk=128, v_late=True)),
               ("c64 v_late", dict(chunk=64, v_late=True)))
 
 
+def ab_table(rows: list, a: tuple, b: tuple) -> str:
+    """The A/B rows' table: a / b = (column label, row key stem), e.g. ("plain", "plain") for plain_us
+    and tok_s_plain."""
+    return bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"]),
+                         "bits": f"{r['bit_checks'] - r['bit_mismatches']}/{r['bit_checks']} equal"} for r in rows],
+                       [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
+                        (f"{a[0]} us", f"{a[1]}_us", "{:.1f}"), (f"{b[0]} us", f"{b[1]}_us", "{:.1f}"),
+                        ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None), ("diff %", "diff_pct", "{:+.2f}"),
+                        (f"tok/s {a[0]}", f"tok_s_{a[1]}", "{:.0f}"), (f"tok/s {b[0]}", f"tok_s_{b[1]}", "{:.0f}"),
+                        ("bits", "bits", None)])
+
+
+def critical_path_sections(rows: list, step: str) -> list:
+    """Markdown lines: each row's critical path (critical_path's table), titled '<step> step'."""
+    lines = []
+    for r in rows:
+        cp = r.get("critical_path")
+        if cp:
+            total = sum(k["increment_us"] for k in cp)
+            lines += ["", f"## {r['model']} batch {r['batch']}: the {step} step's critical path (profiler, "
+                      f"{total:.0f} us of increments)", "",
+                      "Increment = a kernel's end minus the previous kernel's end (or its own start after a "
+                      "gap): what it adds to the step. Duration includes the time it waited for its "
+                      "predecessor after starting early.", "",
+                      bc.md_table(cp[:24], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
+                                            ("increment us", "increment_us", "{:.1f}"),
+                                            ("increment per call", "per_call", "{:.2f}"),
+                                            ("duration us", "duration_us", "{:.1f}")])]
+    return lines
+
+
 def rope_fusion_markdown(meta: dict, rows: list) -> str:
     lines = [f"# RoPE + KV write inside the one-shot decode attention ({meta.get('gpu', 'GPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "",
@@ -260,13 +286,7 @@ def rope_fusion_markdown(meta: dict, rows: list) -> str:
              "attention's launch (fused, kernels/sink_attention.py RopeKV). Paired rounds of 3 replays; diff = "
              "fused - unfused (median of the per-round differences, quartiles). Bits: the fused graph's logits "
              "against the unfused graph's on every check replay.", "",
-             bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"]),
-                           "bits": f"{r['bit_checks'] - r['bit_mismatches']}/{r['bit_checks']} equal"} for r in rows],
-                         [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
-                          ("unfused us", "unfused_us", "{:.1f}"), ("fused us", "fused_us", "{:.1f}"),
-                          ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None), ("diff %", "diff_pct", "{:+.2f}"),
-                          ("tok/s unfused", "tok_s_unfused", "{:.0f}"), ("tok/s fused", "tok_s_fused", "{:.0f}"),
-                          ("bits", "bits", None)]), ""]
+             ab_table(rows, ("unfused", "unfused"), ("fused", "fused")), ""]
     pk = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
           for r in rows for v in r.get("picks", [])]
     if pk:
@@ -276,17 +296,7 @@ def rope_fusion_markdown(meta: dict, rows: list) -> str:
                                    ("unfused us", "unfused_us", "{:.1f}"), ("fused us", "fused_us", "{:.1f}"),
                                    ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None),
                                    ("logits equal", "logits_equal", None)]), ""]
-    for r in rows:
-        cp = r.get("critical_path")
-        if cp:
-            total = sum(k["increment_us"] for k in cp)
-            lines += ["", f"## {r['model']} batch {r['batch']}: the fused step's critical path (profiler, "
-                      f"{total:.0f} us of increments)", "",
-                      bc.md_table(cp[:24], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
-                                            ("increment us", "increment_us", "{:.1f}"),
-                                            ("increment per call", "per_call", "{:.2f}"),
-                                            ("duration us", "duration_us", "{:.1f}")])]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + critical_path_sections(rows, "fused")) + "\n"
 
 
 def markdown(meta: dict, rows: list) -> str:
@@ -296,13 +306,7 @@ def markdown(meta: dict, rows: list) -> str:
              "(kernels/pdl.py). Paired rounds of 3 replays each; diff = PDL - plain (median of the "
              "per-round differences, quartiles in brackets). Bits: the PDL graph's logits against the "
              "plain graph's on every check replay.", "",
-             bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"]),
-                           "bits": f"{r['bit_checks'] - r['bit_mismatches']}/{r['bit_checks']} equal"} for r in rows],
-                         [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
-                          ("plain us", "plain_us", "{:.1f}"), ("PDL us", "pdl_us", "{:.1f}"),
-                          ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None), ("diff %", "diff_pct", "{:+.2f}"),
-                          ("tok/s plain", "tok_s_plain", "{:.0f}"), ("tok/s PDL", "tok_s_pdl", "{:.0f}"),
-                          ("bits", "bits", None)]), ""]
+             ab_table(rows, ("plain", "plain"), ("PDL", "pdl")), ""]
     for r in rows:
         p = r.get("probe_with_pdl")
         if p:
@@ -319,20 +323,7 @@ def markdown(meta: dict, rows: list) -> str:
                                    ("table us", "table_us", "{:.1f}"), ("per-pair us", "variant_us", "{:.1f}"),
                                    ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None),
                                    ("logits equal", "logits_equal", "{:.3f}")])]
-    for r in rows:
-        cp = r.get("critical_path")
-        if cp:
-            total = sum(k["increment_us"] for k in cp)
-            lines += ["", f"## {r['model']} batch {r['batch']}: the PDL step's critical path (profiler, "
-                      f"{total:.0f} us of increments)", "",
-                      "Increment = a kernel's end minus the previous kernel's end (or its own start after a "
-                      "gap): what it adds to the step. Duration includes the time it waited for its "
-                      "predecessor after starting early.", "",
-                      bc.md_table(cp[:24], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
-                                            ("increment us", "increment_us", "{:.1f}"),
-                                            ("increment per call", "per_call", "{:.2f}"),
-                                            ("duration us", "duration_us", "{:.1f}")])]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + critical_path_sections(rows, "PDL")) + "\n"
 
 
 def main():

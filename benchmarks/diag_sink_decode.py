@@ -36,21 +36,6 @@ VARIANTS = ((128, 4, True, 0), (128, 4, True, 128), (128, 4, False, 0), (128, 4,
             (64, 4, True, 0), (256, 8, False, 0))
 
 
-def compiled_info(kernel) -> list:
-    out = []
-    try:
-        for caches in kernel.device_caches.values():
-            cache = caches[0] if isinstance(caches, tuple) else caches
-            for key, compiled in cache.items():
-                compiled._init_handles()
-                out.append({"regs": compiled.n_regs, "spills": compiled.n_spills,
-                            "shared_KB": round(compiled.metadata.shared / 1024, 1),
-                            "warps": compiled.metadata.num_warps, "key": str(key)[-160:]})
-    except Exception as exc:  # noqa: BLE001
-        out.append({"error": f"{type(exc).__name__}: {exc}"[:200]})
-    return out
-
-
 def build(ctx: int, batch: int, window_left: int, g: torch.Generator):
     keys = ctx if window_left < 0 else min(ctx, window_left + 1)
     n_sets = max(2, min(64, math.ceil(L2_DEFEAT_BYTES / (batch * keys * KV_BYTES_PER_KEY))))
@@ -143,7 +128,7 @@ def main():
                     print(rows[-1], flush=True)
                 del case
                 torch.cuda.empty_cache()
-    resources = compiled_info(sa._sink_decode_oneshot_kernel)
+    resources = bc.compiled_info(sa._sink_decode_oneshot_kernel, with_key=True)
     md = [f"# Decode attention with RoPE + KV write in its launch ({meta.get('gpu', 'GPU')})", "",
           f"`{meta['command']}` — {meta.get('date', '')}", "", __doc__.split("\n\n", 2)[2].strip(), "",
           bc.md_table(rows, [("context", "context", None), ("batch", "batch", None), ("layer", "layer", None),

@@ -88,8 +88,9 @@ def _rope_kv_kernel(
         tl.store(vdst + HALF, tl.load(vsrc + HALF, mask=mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=mask)
 
 
-def check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc):
-    """rope_store_kv's shape checks (also sink_attention_decode's, which can do this work in its launch)."""
+def check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc, unit_last_stride: bool = False):
+    """rope_store_kv's shape checks (also sink_attention_decode's, which can do this work in its launch);
+    unit_last_stride: the kernels' layout rule too (the reference takes any strides)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"rope_kv: q, k, v must be [tokens, heads, head_dim], got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -104,6 +105,11 @@ def check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc):
                          f"{tuple(v_cache.shape)}")
     if tuple(loc.shape) != (t,):
         raise ValueError(f"rope_kv: loc must be [{t}], got {tuple(loc.shape)}")
+    if unit_last_stride:
+        for name, x in (("q", q), ("k", k), ("v", v), ("cos_sin", cos_sin), ("k_cache", k_cache),
+                        ("v_cache", v_cache)):
+            if x.stride(-1) != 1:
+                raise ValueError(f"rope_kv: {name} must be contiguous in its last dim")
 
 
 def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor,
@@ -112,17 +118,16 @@ def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: to
     """Roped q [T, Hq, D] (into `q_out` if given); roped k and v stored at k_cache[loc[t]],
     v_cache[loc[t]] ([slots, Hkv, D], their dtype). q, k, v may be strided views (the last dim
     contiguous); cos_sin [T, D] fp32 rows of the RoPE cache. No host reads: graph-safe."""
-    check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc)
+    # an empty batch launches nothing, so its layout does not matter
+    check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc, unit_last_stride=q.shape[0] > 0)
     t, hq, d = q.shape
     hkv = k.shape[1]
     if q_out is None:
         q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
     if t == 0:
         return q_out
-    for name, x in (("q", q), ("k", k), ("v", v), ("cos_sin", cos_sin), ("q_out", q_out),
-                    ("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.stride(-1) != 1:
-            raise ValueError(f"rope_kv: {name} must be contiguous in its last dim")
+    if q_out.stride(-1) != 1:
+        raise ValueError("rope_kv: q_out must be contiguous in its last dim")
     block_h = 8
     grid = (t, triton.cdiv(hq, block_h) + triton.cdiv(hkv, block_h))
     _rope_kv_kernel[grid](

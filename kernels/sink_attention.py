@@ -1254,14 +1254,11 @@ def sink_attention_decode(
                      merge_heads=merge_heads, merge_splits=merge_splits, oneshot=oneshot, v_late=v_late)
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
     if rope is not None:
-        check_rope_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
         if not config.oneshot or not rope_fusion_enabled():
-            q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
+            q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)  # checks them
             rope = None
         else:
-            for name, x in (("rope.k", rope.k), ("rope.v", rope.v), ("rope.cos_sin", rope.cos_sin)):
-                if x.stride(-1) != 1:
-                    raise ValueError(f"sink_attention_decode: {name} must be contiguous in its last dim")
+            check_rope_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc, unit_last_stride=True)
     if config.num_splits < 1 or config.min_split_blocks < 1 or config.merge_heads < 0 or config.merge_splits < 0:
         raise ValueError(f"sink_attention_decode: num_splits and min_split_blocks must be >= 1, the merge tile "
                          f">= 0, got {config}")

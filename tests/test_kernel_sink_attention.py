@@ -363,8 +363,7 @@ def test_batch1_pick_is_the_in_step_winner():
         pytest.skip("no in-step A/B results in this checkout")
     with open(ROPE_FUSION_JSON) as f:
         rows = json.load(f)["rows"]
-    labels = {"table": mod.ONESHOT_PICKS[(1, "<=8k")],
-              "c128 v_late": mod.OneshotPick(chunk=128, v_late=True),
+    labels = {"c128 v_late": mod.OneshotPick(chunk=128, v_late=True),
               "c128 v_late r128": mod.OneshotPick(chunk=128, v_late=True, max_regs=128),
               "c128 r128": mod.OneshotPick(chunk=128, max_regs=128), "c64": mod.OneshotPick(chunk=64),
               "c64 v_late": mod.OneshotPick(chunk=64, v_late=True)}
@@ -719,6 +718,18 @@ def oneshot_cases(dtype_name: str):
     return [c for c in cases if c[0] in keep]
 
 
+def _oneshot_case(lengths, window_left, with_sinks, swa_map, dtype, seed, device):
+    """(case with unseen K/V slots poisoned, sinks or None, slot map or None) of one oneshot_cases entry:
+    lengths are the requests' or ("paged", n) for one request on 64-slot pages."""
+    if lengths[0] == "paged":
+        case, sinks = paged_case(lengths[1], 64, dtype, seed=seed, device=device)
+        slot_map = None
+    else:
+        case, extra = _decode_case(dtype, seed=seed, device=device, swa_map=swa_map, seq_lens=lengths)
+        sinks, slot_map = extra["sinks"], extra["slot_map"]
+    return poisoned(case, slot_map, window_left), sinks if with_sinks else None, slot_map
+
+
 def oneshot_sweep(dtype_name: str, device: str = "cpu") -> dict:
     """The one-shot decode against the torch reference (and the float64 loop for fp32 on CPU), KV slots
     no query may see and the launcher's partial buffers poisoned."""
@@ -729,14 +740,7 @@ def oneshot_sweep(dtype_name: str, device: str = "cpu") -> dict:
     kinds = set()
     for i, (label, lengths, window_left, with_sinks, swa_map, (chunk, v_late), kw) in enumerate(
             oneshot_cases(dtype_name)):
-        if lengths[0] == "paged":
-            case, sinks = paged_case(lengths[1], 64, dtype, seed=500 + i, device=device)
-            slot_map = None
-        else:
-            case, extra = _decode_case(dtype, seed=500 + i, device=device, swa_map=swa_map, seq_lens=lengths)
-            sinks, slot_map = extra["sinks"], extra["slot_map"]
-        case = poisoned(case, slot_map, window_left)
-        sinks = sinks if with_sinks else None
+        case, sinks, slot_map = _oneshot_case(lengths, window_left, with_sinks, swa_map, dtype, 500 + i, device)
         batch = case["q"].shape[0]
         cfg = mod.oneshot_config(batch, HKV, window_left, case["req_to_token"].shape[1], chunk=chunk, v_late=v_late)
         cfg = dataclasses.replace(cfg, **kw)
@@ -797,20 +801,13 @@ def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
     mod = _kernel_module()
     dtype = getattr(torch, dtype_name)
     with_loop = dtype_name == "float32" and device == "cpu"
-    cases = [c for c in oneshot_cases(dtype_name)]
+    cases = list(oneshot_cases(dtype_name))
     cases.append(("b3 split loop", [16, 70, 129], -1, True, False, None, {}))
     # the batch-1 pick's register cap (compiled only: the interpreter has no registers to cap)
     cases.append(("b2 full c32 v_late capped registers", [1, 200], -1, True, False, (32, True), dict(max_regs=128)))
     worst = 0.0
     for i, (label, lengths, window_left, with_sinks, swa_map, oneshot, kw) in enumerate(cases):
-        if lengths[0] == "paged":
-            case, sinks = paged_case(lengths[1], 64, dtype, seed=700 + i, device=device)
-            slot_map = None
-        else:
-            case, extra = _decode_case(dtype, seed=700 + i, device=device, swa_map=swa_map, seq_lens=lengths)
-            sinks, slot_map = extra["sinks"], extra["slot_map"]
-        case = poisoned(case, slot_map, window_left)
-        sinks = sinks if with_sinks else None
+        case, sinks, slot_map = _oneshot_case(lengths, window_left, with_sinks, swa_map, dtype, 700 + i, device)
         batch = case["q"].shape[0]
         width = case["req_to_token"].shape[1]
         if oneshot is None:
