@@ -183,17 +183,18 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
 
 
 def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, check: int,
-                    picks: tuple = ()) -> dict:
+                    picks: tuple = (), table_width: int = 0) -> dict:
     """PDL on, the same model and inputs captured twice: RoPE + KV write as its own launch (rope_store_kv)
-    vs inside the one-shot decode attention's launch (kernels/sink_attention.py, RopeKV); paired rounds,
-    the fused graph's logits against the unfused graph's on `check` replays, and (batch 1) the fused
-    step's critical path."""
+    vs inside the decode attention's launch (kernels/sink_attention.py, RopeKV: the one-shot kernel's or
+    the split loop's); paired rounds, the fused graph's logits against the unfused graph's on `check`
+    replays, and (batch 1) the fused step's critical path. `table_width` as norm_front_row's."""
     from model_step import MODELS, ModelStep, Sharding
 
     from sglang_ext.kernels.pdl import set_pdl
     from sglang_ext.kernels.sink_attention import set_rope_fusion
 
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    width = max(table_width, context)
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=width)
     inputs = model.decode_inputs(context)
 
     def fusion_with_pdl(on):
@@ -202,7 +203,8 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
 
     graphs, outs, reference, mismatches, (off, on, diff, (q1, q3)) = capture_ab(
         model, inputs, fusion_with_pdl, rounds, check)
-    row = {"model": model_name, "batch": batch, "context": context, "unfused_us": off * 1e6, "fused_us": on * 1e6,
+    row = {"model": model_name, "batch": batch, "context": context, "table_width": width,
+           "unfused_us": off * 1e6, "fused_us": on * 1e6,
            "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
            "tok_s_unfused": batch / off, "tok_s_fused": batch / on, "bit_checks": check,
            "bit_mismatches": mismatches}
@@ -237,6 +239,54 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
     model = None
     torch.cuda.empty_cache()
     return row
+
+
+def norm_front_row(model_name: str, batch: int, context: int, rounds: int, check: int, table_width: int = 0) -> dict:
+    """PDL on, the same model and inputs captured twice: the post-attention add + norm as its own launch
+    (residual_rms_norm, then the MoE) vs inside the MoE decode front's launch (kernels/moe.py
+    fused_norm_moe_fp8); paired rounds, the fused graph's logits against the unfused graph's on `check`
+    replays, and (batch 1) the fused step's critical path. `table_width` > context: the KV table as wide
+    as that (a server's req_to_token is as wide as the model's context), the requests `context` long."""
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels.moe import set_norm_front_fusion
+    from sglang_ext.kernels.pdl import set_pdl
+
+    width = max(table_width, context)
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=width)
+    inputs = model.decode_inputs(context)
+
+    def fusion_with_pdl(on):
+        set_pdl(None if on is None else True)
+        set_norm_front_fusion(on)
+
+    graphs, outs, reference, mismatches, (off, on, diff, (q1, q3)) = capture_ab(
+        model, inputs, fusion_with_pdl, rounds, check)
+    row = {"model": model_name, "batch": batch, "context": context, "table_width": width,
+           "unfused_us": off * 1e6, "fused_us": on * 1e6,
+           "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
+           "tok_s_unfused": batch / off, "tok_s_fused": batch / on, "bit_checks": check,
+           "bit_mismatches": mismatches}
+    if batch == 1:
+        row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
+    graphs.clear()
+    outs.clear()
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def norm_front_markdown(meta: dict, rows: list) -> str:
+    widths = sorted({r["table_width"] for r in rows})
+    lines = [f"# The post-attention norm inside the MoE decode front's launch ({meta.get('gpu', 'GPU')})", "",
+             f"`{meta['command']}` — {meta.get('date', '')}", "",
+             "PDL on. Same model, inputs and kernels captured twice: residual_rms_norm as its own launch before "
+             "the MoE (unfused) vs the add and the norm inside the decode front's launch (fused, kernels/moe.py "
+             "fused_norm_moe_fp8; 1..4 tokens). Paired rounds of 3 replays; diff = fused - unfused (median of "
+             "the per-round differences, quartiles). Bits: the fused graph's logits against the unfused "
+             f"graph's on every check replay. KV table width (req_to_token) {', '.join(map(str, widths))}.", "",
+             ab_table(rows, ("unfused", "unfused"), ("fused", "fused")), ""]
+    return "\n".join(lines + critical_path_sections(rows, "fused")) + "\n"
 
 
 # --rope-fusion-ab's picks for the batch-1 full layers at <= 8k, beside the table's own in the main row
@@ -282,10 +332,11 @@ def rope_fusion_markdown(meta: dict, rows: list) -> str:
     lines = [f"# RoPE + KV write inside the one-shot decode attention ({meta.get('gpu', 'GPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "",
              "PDL on. Same model, inputs and kernels captured twice: rope_store_kv as its own launch before the "
-             "attention (unfused) vs RoPE, the KV write and the early K/V loads inside the one-shot decode "
-             "attention's launch (fused, kernels/sink_attention.py RopeKV). Paired rounds of 3 replays; diff = "
-             "fused - unfused (median of the per-round differences, quartiles). Bits: the fused graph's logits "
-             "against the unfused graph's on every check replay.", "",
+             "attention (unfused) vs RoPE and the KV write inside the decode attention's launch (fused, "
+             "kernels/sink_attention.py RopeKV: in the one-shot kernel with the early K/V loads, or in the split "
+             "loop). Paired rounds of 3 replays; diff = fused - unfused (median of the per-round differences, "
+             "quartiles). Bits: the fused graph's logits against the unfused graph's on every check replay. "
+             f"KV table width (req_to_token): {', '.join(sorted({str(r.get('table_width', r['context'])) for r in rows}))}.", "",
              ab_table(rows, ("unfused", "unfused"), ("fused", "fused")), ""]
     pk = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
           for r in rows for v in r.get("picks", [])]
@@ -339,20 +390,36 @@ def main():
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the one-shot "
                     "decode attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
+    ap.add_argument("--norm-front-ab", action="store_true", help="instead: the post-attention norm inside the "
+                    "MoE decode front's launch vs its own launch (PDL on), written to diag_norm_front.*")
+    ap.add_argument("--table-widths", default="0", help="--norm-front-ab / --rope-fusion-ab: KV table widths "
+                    "to run (0: the context; 131072: a server's req_to_token)")
+    ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
+    ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
     bc.import_project()
     meta = bc.run_meta("python benchmarks/diag_pdl.py " + " ".join(sys.argv[1:]))
     rows = []
+    if args.norm_front_ab:
+        for width in (int(w) for w in args.table_widths.split(",")):
+            for m in args.models.split(","):
+                for b in (int(x) for x in args.batches.split(",")):
+                    rows.append(norm_front_row(m, b, args.context, args.rounds, args.check, width))
+                    print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
+        bc.write_results(args.out, args.stem or "diag_norm_front", meta, rows, norm_front_markdown(meta, rows))
+        print(norm_front_markdown(meta, rows))
+        return
     if args.rope_fusion_ab:
-        for m in args.models.split(","):
-            for b in (int(x) for x in args.batches.split(",")):
-                from sglang_ext.kernels.sink_attention import OneshotPick
+        from sglang_ext.kernels.sink_attention import OneshotPick
 
-                picks = tuple((label, OneshotPick(**kw)) for label, kw in ROPE_PICKS)
-                rows.append(rope_fusion_row(m, b, args.context, args.rounds, args.check, picks))
-                print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
-        bc.write_results(args.out, "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
+        picks = () if args.no_picks else tuple((label, OneshotPick(**kw)) for label, kw in ROPE_PICKS)
+        for width in (int(w) for w in args.table_widths.split(",")):
+            for m in args.models.split(","):
+                for b in (int(x) for x in args.batches.split(",")):
+                    rows.append(rope_fusion_row(m, b, args.context, args.rounds, args.check, picks, width))
+                    print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
+        bc.write_results(args.out, args.stem or "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))
         return
     for m in args.models.split(","):

@@ -170,3 +170,43 @@ def moe_forward(
     out = experts_torch(x, weights, ids, w1, b1, w2, b2 if with_down_bias else None, limit, expert_offset,
                         quantize_activations=fp8)
     return (out, weights, ids) if return_routing else out
+
+
+def moe_forward_normed(
+    h: torch.Tensor,
+    delta: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    router_weight: torch.Tensor,
+    router_bias: torch.Tensor,
+    w1: torch.Tensor,
+    w1_scale_inv: torch.Tensor | None,
+    b1: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale_inv: torch.Tensor | None,
+    b2: torch.Tensor,
+    top_k: int,
+    limit: float,
+    expert_offset: int = 0,
+    with_down_bias: bool = True,
+    return_routing: bool = False,
+):
+    """`residual_rms_norm(h, delta, norm_weight, eps)` and `moe_forward` on its output, as
+    (h + delta, `moe_forward`'s result). FP8 experts on the kernel path hand both to
+    `fused_norm_moe_fp8`, whose decode front does the add and the norm inside its own launch at
+    decode batches (one launch fewer per layer, the same bits); elsewhere the two calls."""
+    from sglang_ext.kernel_select import use_triton
+
+    if w1.dtype == torch.float8_e4m3fn and use_triton(h.device):
+        from sglang_ext.kernels.moe import fused_norm_moe_fp8
+
+        return fused_norm_moe_fp8(h, delta, norm_weight, eps, router_weight, router_bias, w1, w1_scale_inv, b1,
+                                  w2, w2_scale_inv, b2 if with_down_bias else None, top_k=top_k, limit=limit,
+                                  expert_offset=expert_offset, return_routing=return_routing)
+    from sglang_ext.layers.norm import residual_rms_norm
+
+    h, x = residual_rms_norm(h, delta, norm_weight, eps)
+    result = moe_forward(x, router_weight, router_bias, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, top_k, limit,
+                         expert_offset, with_down_bias, return_routing)
+    return (h, *result) if return_routing else (h, result)
+
