@@ -36,7 +36,8 @@ a CUDA graph:
     the grid (max_context / chunk splits, capped). The merge kernel finishes, as above. With ``rope``
     (RopeKV: this step's unrotated k / v, their cos/sin rows and cache slots) it also does
     kernels/rope_kv.py's work for the step's token, one launch fewer, and loads every earlier key's K
-    before its PDL wait; the split loop and extend call rope_store_kv first instead.
+    before its PDL wait. The split loop does the same work in its launch (its last used split stores the
+    new k / v before it reads its keys); extend calls rope_store_kv first.
 
 Precision: scores, softmax and accumulators are fp32. fp32 inputs use IEEE fp32 dots. When q and K/V are
 both bf16 (or both fp16) the dots run on tensor cores: Q.K^T products are exact in the fp32 accumulator;
@@ -463,13 +464,23 @@ def _sink_decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, MERGE_S: tl.constexpr, FUSED_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
+    K_NEW=None, V_NEW=None, COS_SIN=None, LOC=None,
+    stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
+    ROPE: tl.constexpr = False, ROUND_BF16: tl.constexpr = False,
 ):
     """One (request, kv head, split): the GROUP q heads of the kv head against one run of keys, so each
     K/V block is read once for the whole group. A request whose keys fit one split writes the final
     output here (sink included). Otherwise each split writes a partial output and its log2-sum-exp
     without the sink; with FUSED_MERGE the split that arrives last at the (request, kv head) counter
     merges them (no second launch, which at small batch costs as much as the reads), else the merge
-    kernel does."""
+    kernel does.
+
+    ROPE (RopeKV, as the one-shot kernel's): Q is the unrotated q and K_NEW / V_NEW this step's unrotated
+    k and v; every program rotates its group's q heads, and the last used split (the one whose keys end
+    at the newest position) rotates k, stores k and v at LOC[b] (rope_kv's maths and roundings: the same
+    bits as rope_store_kv before the launch) and then, past a CTA barrier that makes the stores visible to
+    its own threads, reads its keys as usual, the newest one from the cache it just wrote. No other
+    program reads that slot."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -490,7 +501,22 @@ def _sink_decode_kernel(
     offs_d = tl.arange(0, D)
     head_ok = offs_h < GROUP
     q_head = kv_head * GROUP + offs_h
-    q = tl.load(Q + b * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None], other=0.0)
+    if ROPE:
+        cos, sin = _rope_cos_sin(COS_SIN + b * stride_cs, offs_d, D)
+        q = _rope_rows(Q + b * stride_qt + q_head[:, None] * stride_qh, offs_d, head_ok[:, None], cos, sin, D,
+                       ROUND_BF16).to(Q.dtype.element_ty)
+        q = tl.where(head_ok[:, None], q, 0.0)
+        if split == n_used - 1:  # the split holding the newest key stores it (rope_kv's write)
+            k_new = _rope_rows(K_NEW + b * stride_knt + kv_head * stride_knh, offs_d, offs_d < D, cos, sin, D,
+                               ROUND_BF16).to(K.dtype.element_ty)
+            v_new = tl.load(V_NEW + b * stride_vnt + kv_head * stride_vnh + offs_d).to(V.dtype.element_ty)
+            slot_new = tl.load(LOC + b).to(tl.int64)
+            tl.store(K + slot_new * stride_kn + kv_head * stride_kh + offs_d, k_new)
+            tl.store(V + slot_new * stride_vn + kv_head * stride_vh + offs_d, v_new)
+            tl.debug_barrier()  # bar.sync: the stores above before any thread of the program loads keys
+    else:
+        q = tl.load(Q + b * stride_qt + q_head[:, None] * stride_qh + offs_d[None, :], mask=head_ok[:, None],
+                    other=0.0)
     if not DOTS_16BIT:
         q = q.to(tl.float32)
     if HAS_SINKS:
@@ -1169,7 +1195,7 @@ class RopeKV(NamedTuple):
     """This step's unrotated k and v rows [B, Hkv, D] (views of the qkv GEMM's output, unit last stride),
     their RoPE rows ``cos_sin`` [B, D] (fp32, kernels/rope_kv.py's layout) and the cache slots ``loc`` [B]
     they go to. Given to ``sink_attention_decode(rope=...)`` with q unrotated: the decode then does
-    rope_kv's work too, in its own launch where it runs one-shot, else by calling rope_store_kv first."""
+    rope_kv's work too, in its own launch (one-shot or split loop; rope_store_kv first with the fusion off)."""
     k: torch.Tensor
     v: torch.Tensor
     cos_sin: torch.Tensor
@@ -1180,8 +1206,8 @@ _rope_fusion_override: Optional[bool] = None  # set_rope_fusion(): benchmarks co
 
 
 def set_rope_fusion(enabled: Optional[bool]) -> None:
-    """Force the one-shot decode's RoPE + KV write (RopeKV) in its own launch on or off from now on (None:
-    back to SGLANG_EXT_ROPE_FUSION, default on). Off, rope_store_kv runs first, as before the fusion.
+    """Force the decode's RoPE + KV write (RopeKV) inside its own launch (one-shot and split loop) on or off
+    from now on (None: back to SGLANG_EXT_ROPE_FUSION, default on). Off, rope_store_kv runs first.
     CUDA graphs keep what they captured."""
     global _rope_fusion_override
     _rope_fusion_override = enabled
@@ -1234,8 +1260,9 @@ def sink_attention_decode(
     dtype. ``config`` None picks from the batch, the window, req_to_token's width and the SM count
     (decode_config); the keyword arguments override single fields of it. With ``rope`` (RopeKV), q is
     unrotated and this step's k / v are not in the cache yet: they are rotated and stored as
-    ``rope_store_kv`` would, inside the one-shot launch (``_sink_decode_oneshot_kernel``'s ROPE) or, for
-    the split loop, by rope_store_kv before it; either way k_buffer / v_buffer hold them afterwards."""
+    ``rope_store_kv`` would, inside the decode's launch (``_sink_decode_oneshot_kernel``'s or
+    ``_sink_decode_kernel``'s ROPE), or by rope_store_kv before it with the fusion off
+    (SGLANG_EXT_ROPE_FUSION=0); either way k_buffer / v_buffer hold them afterwards."""
     hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
     _check_scale(scale, "sink_attention_decode")
     batch = q.shape[0]
@@ -1254,7 +1281,7 @@ def sink_attention_decode(
                      merge_heads=merge_heads, merge_splits=merge_splits, oneshot=oneshot, v_late=v_late)
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
     if rope is not None:
-        if not config.oneshot or not rope_fusion_enabled():
+        if not rope_fusion_enabled():
             q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)  # checks them
             rope = None
         else:
@@ -1307,6 +1334,12 @@ def sink_attention_decode(
         return out
     # The split count and size are runtime arguments: one compiled decode variant serves every batch size
     # (the merge kernel has one per power-of-two bucket of the split count: its tile).
+    rope_kw = {}
+    if rope is not None:
+        rope_kw = dict(K_NEW=rope.k, V_NEW=rope.v, COS_SIN=rope.cos_sin, LOC=rope.loc,
+                       stride_knt=rope.k.stride(0), stride_knh=rope.k.stride(1), stride_vnt=rope.v.stride(0),
+                       stride_vnh=rope.v.stride(1), stride_cs=rope.cos_sin.stride(0), ROPE=True,
+                       ROUND_BF16=_interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype))
     _sink_decode_kernel[(batch, hkv, splits)](
         q, k_buffer, v_buffer, out, part_o, part_lse, counters if counters is not None else seq_lens, sinks_arg,
         req_to_token, slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,
@@ -1318,7 +1351,7 @@ def sink_attention_decode(
         MERGE_S=_merge_tile(config, group, d, config.num_warps, fused=True)[1], FUSED_MERGE=counters is not None,
         PREFETCH=config.prefetch, HAS_SINKS=sinks is not None,
         HAS_SLOT_MAP=slot_map is not None, DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **rope_kw,
     )
     if splits > 1 and counters is None:
         launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)

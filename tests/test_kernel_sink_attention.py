@@ -790,19 +790,24 @@ def rope_case_inputs(case, slot_map, seed):
 
 
 def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
-    """sink_attention_decode(rope=RopeKV(...)) on the one-shot cases (and one split-loop config, which calls
-    rope_store_kv first): the cache and the output afterwards equal the unfused launches' (rope_store_kv,
-    then the same decode config) bit for bit, the cache equals rope_store_kv_ref's (bit for bit in the
-    interpreter, within an ulp compiled) and the output the references within tolerance. The newest
-    key's slot holds NaN before the fused launch: the kernel must take that key from its registers, never
-    from the cache (which it writes in the same launch)."""
+    """sink_attention_decode(rope=RopeKV(...)) on the one-shot cases and split-loop configs: the cache and
+    the output afterwards equal the unfused launches' (rope_store_kv, then the same decode config) bit for
+    bit, the cache equals rope_store_kv_ref's (bit for bit in the interpreter, within an ulp compiled) and
+    the output the references within tolerance. The newest key's slot holds NaN before the fused launch:
+    the one-shot kernel must take that key from its registers, the split loop must read it only after its
+    own store (a read before it would carry the NaN into the output)."""
     from sglang_ext.kernels.rope_kv import rope_store_kv, rope_store_kv_ref
 
     mod = _kernel_module()
     dtype = getattr(torch, dtype_name)
     with_loop = dtype_name == "float32" and device == "cpu"
     cases = list(oneshot_cases(dtype_name))
+    # the split loop (`_sink_decode_kernel`'s ROPE): merge kernel, last-arriver merge, prefetch, a window
     cases.append(("b3 split loop", [16, 70, 129], -1, True, False, None, {}))
+    cases.append(("b3 split loop fused merge prefetch", [16, 70, 129], -1, True, False, None,
+                  dict(fused_merge=True, prefetch=True)))
+    cases.append(("b2 split loop one split", [1, 40], -1, False, False, None, dict(num_splits=1)))
+    cases.append(("b3 split loop window 47 swa map", [30, 48, 120], 47, True, True, None, {}))
     # the batch-1 pick's register cap (compiled only: the interpreter has no registers to cap)
     cases.append(("b2 full c32 v_late capped registers", [1, 200], -1, True, False, (32, True), dict(max_regs=128)))
     worst = 0.0
@@ -811,7 +816,8 @@ def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
         batch = case["q"].shape[0]
         width = case["req_to_token"].shape[1]
         if oneshot is None:
-            cfg = mod.DecodeConfig(num_splits=4, block_n=16, min_split_blocks=1, fused_merge=False)
+            cfg = dataclasses.replace(mod.DecodeConfig(num_splits=4, block_n=16, min_split_blocks=1, fused_merge=False),
+                                      **kw)
         else:
             cfg = dataclasses.replace(mod.oneshot_config(batch, HKV, window_left, width, chunk=oneshot[0],
                                                          v_late=oneshot[1]), **kw)
@@ -988,7 +994,7 @@ def test_oneshot_decode_matches_reference_interpreted():
     assert [r["dtype"] for r in oneshot] == ["float32", "float16", "bfloat16"]
     assert oneshot[0]["oneshot_cases"] == 10
     assert [r["dtype"] for r in rope] == ["float32", "float16"]
-    assert rope[0]["rope_cases"] == 12
+    assert rope[0]["rope_cases"] == 15
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
