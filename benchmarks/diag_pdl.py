@@ -187,7 +187,8 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
     """PDL on, the same model and inputs captured twice: RoPE + KV write as its own launch (rope_store_kv)
     vs inside the decode attention's launch (kernels/sink_attention.py, RopeKV: the one-shot kernel's or
     the split loop's); paired rounds, the fused graph's logits against the unfused graph's on `check`
-    replays, and (batch 1) the fused step's critical path. `table_width` as norm_front_row's."""
+    replays, and (batch 1) the fused step's critical path. `table_width` > context: the KV table as wide
+    as that (a server's req_to_token is as wide as the model's context), the requests `context` long."""
     from model_step import MODELS, ModelStep, Sharding
 
     from sglang_ext.kernels.pdl import set_pdl
@@ -239,54 +240,6 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
     model = None
     torch.cuda.empty_cache()
     return row
-
-
-def norm_front_row(model_name: str, batch: int, context: int, rounds: int, check: int, table_width: int = 0) -> dict:
-    """PDL on, the same model and inputs captured twice: the post-attention add + norm as its own launch
-    (residual_rms_norm, then the MoE) vs inside the MoE decode front's launch (kernels/moe.py
-    fused_norm_moe_fp8); paired rounds, the fused graph's logits against the unfused graph's on `check`
-    replays, and (batch 1) the fused step's critical path. `table_width` > context: the KV table as wide
-    as that (a server's req_to_token is as wide as the model's context), the requests `context` long."""
-    from model_step import MODELS, ModelStep, Sharding
-
-    from sglang_ext.kernels.moe import set_norm_front_fusion
-    from sglang_ext.kernels.pdl import set_pdl
-
-    width = max(table_width, context)
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=width)
-    inputs = model.decode_inputs(context)
-
-    def fusion_with_pdl(on):
-        set_pdl(None if on is None else True)
-        set_norm_front_fusion(on)
-
-    graphs, outs, reference, mismatches, (off, on, diff, (q1, q3)) = capture_ab(
-        model, inputs, fusion_with_pdl, rounds, check)
-    row = {"model": model_name, "batch": batch, "context": context, "table_width": width,
-           "unfused_us": off * 1e6, "fused_us": on * 1e6,
-           "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
-           "tok_s_unfused": batch / off, "tok_s_fused": batch / on, "bit_checks": check,
-           "bit_mismatches": mismatches}
-    if batch == 1:
-        row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
-    graphs.clear()
-    outs.clear()
-    model = None
-    torch.cuda.empty_cache()
-    return row
-
-
-def norm_front_markdown(meta: dict, rows: list) -> str:
-    widths = sorted({r["table_width"] for r in rows})
-    lines = [f"# The post-attention norm inside the MoE decode front's launch ({meta.get('gpu', 'GPU')})", "",
-             f"`{meta['command']}` — {meta.get('date', '')}", "",
-             "PDL on. Same model, inputs and kernels captured twice: residual_rms_norm as its own launch before "
-             "the MoE (unfused) vs the add and the norm inside the decode front's launch (fused, kernels/moe.py "
-             "fused_norm_moe_fp8; 1..4 tokens). Paired rounds of 3 replays; diff = fused - unfused (median of "
-             "the per-round differences, quartiles). Bits: the fused graph's logits against the unfused "
-             f"graph's on every check replay. KV table width (req_to_token) {', '.join(map(str, widths))}.", "",
-             ab_table(rows, ("unfused", "unfused"), ("fused", "fused")), ""]
-    return "\n".join(lines + critical_path_sections(rows, "fused")) + "\n"
 
 
 # --rope-fusion-ab's picks for the batch-1 full layers at <= 8k, beside the table's own in the main row
@@ -390,10 +343,8 @@ def main():
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the one-shot "
                     "decode attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
-    ap.add_argument("--norm-front-ab", action="store_true", help="instead: the post-attention norm inside the "
-                    "MoE decode front's launch vs its own launch (PDL on), written to diag_norm_front.*")
-    ap.add_argument("--table-widths", default="0", help="--norm-front-ab / --rope-fusion-ab: KV table widths "
-                    "to run (0: the context; 131072: a server's req_to_token)")
+    ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
+                    "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
@@ -401,15 +352,6 @@ def main():
     bc.import_project()
     meta = bc.run_meta("python benchmarks/diag_pdl.py " + " ".join(sys.argv[1:]))
     rows = []
-    if args.norm_front_ab:
-        for width in (int(w) for w in args.table_widths.split(",")):
-            for m in args.models.split(","):
-                for b in (int(x) for x in args.batches.split(",")):
-                    rows.append(norm_front_row(m, b, args.context, args.rounds, args.check, width))
-                    print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
-        bc.write_results(args.out, args.stem or "diag_norm_front", meta, rows, norm_front_markdown(meta, rows))
-        print(norm_front_markdown(meta, rows))
-        return
     if args.rope_fusion_ab:
         from sglang_ext.kernels.sink_attention import OneshotPick
 

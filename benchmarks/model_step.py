@@ -39,7 +39,7 @@ import_project()
 from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
 from sglang_ext.layers.parallel import block_granular_ranges  # noqa: E402
 from sglang_ext.layers.linear import Linear  # noqa: E402
-from sglang_ext.layers.moe import moe_forward, moe_forward_normed  # noqa: E402
+from sglang_ext.layers.moe import moe_forward  # noqa: E402
 from sglang_ext.layers.norm import residual_rms_norm, rms_norm  # noqa: E402
 from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
 from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
@@ -344,7 +344,8 @@ class ModelStep:
             o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
             if s.attn_tp > 1:
                 o = self._all_reduce(o) + lw.o.bias
-            h, pending = self._moe(h, o, lw)
+            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)
+            pending = self._moe(x, lw)
         if self.probe is not None:
             self.probe.runtime.layers_done()
         h = h + pending
@@ -354,28 +355,24 @@ class ModelStep:
             self.probe.step(out_full, seq_lens, last)
         return logits
 
-    def _moe(self, h: torch.Tensor, o: torch.Tensor, lw: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h + o, the MoE of its post-attention norm), as the server's GptOssMLP.forward_normed."""
+    def _moe(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
         d, s = self.dims, self.sharding
         sharded = s.tp > 1 and not self.emulate
-        moe_args = (lw.router_weight, lw.router_bias, lw.w1, lw.w1_scale_inv, lw.b1, lw.w2, lw.w2_scale_inv, lw.b2)
-        # mlp2's bias once per (token, expert): on the rank holding the expert's first slice.
-        moe_kwargs = dict(top_k=d.top_k, limit=d.swiglu_limit, expert_offset=self.expert_offset,
-                          with_down_bias=s.moe_tp_rank == 0)
         if s.dp > 1 and sharded:
-            # Data-parallel attention: the MoE runs over every DP group's tokens (the norm cannot
-            # ride in the MoE's launch: it normalises this group's rows only).
-            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)
-            partial = moe_forward(_all_gather_rows(x, self.group), *moe_args, **moe_kwargs)
-        else:
-            h, partial = moe_forward_normed(h, o, lw.post_norm, d.rms_eps, *moe_args, **moe_kwargs)
+            # Data-parallel attention: the MoE runs over every DP group's tokens.
+            x = _all_gather_rows(x, self.group)
+        partial = moe_forward(
+            x, lw.router_weight, lw.router_bias, lw.w1, lw.w1_scale_inv, lw.b1, lw.w2, lw.w2_scale_inv,
+            lw.b2, top_k=d.top_k, limit=d.swiglu_limit, expert_offset=self.expert_offset,
+            # mlp2's bias once per (token, expert): on the rank holding the expert's first slice.
+            with_down_bias=s.moe_tp_rank == 0)
         if s.tp == 1:
-            return h, partial
+            return partial
         if sharded:
             if s.dp > 1:
-                return h, _reduce_scatter_rows(partial, self.group)
+                return _reduce_scatter_rows(partial, self.group)
             dist.all_reduce(partial, group=self.group)
-        return h, partial
+        return partial
 
     # -- inputs -----------------------------------------------------------------------------
     def decode_inputs(self, context_len: int):

@@ -51,10 +51,9 @@
 #                                         # and the 120b batch-32 profile (the routing launch's pair-comparison sort)
 #   bash benchmarks/run_h200.sh final10   # (one GPU) the RoPE sweep in bf16, full-shape sink tests, PDL bits; TP1
 #                                         # decode rows with session 10's kernels
-#   bash benchmarks/run_h200.sh norm11    # (one GPU) the post-attention norm in the MoE decode front: its gpu tests,
-#                                         # the fused vs unfused step A/B; the split-loop RoPE's gpu sweep
-#   bash benchmarks/run_h200.sh rope11    # (one GPU) RoPE + KV write in the split-loop decode: step A/B at batch 8
-#                                         # and at batch 1 with a server's 131072-wide KV table
+#   bash benchmarks/run_h200.sh rope11    # (one GPU) RoPE + KV write in the split-loop decode: its gpu sweep, step
+#                                         # A/B at batch 8 and at batch 1 with a server's 131072-wide KV table
+#                                         # (session 11's norm-in-the-MoE-front A/B ran as stage norm11 at d96fc76)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -458,15 +457,9 @@ final10)  # one GPU: session 10's last state (fused RoPE + capped batch-1 pick, 
     step bench_decode_tp1 180 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1
     ;;
-norm11)  # one GPU: the post-attention norm inside the MoE decode front's launch (kernels/moe.py fused_norm_moe_fp8)
-    step gpu_test_norm_front 150 python -m pytest -q -p no:cacheprovider -m gpu -k "norm_front or decode_front" \
-        tests/test_kernel_moe.py
+rope11)  # one GPU: RoPE + KV write in the split-loop decode: its GPU sweep, the step A/B at batch 8 and at batch 1
+         # with a server's 131072-wide KV table (where the full layers take the split loop)
     step gpu_test_rope_split_loop 110 python tests/test_kernel_sink_attention.py --rope float32,bfloat16 --device cuda
-    step diag_norm_front 280 python benchmarks/diag_pdl.py --norm-front-ab --models 120b,20b --batches 1,4 \
-        --rounds 30 --check 20 --out "$R"
-    ;;
-rope11)  # one GPU: RoPE + KV write in the split-loop decode (batch 8, and batch 1 at a server's 131072-wide
-         # KV table, where the full layers take the split loop); the norm in the MoE front there too; TP1 rows
     step diag_rope_split_loop 240 python benchmarks/diag_pdl.py --rope-fusion-ab --no-picks --models 120b,20b \
         --batches 8 --rounds 30 --check 20 --out "$R" --stem diag_rope_split_loop
     step diag_serving_width 200 python benchmarks/diag_pdl.py --rope-fusion-ab --no-picks --models 120b,20b \

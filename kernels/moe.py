@@ -82,7 +82,6 @@ benchmarks/bench_moe.py (benchmarks/results/sweeps/moe.md; see the table's comme
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -95,7 +94,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.kernels.residual_norm import FRONT_NORM_MAX_ROWS, residual_mean_square, residual_normed_tile
 from sglang_ext.kernels.tma import descriptor, tma_2d_ok
 from sglang_ext.layers.fp8 import (
     BLOCK as QUANT_GROUP,
@@ -637,41 +635,6 @@ def _quantize_x_column(q, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T
     tl.store(XS + tokens * num_groups + g, scale, mask=token_ok)
 
 
-@triton.jit
-def _front_norm_statistics(H, DELTA, tokens, num_tokens, stride_h, stride_d, hidden, T_PAD: tl.constexpr,
-                           ROUND_BF16: tl.constexpr, NORM_BLOCK: tl.constexpr):
-    """mean((h + delta)^2) of rows 0 .. T_PAD-1 (0 past num_tokens) as a [len(tokens)] vector, one
-    row at a time through residual_rms_norm's own statistic (same code, same warps: same bits)."""
-    mean_sq = tl.zeros(tokens.shape, dtype=tl.float32)
-    for t in tl.static_range(T_PAD):
-        if t < num_tokens:
-            m = residual_mean_square(H, DELTA, t, stride_h, stride_d, hidden, True, ROUND_BF16, NORM_BLOCK)
-            mean_sq = tl.where(tokens == t, m, mean_sq)
-    return mean_sq
-
-
-@triton.jit
-def _quantize_normed_column(g, H, DELTA, NORM_W, H_OUT, XQ, XS, num_tokens, hidden, eps, stride_h, stride_d,
-                            stride_ho, T_PAD: tl.constexpr, ROUND_BF16: tl.constexpr, NORM_BLOCK: tl.constexpr):
-    """NORM's `_quantize_x_column`: group column g of all T_PAD tokens (the decode front's fused norm
-    takes T <= NORM_FRONT_MAX_TOKENS), x made from the residual stream; also stores h + delta there."""
-    num_groups = (hidden + 127) // 128
-    tokens = tl.arange(0, T_PAD)
-    token_ok = tokens < num_tokens
-    cols = g * 128 + tl.arange(0, 128)
-    col_ok = cols < hidden
-    mean_sq = _front_norm_statistics(H, DELTA, tokens, num_tokens, stride_h, stride_d, hidden, T_PAD,
-                                     ROUND_BF16, NORM_BLOCK)
-    s, xv = residual_normed_tile(H, DELTA, NORM_W, tokens, token_ok, cols, col_ok, mean_sq, eps,
-                                 stride_h, stride_d, ROUND_BF16)
-    rows = tokens.to(tl.int64)
-    ok = token_ok[:, None] & col_ok[None, :]
-    tl.store(H_OUT + rows[:, None] * stride_ho + cols[None, :], s.to(H_OUT.dtype.element_ty), mask=ok)
-    xq, scale = _quantize_e4m3(xv, 1)
-    tl.store(XQ + rows[:, None] * hidden + cols[None, :], xq, mask=ok)
-    tl.store(XS + rows * num_groups + g, scale, mask=token_ok)
-
-
 @triton.jit(do_not_specialize=["num_tokens", "num_heads", "max_blocks"])
 def _front_kernel(
     LOGITS,  # [T, E] router dtype (ROUTE)
@@ -846,13 +809,6 @@ def _decode_front_kernel(
     BLOCK_M: tl.constexpr,
     TORCH_CPU_SOFTMAX: tl.constexpr,
     USE_PDL: tl.constexpr = False,  # kernels/pdl.py: the router rows before the wait, x after it
-    # NORM: x is not given but made here from the residual stream (`fused_norm_moe_fp8`): x =
-    # rms_norm(h + delta) with NORM_W, as residual_rms_norm computes it, each program for its own
-    # columns after the full rows' statistic; the quantisation programs also store h + delta.
-    NORM: tl.constexpr = False,
-    H=None, DELTA=None, NORM_W=None, H_OUT=None, eps=0.0, stride_h=0, stride_d=0, stride_ho=0,
-    ROUND_BF16: tl.constexpr = False,  # interpreter only (NORM): residual_rms_norm's rounding helper
-    NORM_BLOCK: tl.constexpr = 1,  # next_pow2(H) (NORM)
 ):
     # Programs 0 .. R-1 each read EXPERTS_PER_PROGRAM router rows over one BLOCK_K slice of H
     # (R = 96 for both gpt-oss sizes: the 737 KB of a 128-expert router is in flight at once on
@@ -873,14 +829,8 @@ def _decode_front_kernel(
             rows = tl.load(RW + experts.to(tl.int64)[:, None] * stride_rw + cols[None, :],
                            mask=(experts < num_experts)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         pdl_wait_then_release(USE_PDL)
-        if NORM:
-            mean_sq = _front_norm_statistics(H, DELTA, tokens, num_tokens, stride_h, stride_d, hidden, T_PAD,
-                                             ROUND_BF16, NORM_BLOCK)
-            _, xv = residual_normed_tile(H, DELTA, NORM_W, tokens, token_ok, cols, col_ok, mean_sq, eps,
-                                         stride_h, stride_d, ROUND_BF16)
-        else:
-            xv = tl.load(X + tokens.to(tl.int64)[:, None] * stride_x + cols[None, :],
-                         mask=token_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        xv = tl.load(X + tokens.to(tl.int64)[:, None] * stride_x + cols[None, :],
+                     mask=token_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         if ROW_LOOP:
             # a row at a time: [16, EPP, BLOCK_K] products would not fit in registers
             acc = tl.zeros([T_PAD, EXPERTS_PER_PROGRAM], tl.float32)
@@ -932,11 +882,7 @@ def _decode_front_kernel(
                             BLOCK_EXPERT, TOP_K, K_PAD, T_PAD, BLOCK_M)
     else:
         pdl_wait_then_release(USE_PDL)
-        if NORM:
-            _quantize_normed_column(pid - num_router, H, DELTA, NORM_W, H_OUT, XQ, XS, num_tokens, hidden, eps,
-                                    stride_h, stride_d, stride_ho, T_PAD, ROUND_BF16, NORM_BLOCK)
-        else:
-            _quantize_x_column(pid - num_router, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T)
+        _quantize_x_column(pid - num_router, X, XQ, XS, num_tokens, stride_x, hidden, QUANT_BLOCK_T)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1870,11 +1816,9 @@ def _uses_decode_front(x, router_weight, router_bias) -> bool:
                                          and router_bias.is_contiguous())))
 
 
-def _decode_front(x, router_weight, router_bias, top_k, sort, tiling=None, norm=None):
+def _decode_front(x, router_weight, router_bias, top_k, sort, tiling=None):
     """`F.linear` + `_front` for 1 <= T <= DECODE_FRONT_MAX_TOKENS in one launch (no cuBLAS):
-    returns (`_front`'s tuple, logits [T, E] in the router dtype). `norm` = (h, delta, weight, eps,
-    h_out), checked by the caller (`_norm_front_ok`): x is rms_norm(h + delta), made in the launch
-    (x itself is then only its shape), and h_out receives h + delta."""
+    returns (`_front`'s tuple, logits [T, E] in the router dtype)."""
     t, hidden = x.shape
     num_experts = router_weight.shape[0]
     if not 1 <= top_k <= min(8, num_experts):
@@ -1898,13 +1842,6 @@ def _decode_front(x, router_weight, router_bias, top_k, sort, tiling=None, norm=
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     router_programs = _cdiv(num_experts, tiling.experts) * tiling.splits
     quant_programs = _cdiv(t, QUANT_BLOCK_T) * _cdiv(hidden, QUANT_GROUP)
-    norm_args = {}
-    if norm is not None:
-        h, delta, norm_weight, eps, h_out = norm
-        norm_args = dict(NORM=True, H=h, DELTA=delta, NORM_W=norm_weight, H_OUT=h_out, eps=float(eps),
-                         stride_h=h.stride(0), stride_d=delta.stride(0), stride_ho=h_out.stride(0),
-                         ROUND_BF16=dev.type == "cpu" and h.dtype == torch.bfloat16,
-                         NORM_BLOCK=_next_pow2(hidden))
     _decode_front_kernel[(router_programs + quant_programs,)](
         x, router_weight, router_bias if router_bias is not None else router_weight, part, counter, logits,
         weights, ids, xq, xs, sorted_pairs, block_expert,
@@ -1913,33 +1850,23 @@ def _decode_front(x, router_weight, router_bias, top_k, sort, tiling=None, norm=
         EXPERTS_PER_PROGRAM=tiling.experts, BLOCK_K=tiling.block_k, NUM_SPLITS=tiling.splits,
         ROW_LOOP=tiling.row_loop, HAS_BIAS=router_bias is not None,
         QUANT_BLOCK_T=QUANT_BLOCK_T, BLOCK_M=block_m, TORCH_CPU_SOFTMAX=dev.type == "cpu",
-        num_warps=8 if t_pad > 4 else 4, **pdl_launch_kwargs(dev, t), **norm_args,
+        num_warps=8 if t_pad > 4 else 4, **pdl_launch_kwargs(dev, t),
     )
     return (weights, ids, xq, xs, sorted_pairs, block_expert, max_blocks), logits
 
 
 def decode_front(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor | None, top_k: int,
                  num_local: int, expert_offset: int = 0, block_m: int = 16,
-                 tiling: RouterTiling | None = None, norm: tuple | None = None) -> dict:
+                 tiling: RouterTiling | None = None) -> dict:
     """The decode front on its own (tests, benchmarks): router logits, routing, x's e4m3
-    groups and the pair sort, as a dict of tensors; `tiling` overrides `router_tiling`.
-    `norm` = (delta, weight, eps): x is the residual stream h, and the launch routes
-    rms_norm(h + delta) instead (`fused_norm_moe_fp8`'s front); "h_out" is then h + delta."""
+    groups and the pair sort, as a dict of tensors; `tiling` overrides `router_tiling`."""
     if not _uses_decode_front(x, router_weight, router_bias):
         raise ValueError(f"decode_front: needs 1 <= T <= {DECODE_FRONT_MAX_TOKENS} and router operands "
                          "F.linear accepts (x's dtype, unit last stride)")
-    extra = {}
-    if norm is not None:
-        delta, weight, eps = norm
-        if not _norm_front_ok(x, delta, weight, router_weight, router_bias):
-            raise ValueError(f"decode_front: the fused norm needs 1 <= T <= {FRONT_NORM_MAX_ROWS} and delta, "
-                             "weight as residual_rms_norm takes them")
-        extra["h_out"] = torch.empty_like(x)
-        norm = (x, delta, weight, eps, extra["h_out"])
     front, logits = _decode_front(x, router_weight, router_bias, top_k, (num_local, expert_offset, block_m, 0),
-                                  tiling, norm)
+                                  tiling)
     names = ("topk_weights", "topk_ids", "x_fp8", "x_scale", "sorted_pairs", "block_expert", "max_blocks")
-    return dict(zip(names, front), logits=logits, **extra)
+    return dict(zip(names, front), logits=logits)
 
 
 def route_and_quantize(logits: torch.Tensor | None, x: torch.Tensor | None, top_k: int = 4):
@@ -2233,84 +2160,6 @@ def fused_moe_fp8(
     result = _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
                       limit, expert_offset, num_local, inter, config, out)
     return (result, topk_weights, topk_ids) if return_routing else result
-
-
-_norm_front_override: bool | None = None  # set_norm_front_fusion(): benchmarks compare both in one process
-
-
-def set_norm_front_fusion(enabled: bool | None) -> None:
-    """Force the norm inside the decode front on or off from now on (None: back to the environment's
-    choice, SGLANG_EXT_NORM_FRONT, default on). CUDA graphs keep what they captured."""
-    global _norm_front_override
-    _norm_front_override = enabled
-
-
-def norm_front_fusion_enabled() -> bool:
-    if _norm_front_override is not None:
-        return _norm_front_override
-    return os.environ.get("SGLANG_EXT_NORM_FRONT", "1") != "0"
-
-
-def _norm_front_ok(h, delta, norm_weight, router_weight, router_bias) -> bool:
-    """Whether `fused_norm_moe_fp8` folds the norm into the decode front: 1..FRONT_NORM_MAX_ROWS tokens
-    (the launch's every program reads the whole rows for the statistic, one row at a time), operands
-    as residual_rms_norm takes them, and a decode front for the normed x."""
-    return (norm_front_fusion_enabled() and 1 <= h.shape[0] <= FRONT_NORM_MAX_ROWS
-            and delta is not None and delta.shape == h.shape and delta.dtype == h.dtype
-            and h.stride(-1) == 1 and delta.stride(-1) == 1 and h.device == delta.device
-            and norm_weight.shape == (h.shape[1],) and norm_weight.is_contiguous()
-            and norm_weight.device == h.device
-            and _uses_decode_front(h, router_weight, router_bias))
-
-
-def fused_norm_moe_fp8(
-    h: torch.Tensor,
-    delta: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    router_weight: torch.Tensor,
-    router_bias: torch.Tensor | None,
-    w1: torch.Tensor,
-    w1_scale_inv: torch.Tensor,
-    b1: torch.Tensor | None,
-    w2: torch.Tensor,
-    w2_scale_inv: torch.Tensor,
-    b2: torch.Tensor | None,
-    top_k: int = 4,
-    limit: float = 7.0,
-    expert_offset: int = 0,
-    config: MoeConfig | None = None,
-    out: torch.Tensor | None = None,
-    return_routing: bool = False,
-):
-    """`residual_rms_norm(h, delta, norm_weight, eps)` and then `fused_moe_fp8` on the normed x, as
-    (h + delta, moe out) (+ (topk_weights, topk_ids) with `return_routing`).
-
-    At 1..FRONT_NORM_MAX_ROWS tokens (decode) the add and the norm run inside the decode front's
-    launch: every router and quantisation program computes the rows' statistic with
-    residual_rms_norm's own code and then its own columns of x, and the quantisation programs store
-    h + delta; x itself is never written. One launch fewer per layer. Same numbers as the two calls
-    (tests compare the bits). Elsewhere (or SGLANG_EXT_NORM_FRONT=0) it is the two calls."""
-    if not _norm_front_ok(h, delta, norm_weight, router_weight, router_bias):
-        from sglang_ext.kernels.residual_norm import residual_rms_norm
-
-        h_out, x = residual_rms_norm(h, delta, norm_weight, eps)
-        result = fused_moe_fp8(x, router_weight, router_bias, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, top_k,
-                               limit, expert_offset, config, out, return_routing)
-        return (h_out, *result) if return_routing else (h_out, result)
-    num_local, inter, config, out = _check_call(h, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out)
-    if router_weight.dim() != 2 or router_weight.shape[1] != h.shape[1]:
-        raise ValueError(f"fused_moe_fp8: router_weight must be [E, {h.shape[1]}], got {tuple(router_weight.shape)}")
-    if expert_offset < 0 or expert_offset + num_local > router_weight.shape[0]:
-        raise ValueError(f"fused_moe_fp8: experts {expert_offset}..{expert_offset + num_local - 1} "
-                         f"outside the router's {router_weight.shape[0]}")
-    h_out = torch.empty_like(h)
-    sort = (num_local, expert_offset, config.block_m, config.align_chunk)
-    front, _ = _decode_front(h, router_weight, router_bias, top_k, sort, norm=(h, delta, norm_weight, eps, h_out))
-    topk_weights, topk_ids = front[0], front[1]
-    result = _experts(h, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
-                      limit, expert_offset, num_local, inter, config, out)
-    return (h_out, result, topk_weights, topk_ids) if return_routing else (h_out, result)
 
 
 def fused_experts_fp8(

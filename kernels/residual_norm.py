@@ -27,46 +27,6 @@ from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
 @triton.jit
-def residual_mean_square(H, DELTA, row, stride_h, stride_d, n_cols, HAS_DELTA: tl.constexpr,
-                         ROUND_BF16: tl.constexpr, BLOCK: tl.constexpr):
-    """The norm's statistic of one row: mean(s^2) in fp32, s = h + delta rounded to h's dtype (h
-    alone without a delta). The MoE's decode front (kernels/moe.py, NORM) calls this same function
-    under the same num_warps, so the reduction runs in the same order there: the same bits."""
-    offs = tl.arange(0, BLOCK)
-    ok = offs < n_cols
-    h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)
-    if HAS_DELTA:
-        d = tl.load(DELTA + row * stride_d + offs, mask=ok, other=0.0)
-        s = h.to(tl.float32) + d.to(tl.float32)
-        if ROUND_BF16:
-            s = _round_to_bf16_grid(s)
-        h = s.to(H.dtype.element_ty)
-    hf = h.to(tl.float32)
-    return tl.sum(hf * hf, axis=0) / n_cols
-
-
-@triton.jit
-def residual_normed_tile(H, DELTA, W, rows, row_ok, cols, col_ok, mean_sq, eps, stride_h, stride_d,
-                         ROUND_BF16: tl.constexpr):
-    """(s, x) for rows x cols of a [T, C] residual: s = h + delta rounded to h's dtype, x = w * s *
-    rsqrt(mean_sq + eps) rounded to h's dtype, both returned widened to fp32 (mean_sq [len(rows)]
-    from `residual_mean_square`): `_residual_rms_norm_kernel`'s expressions, element for element."""
-    ok = row_ok[:, None] & col_ok[None, :]
-    r = rows.to(tl.int64)[:, None]
-    h = tl.load(H + r * stride_h + cols[None, :], mask=ok, other=0.0)
-    d = tl.load(DELTA + r * stride_d + cols[None, :], mask=ok, other=0.0)
-    s = h.to(tl.float32) + d.to(tl.float32)
-    if ROUND_BF16:
-        s = _round_to_bf16_grid(s)
-    s = s.to(H.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    x = w[None, :] * (s * tl.math.rsqrt(mean_sq + eps)[:, None])
-    if ROUND_BF16:
-        x = _round_to_bf16_grid(x)
-    return s, x.to(H.dtype.element_ty).to(tl.float32)
-
-
-@triton.jit
 def _residual_rms_norm_kernel(
     H, DELTA, W, H_OUT, X_OUT, TAP, Q, Q_SCALE,
     n_cols, eps, tap_eps, tap_col0,
@@ -82,7 +42,6 @@ def _residual_rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < n_cols
-    mean_sq = residual_mean_square(H, DELTA, row, stride_h, stride_d, n_cols, HAS_DELTA, ROUND_BF16, BLOCK)
     h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)
     if HAS_DELTA:
         d = tl.load(DELTA + row * stride_d + offs, mask=ok, other=0.0)
@@ -91,6 +50,7 @@ def _residual_rms_norm_kernel(
             s = _round_to_bf16_grid(s)
         h = s.to(H_OUT.dtype.element_ty)
     hf = h.to(tl.float32)
+    mean_sq = tl.sum(hf * hf, axis=0) / n_cols
     if SLICE > 0:
         # Every program of the row computes the same statistics (same loads, same reduction: same
         # bits), then only its slice: at decode one program quantising a whole 2880-wide row took
@@ -146,10 +106,6 @@ def _check(h, delta, weight, tap):
 
 
 SLICED_MAX_ROWS = 16  # quantising norms of at most this many rows: one program per (row, 128 columns)
-# Up to this many rows the MoE's decode front can do the post-attention norm itself
-# (kernels/moe.py fused_norm_moe_fp8). It runs 4 warps there, and a norm of as many rows here
-# without quantising does too, so `residual_mean_square` reduces in the same order in both kernels.
-FRONT_NORM_MAX_ROWS = 4
 
 
 def _quant_buffers(t: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,8 +151,7 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
         HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block, SLICE=slice_cols,
         QUANTIZE=quantize, HW_ROUND=not _interpreted(),
         ROUND_BF16=_interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
-        num_warps=4 if block < 4096 or (t <= FRONT_NORM_MAX_ROWS and not quantize) else 8,
-        **pdl_launch_kwargs(h.device, t),
+        num_warps=8 if block >= 4096 else 4, **pdl_launch_kwargs(h.device, t),
     )
     return (h_out, x_out, quant) if quantize else (h_out, x_out)
 

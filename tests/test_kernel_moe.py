@@ -749,77 +749,6 @@ def check_one_dot(mod, device) -> dict:
     return {"one_dot": results}
 
 
-def norm_front_cases(device):
-    """(router experts, tokens, local experts, expert_offset, dtype, whole MoE): the fused norm's
-    batches 1..4 of both expert counts, an EP subset, fp32 and fp16 residual streams, T = 5 (the two
-    calls); the MoE after the front runs where marked (the rest compare the front's outputs, which
-    are all the experts read)."""
-    bf16 = torch.bfloat16
-    cases = [(128, 1, 8, 0, bf16, True), (32, 3, 8, 8, bf16, False), (8, 4, 8, 0, torch.float32, False),
-             (8, 2, 8, 0, torch.float16, False), (8, 5, 8, 0, bf16, True)]
-    return cases if device == "cpu" else [(128, 1, 8, 0, bf16, True), (32, 4, 8, 8, bf16, True), cases[4]]
-
-
-def check_norm_front(mod, device, hidden=HIDDEN, cases=None) -> dict:
-    """The post-attention add + RMSNorm inside the decode front's launch (`fused_norm_moe_fp8`)
-    against the two calls it replaces, `residual_rms_norm` then the decode front / `fused_moe_fp8`
-    on its output: the new residual (also against torch's add), logits, routing, x's e4m3 groups and
-    the sort bit for bit, and where marked the whole MoE's output; the launches recorded (NORM on up
-    to FRONT_NORM_MAX_ROWS tokens, else the two calls)."""
-    from sglang_ext.kernels.residual_norm import FRONT_NORM_MAX_ROWS, residual_rms_norm
-
-    real = mod._decode_front_kernel
-    norms: list = []
-
-    class Recording:  # the decode front's NORM flag per launch
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                norms.append(kwargs.get("NORM", False))
-                return real[grid](*args, **kwargs)
-            return launch
-
-    cases = cases if cases is not None else norm_front_cases(device)
-    results = []
-    for num_experts, num_tokens, num_local, offset, dtype, whole in cases:
-        what = f"norm front E={num_experts} T={num_tokens} local {offset}..{offset + num_local - 1} {dtype}"
-        rw, rb = make_router(num_experts, hidden, seed=num_experts + 3 * num_tokens, device=device, dtype=dtype)
-        h = make_x(num_tokens, hidden, seed=num_tokens, device=device, dtype=dtype) * 4
-        delta = make_x(num_tokens, hidden, seed=100 + num_tokens, device=device, dtype=dtype)
-        g = torch.Generator(device=device).manual_seed(9)
-        weight = (1 + 0.1 * torch.randn(hidden, generator=g, device=device)).to(dtype)
-        want_h, x = residual_rms_norm(h, delta, weight, 1e-5)
-        fused = num_tokens <= FRONT_NORM_MAX_ROWS
-        norms.clear()
-        mod._decode_front_kernel = Recording()
-        try:
-            if whole:
-                experts = make_experts(min(num_local, 8), hidden, INTER if hidden == HIDDEN else hidden, seed=5,
-                                       device=device)
-                got_h, got, got_w, got_ids = mod.fused_norm_moe_fp8(h, delta, weight, 1e-5, rw, rb, *experts, TOP_K,
-                                                                    LIMIT, offset, return_routing=True)
-            elif fused:
-                front = mod.decode_front(h, rw, rb, TOP_K, num_local, offset, norm=(delta, weight, 1e-5))
-                got_h = front.pop("h_out")
-        finally:
-            mod._decode_front_kernel = real
-        assert norms == [fused], f"{what}: decode front launches with NORM {norms}, want [{fused}]"
-        assert torch.equal(got_h, want_h) and torch.equal(got_h, h + delta), f"{what}: new residual"
-        if whole:
-            want, want_w, want_ids = mod.fused_moe_fp8(x, rw, rb, *experts, TOP_K, LIMIT, offset, return_routing=True)
-            assert torch.equal(got_ids, want_ids) and torch.equal(got_w, want_w), f"{what}: routing"
-            assert torch.equal(got, want), f"{what}: MoE output differs from the two calls' ({(got - want).abs().max()})"
-        else:
-            want = mod.decode_front(x, rw, rb, TOP_K, num_local, offset)
-            used = 16 * int((want["block_expert"] >= 0).sum())  # slots past the used blocks are never written
-            want["sorted_pairs"], front["sorted_pairs"] = want["sorted_pairs"][:used], front["sorted_pairs"][:used]
-            for key, value in want.items():
-                same = value == front[key] if key == "max_blocks" else torch.equal(
-                    *(v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v for v in (front[key], value)))
-                assert same, f"{what}: the fused front's {key} differs from the two calls'"
-        results.append({"case": what, "fused": fused, "whole_moe": whole})
-    return {"norm_front": results}
-
-
 def sweep(device: str = "cpu") -> dict:
     mod = _kernel_module()
     t0 = time.time()
@@ -828,7 +757,6 @@ def sweep(device: str = "cpu") -> dict:
     result.update(check_align(mod, device))
     result.update(check_fused_sort(mod, device))
     result.update(check_decode_front(mod, device))
-    result.update(check_norm_front(mod, device))
     result.update(check_moe(mod, device))
     result["seconds"] = round(time.time() - t0, 1)
     return result
@@ -846,7 +774,6 @@ def test_kernels_interpreted():
     assert results[0]["decode_front_cases"] == len(decode_front_cases(_kernel_module()))
     assert results[0]["decode_front_logit_flips"] <= 2, "fp32 sums one ulp off the exact logits too often"
     assert len(results[0]["moe"]) == len(moe_cases(_kernel_module()))
-    assert len(results[0]["norm_front"]) == len(norm_front_cases("cpu"))
 
 
 def test_mlp1_one_dot_interpreted():
@@ -918,21 +845,6 @@ def gpu_decode_front() -> dict:
     cases = [(128, 1, 128, 0, bf16, None), (128, 3, 32, 64, bf16, None), (128, 16, 128, 0, bf16, None),
              (32, 1, 32, 0, bf16, None), (32, 16, 8, 24, bf16, None)]
     return check_decode_front(_kernel_module(), "cuda", hidden=2880, cases=cases)
-
-
-def gpu_norm_front() -> dict:
-    """The fused post-attention norm at hidden 2880 (compiled: the statistic's reduction order in the
-    decode front's 4 warps is residual_rms_norm's, or the bits would differ): batch 1 and 4 of both
-    expert counts, the whole MoE after it, and T = 5 (the two calls)."""
-    bf16 = torch.bfloat16
-    cases = [(128, 1, 8, 0, bf16, True), (128, 4, 8, 120, bf16, True), (32, 2, 8, 8, bf16, True),
-             (32, 3, 8, 0, bf16, False), (128, 5, 8, 0, bf16, True)]
-    return check_norm_front(_kernel_module(), "cuda", hidden=2880, cases=cases)
-
-
-@pytest.mark.gpu
-def test_norm_front_full_shapes():
-    gpu_norm_front()
 
 
 def gpu_routing() -> dict:
@@ -1102,7 +1014,6 @@ if __name__ == "__main__":
         print(json.dumps(sweep("cuda")), flush=True)
         print(json.dumps(gpu_routing()), flush=True)
         print(json.dumps(gpu_decode_front()), flush=True)
-        print(json.dumps(gpu_norm_front()), flush=True)
         for t in GPU_TABLE_TOKENS:
             print(json.dumps(gpu_full_shapes(t)), flush=True)
         for t in GPU_120B_TOKENS:

@@ -42,7 +42,7 @@ from sglang.srt.model_executor.forward_context import get_attn_backend, has_forw
 from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128
 from sglang_ext.layers.linear import FusedLinear, Linear
-from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, moe_forward_normed, route
+from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, route
 from sglang_ext.layers.parallel import BlockShard, ParallelLayout, attention_head_shard, moe_shard
 from sglang_ext.layers.mxfp4 import dequantize_mxfp4
 from sglang_ext.layers.norm import residual_rms_norm, rms_norm
@@ -235,22 +235,6 @@ class GptOssMLP(nn.Module):
         self.router = GptOssRouter(config)
         self.experts = GptOssExperts(config, tp)
 
-    def forward_normed(self, h, delta, norm):
-        """(h + delta, the MLP on rms_norm(h + delta) with `norm`): on the kernel path the MoE's
-        decode front does the add and the norm in its own launch (`moe_forward_normed`)."""
-        ex = self.experts
-        if not (ex.fp8 and use_triton(h.device)):
-            h, x = residual_rms_norm(h, delta, norm.weight, norm.eps)
-            return h, self(x)
-        single = self.tp.size == 1
-        h, out, weights, ids = moe_forward_normed(
-            h, delta, norm.weight, norm.eps, self.router.weight, self.router.bias, ex.gate_up_proj,
-            ex.gate_up_proj_scale_inv, ex.gate_up_proj_bias, ex.down_proj, ex.down_proj_scale_inv,
-            ex.down_proj_bias, self.top_k, self.limit, ex.expert_offset, with_down_bias=single, return_routing=True)
-        if single:
-            return h, out
-        return h, add_down_bias(tensor_model_parallel_all_reduce(out), weights, ids, ex.down_proj_bias)
-
     def forward(self, x):
         ex = self.experts
         single = self.tp.size == 1
@@ -285,8 +269,9 @@ class GptOssDecoderLayer(nn.Module):
         """h: the residual stream entering the layer, x: its input norm (x_quant: its FP8 form,
         kernel path). Returns (residual after attention, MLP output): the caller adds the MLP
         output inside the next norm's launch."""
-        return self.mlp.forward_normed(h, self.self_attn(x, cos_sin, forward_batch, x_quant),
-                                       self.post_attention_layernorm)
+        post = self.post_attention_layernorm
+        h, x = residual_rms_norm(h, self.self_attn(x, cos_sin, forward_batch, x_quant), post.weight, post.eps)
+        return h, self.mlp(x)
 
 
 class GptOssModel(nn.Module):
