@@ -52,7 +52,8 @@
 #   bash benchmarks/run_h200.sh final10   # (one GPU) the RoPE sweep in bf16, full-shape sink tests, PDL bits; TP1
 #                                         # decode rows with session 10's kernels
 #   bash benchmarks/run_h200.sh rope11    # (one GPU) RoPE + KV write in the split-loop decode: its gpu sweep, step
-#                                         # A/B at batch 8 and at batch 1 with a server's 131072-wide KV table
+#                                         # A/B at batch 8 and at batch 1 / 4 with a server's 131072-wide KV table;
+#                                         # TP1 decode rows
 #                                         # (session 11's norm-in-the-MoE-front A/B ran as stage norm11 at d96fc76)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
@@ -463,7 +464,9 @@ rope11)  # one GPU: RoPE + KV write in the split-loop decode: its GPU sweep, the
     step diag_rope_split_loop 240 python benchmarks/diag_pdl.py --rope-fusion-ab --no-picks --models 120b,20b \
         --batches 8 --rounds 30 --check 20 --out "$R" --stem diag_rope_split_loop
     step diag_serving_width 200 python benchmarks/diag_pdl.py --rope-fusion-ab --no-picks --models 120b,20b \
-        --batches 1 --table-widths 131072 --rounds 30 --check 20 --out "$R" --stem diag_rope_serving_width
+        --batches 1,4 --table-widths 131072 --rounds 30 --check 20 --out "$R" --stem diag_rope_serving_width
+    step bench_decode_tp1 240 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
