@@ -285,10 +285,17 @@ def main():
     ap.add_argument("--dims", default="128,2880,2880", help=argparse.SUPPRESS)  # experts,hidden,inter
     ap.add_argument("--variants", type=int, default=0, help=argparse.SUPPRESS)  # only the first N
     ap.add_argument("--filter", default="", help="time only the one-shot variants whose label contains this")
+    ap.add_argument("--ncu", action="store_true", help="instead: one call of the served MoE layer at the first "
+                    "--tokens count (120b), for `ncu --profile-from-start off`")
     args = ap.parse_args()
     global DEVICE, EXPERTS, HIDDEN, INTER
     DEVICE = bench_moe.DEVICE = args.device
     EXPERTS, HIDDEN, INTER = (int(v) for v in args.dims.split(","))
+    if args.ncu:
+        layer = make_layer(EXPERTS, HIDDEN, INTER, seed=0)
+        x = (torch.randn(int(args.tokens.split(",")[0]), HIDDEN, device=DEVICE) * 0.5).to(torch.bfloat16)
+        bc.profile_one_call(lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layer)))
+        return
     variants = [v for v in md.oneshot_variants() if args.filter in v.short()][:args.variants or None]
     t0 = time.time()
     tokens = [int(t) for t in args.tokens.split(",")]

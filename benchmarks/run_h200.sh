@@ -55,6 +55,7 @@
 #                                         # A/B at batch 8 and at batch 1 / 4 with a server's 131072-wide KV table;
 #                                         # TP1 decode rows
 #                                         # (session 11's norm-in-the-MoE-front A/B ran as stage norm11 at d96fc76)
+#   bash benchmarks/run_h200.sh ncu11     # (one GPU) ncu of the batch-1 MoE layer's kernels (stall reasons)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -467,6 +468,14 @@ rope11)  # one GPU: RoPE + KV write in the split-loop decode: its GPU sweep, the
         --batches 1,4 --table-widths 131072 --rounds 30 --check 20 --out "$R" --stem diag_rope_serving_width
     step bench_decode_tp1 240 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1
+    ;;
+ncu11)  # one GPU: where the batch-1 MoE layer's kernels stall (front, mlp1, h quantisation, mlp2 per pair; ncu
+        # serialises the launches: no PDL overlap)
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)"
+    step ncu_moe_decode 150 "$NCU" --clock-control none --profile-from-start off \
+        --kernel-name regex:"_decode_front|_mlp1_oneshot|_quantize_h|_mlp2_pair" --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section LaunchStats --section SourceCounters python benchmarks/bench_moe_decode.py --ncu --tokens 1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
