@@ -95,11 +95,10 @@ def _precompile_worker(tasks) -> int:
 
 
 def _mlp2_tiles() -> list:
-    """(block_n, warps, quant_in_mlp2, per_pair, slot loop) of every mlp2 tile the sweep times."""
-    return ([(n, w, False, False, False) for n, w in md.ONESHOT_MLP2_TILES]
-            + [(n, w, True, False, False) for n, w in md.ONESHOT_MLP2_QUANT_TILES]
-            + [(n, w, False, True, False) for n, w in md.ONESHOT_MLP2_PAIR_TILES]
-            + [(n, w, False, False, True) for n, w in md.ONESHOT_MLP2_LOOP_TILES])
+    """(block_n, warps, quant_in_mlp2, per_pair) of every mlp2 tile the sweep times."""
+    return ([(n, w, False, False) for n, w in md.ONESHOT_MLP2_TILES]
+            + [(n, w, True, False) for n, w in md.ONESHOT_MLP2_QUANT_TILES]
+            + [(n, w, False, True) for n, w in md.ONESHOT_MLP2_PAIR_TILES])
 
 
 def precompile(tokens, workers) -> float:
@@ -110,8 +109,8 @@ def precompile(tokens, workers) -> float:
 
     t0 = time.time()
     mlp1 = md.ONESHOT_MLP1_TILES
-    tasks = [[("oneshot", tokens[0], md.OneshotConfig(*mlp1[i % len(mlp1)], n, w, q, pp, lp))]
-             for i, (n, w, q, pp, lp) in enumerate(_mlp2_tiles())]
+    tasks = [[("oneshot", tokens[0], md.OneshotConfig(*mlp1[i % len(mlp1)], n, w, q, pp))]
+             for i, (n, w, q, pp) in enumerate(_mlp2_tiles())]
     buckets = sorted({moe_kernels._decode_token_pad(t) for t in tokens})  # the front's token tiles
     tasks[0] += [("oneshot", b, md.DEFAULT_ONESHOT) for b in buckets]
     tasks.append([("shipped", b, None) for b in buckets])
@@ -208,11 +207,10 @@ def sweep_batch(layer, tokens, bw, rows, deadline, variants):
     timed({**base, "part": "quant", "variant": "quantize_h"}, 5 * num_pairs * INTER,
           [lambda f=f, h=h, hq=hq, hs=hs: md.quantize_h(h, f["topk_ids"], hq=hq, hs=hs)
            for f, h, hq, hs in zip(fronts, hfs, hqs, hss)])
-    for n, w, q, pp, lp in _mlp2_tiles():
-        config = md.OneshotConfig(mlp2_block_n=n, mlp2_warps=w, quant_in_mlp2=q, mlp2_per_pair=pp, mlp2_loop=lp)
+    for n, w, q, pp in _mlp2_tiles():
+        config = md.OneshotConfig(mlp2_block_n=n, mlp2_warps=w, quant_in_mlp2=q, mlp2_per_pair=pp)
         timed({**base, "part": "mlp2+combine",
-               "variant": f"mlp2 n{n}/w{w}" + (" hq-in-mlp2" if q else "") + (" per-pair" if pp else "")
-                          + (" loop" if lp else "")},
+               "variant": f"mlp2 n{n}/w{w}" + (" hq-in-mlp2" if q else "") + (" per-pair" if pp else "")},
               mlp2_bytes,
               [lambda f=f, h=h, hq=hq, hs=hs, o=o, c=config, q=q: md.launch_mlp2_combine(
                   None if q else hq, None if q else hs, h, f["topk_weights"], f["topk_ids"], w2, s2, b2, o, 0, c)

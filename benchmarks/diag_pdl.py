@@ -99,15 +99,13 @@ def critical_path(graph, num_layers: int, replays: int = 5) -> list[dict]:
     return rows
 
 
-def table_with_mlp2(block_n: int, warps: int, kind: str = "per-pair"):
-    """The MoE table with its one-shot rows' mlp2 as the per-pair kernel ("per-pair") or the slot loop
-    ("loop") of this tile."""
+def table_with_mlp2_per_pair(block_n: int, warps: int):
+    """The MoE table with its one-shot rows' mlp2 as the per-pair kernel of this tile."""
     from dataclasses import replace
 
     from sglang_ext.kernels import moe
 
-    flags = dict(mlp2_per_pair=kind == "per-pair", mlp2_loop=kind == "loop")
-    return tuple((t, replace(c, mlp2_block_n=block_n, mlp2_warps=warps, **flags) if c.oneshot else c)
+    return tuple((t, replace(c, mlp2_block_n=block_n, mlp2_warps=warps, mlp2_per_pair=True) if c.oneshot else c)
                  for t, c in moe.H200_HIDDEN_2880_CONFIGS)
 
 
@@ -153,8 +151,8 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
 
     table = moe.H200_HIDDEN_2880_CONFIGS
     row["mlp2_per_pair"] = []
-    for block_n, warps, kind in mlp2_variants:
-        moe.H200_HIDDEN_2880_CONFIGS = table_with_mlp2(block_n, warps, kind)
+    for block_n, warps in mlp2_variants:
+        moe.H200_HIDDEN_2880_CONFIGS = table_with_mlp2_per_pair(block_n, warps)
         holder = {}
         try:
             set_pdl(True)
@@ -163,7 +161,7 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
             set_pdl(None)
             moe.H200_HIDDEN_2880_CONFIGS = table
         base, var, d, (v1, v3) = paired(graphs[True], g, rounds)
-        row["mlp2_per_pair"].append({"tile": f"{kind} n{block_n}/w{warps}", "table_us": base * 1e6, "variant_us": var * 1e6,
+        row["mlp2_per_pair"].append({"tile": f"n{block_n}/w{warps}", "table_us": base * 1e6, "variant_us": var * 1e6,
                                      "diff_us": d * 1e6, "iqr_us": [v1 * 1e6, v3 * 1e6],
                                      "logits_equal": (holder["out"] == outs[True]).float().mean().item()})
         del g
@@ -322,11 +320,11 @@ def markdown(meta: dict, rows: list) -> str:
     pp = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
           for r in rows for v in r.get("mlp2_per_pair", [])]
     if pp:
-        lines += ["", "## MoE one-shot mlp2 variants (kernels/moe_decode.py: per pair, slot loop) vs the table's, PDL on",
-                  "", "Paired rounds against the table's graph of the same model; logits equal = fraction of "
-                  "equal logits (a kernel sums each output row in its own tile layout).", "",
+        lines += ["", "## MoE one-shot mlp2 per pair (kernels/moe_decode.py) vs the table's, PDL on", "",
+                  "Paired rounds against the table's graph of the same model; logits equal = fraction of "
+                  "equal logits (the per-pair kernel sums each output row in its own tile layout).", "",
                   bc.md_table(pp, [("model", "model", None), ("batch", "batch", None), ("mlp2 tile", "tile", None),
-                                   ("table us", "table_us", "{:.1f}"), ("variant us", "variant_us", "{:.1f}"),
+                                   ("table us", "table_us", "{:.1f}"), ("per-pair us", "variant_us", "{:.1f}"),
                                    ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None),
                                    ("logits equal", "logits_equal", "{:.3f}")])]
     return "\n".join(lines + critical_path_sections(rows, "PDL")) + "\n"
@@ -342,7 +340,6 @@ def main():
     ap.add_argument("--check", type=int, default=50)
     ap.add_argument("--mlp2-per-pair", default="", help="block_n:warps,...: also time the MoE's one-shot rows "
                     "with the per-pair mlp2 of these tiles (PDL on), paired against the table")
-    ap.add_argument("--mlp2-loop", default="", help="block_n:warps,...: the same with the slot-loop mlp2")
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the one-shot "
                     "decode attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
@@ -351,9 +348,7 @@ def main():
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
-    variants = tuple((*(int(v) for v in t.split(":")), kind) for arg, kind in ((args.mlp2_per_pair, "per-pair"),
-                                                                                (args.mlp2_loop, "loop"))
-                     for t in arg.split(",") if t)
+    variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
     bc.import_project()
     meta = bc.run_meta("python benchmarks/diag_pdl.py " + " ".join(sys.argv[1:]))
     rows = []

@@ -54,9 +54,9 @@
 #   bash benchmarks/run_h200.sh rope11    # (one GPU) RoPE + KV write in the split-loop decode: its gpu sweep, step
 #                                         # A/B at batch 8 and at batch 1 / 4 with a server's 131072-wide KV table;
 #                                         # TP1 decode rows
-#                                         # (session 11's norm-in-the-MoE-front A/B ran as stage norm11 at d96fc76)
+#                                         # (session 11's norm-in-the-MoE-front A/B ran as stage norm11 at d96fc76,
+#                                         # its slot-loop mlp2 as stage loop11 at 432834f)
 #   bash benchmarks/run_h200.sh ncu11     # (one GPU) ncu of the batch-1 MoE layer's kernels (stall reasons)
-#   bash benchmarks/run_h200.sh loop11    # (one GPU) the slot-loop mlp2: gpu tests, its tiles timed alone and in the step
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -477,15 +477,6 @@ ncu11)  # one GPU: where the batch-1 MoE layer's kernels stall (front, mlp1, h q
         --kernel-name regex:"_decode_front|_mlp1_oneshot|_quantize_h|_mlp2_pair" --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section LaunchStats --section SourceCounters python benchmarks/bench_moe_decode.py --ncu --tokens 1
-    ;;
-loop11)  # one GPU: the slot-loop mlp2 (kernels/moe_decode.py _mlp2_pair_loop_kernel): gpu tests, the kernel sweep of
-         # its tiles beside the per-pair table pick, the whole step with its tiles paired against the table (PDL on)
-    step gpu_test_moe_decode 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
-    mkdir -p "$R/loop"
-    step bench_moe_decode_loop 150 python benchmarks/bench_moe_decode.py --tokens 1,4 --filter "mlp2 n8/w4" \
-        --budget-s 100 --out "$R/loop"
-    step diag_mlp2_loop 220 python benchmarks/diag_pdl.py --models 120b,20b --batches 1,4 --no-probe \
-        --mlp2-loop 2:2,4:4,4:2,8:4,8:8,16:8 --rounds 30 --check 10 --out "$R" --stem diag_mlp2_loop
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

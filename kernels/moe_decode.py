@@ -61,7 +61,7 @@ tokens on the H200: 47.1 -> 40.0 us a 120b layer at T = 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -110,18 +110,16 @@ class OneshotConfig:
     mlp2_warps: int = 4
     quant_in_mlp2: bool = False
     mlp2_per_pair: bool = False  # mlp2 program (pair, rows) + last-arriver combine (`_mlp2_pair_oneshot_kernel`)
-    mlp2_loop: bool = False  # mlp2 program (token, rows) walking its pairs, next slab in flight (`_mlp2_pair_loop_kernel`)
 
     def short(self) -> str:
         return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
-                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else "")
-                + (" loop" if self.mlp2_loop else ""))
+                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else ""))
 
     def slab_bytes_per_thread(self, hidden: int, inter: int, top_k: int = 4) -> tuple[int, int]:
         """(mlp1, mlp2) weight bytes in flight per thread: rows x padded K blocks x 128 / threads."""
         c1 = sum(pow2_chunks(triton.cdiv(hidden, QUANT_GROUP)))
         c2 = sum(pow2_chunks(triton.cdiv(inter, QUANT_GROUP)))
-        pairs = 1 if self.mlp2_per_pair else 2 if self.mlp2_loop else triton.next_power_of_2(top_k)
+        pairs = 1 if self.mlp2_per_pair else triton.next_power_of_2(top_k)
         return (2 * self.mlp1_block_n * c1 * QUANT_GROUP // (32 * self.mlp1_warps),
                 pairs * self.mlp2_block_n * c2 * QUANT_GROUP // (32 * self.mlp2_warps))
 
@@ -143,8 +141,6 @@ ONESHOT_MLP2_TILES = ((1, 2), (2, 4), (2, 2), (4, 8), (4, 4), (8, 8))
 ONESHOT_MLP2_QUANT_TILES = ((1, 8), (2, 8), (4, 8))
 # per-pair mlp2 (one expert's W2 rows per program, as mlp1's tiles): 96-384 weight bytes a thread
 ONESHOT_MLP2_PAIR_TILES = ((4, 2), (8, 4), (8, 2), (16, 4), (16, 8), (4, 4))
-# slot-loop mlp2 (one token's rows, its pairs in turn, two slabs in flight): 192-384 bytes a thread
-ONESHOT_MLP2_LOOP_TILES = ((2, 2), (4, 4), (4, 2), (8, 4), (8, 8), (16, 8))
 
 
 def oneshot_variants() -> list[OneshotConfig]:
@@ -156,8 +152,6 @@ def oneshot_variants() -> list[OneshotConfig]:
     mlp2 = [(n, w, False) for n, w in ONESHOT_MLP2_TILES] + [(n, w, True) for n, w in ONESHOT_MLP2_QUANT_TILES]
     return ([C(n1, w1, n2, w2, q) for n2, w2, q in mlp2 for n1, w1 in ONESHOT_MLP1_TILES]
             + [C(n1, w1, n2, w2, mlp2_per_pair=True) for n2, w2 in ONESHOT_MLP2_PAIR_TILES
-               for n1, w1 in ONESHOT_MLP1_TILES]
-            + [C(n1, w1, n2, w2, mlp2_loop=True) for n2, w2 in ONESHOT_MLP2_LOOP_TILES
                for n1, w1 in ONESHOT_MLP1_TILES])
 
 
@@ -175,10 +169,8 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
         if value < 1 or value & (value - 1):
             raise ValueError(f"OneshotConfig.{name} must be a power of two, got {value}")
     # a program's rows stay inside one 128-row scale block
-    if (config.mlp2_per_pair or config.mlp2_loop) and config.quant_in_mlp2:
-        raise ValueError("OneshotConfig: mlp2_per_pair / mlp2_loop read h's e4m3 groups; quant_in_mlp2 does not apply")
-    if config.mlp2_per_pair and config.mlp2_loop:
-        raise ValueError("OneshotConfig: mlp2_per_pair and mlp2_loop are two different mlp2 kernels: pick one")
+    if config.mlp2_per_pair and config.quant_in_mlp2:
+        raise ValueError("OneshotConfig: mlp2_per_pair reads h's e4m3 groups; quant_in_mlp2 does not apply")
     if config.mlp1_block_n > 64 or config.mlp2_block_n > 128 or config.mlp1_warps > 16 or config.mlp2_warps > 16:
         raise ValueError("OneshotConfig: mlp1_block_n <= 64 (2x W1 rows), mlp2_block_n <= 128, warps <= 16")
     b1, b2 = config.slab_bytes_per_thread(hidden, inter, top_k)
@@ -386,72 +378,6 @@ def _mlp2_combine_oneshot_kernel(
     tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=rows < hidden)
 
 
-@triton.jit
-def _mlp2_slab(TOPK_IDS, pair, W2, W2S, B2, tile, rows_c, k1, k2, kb1, kb2, inter, num_kb, expert_offset,
-               num_local, stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-               BLOCK_N: tl.constexpr, C2: tl.constexpr, HAS_B2: tl.constexpr):
-    """What one pair's mlp2 rows need besides h, all loads: (W2 rows [BLOCK_N, C1, 128] and
-    [BLOCK_N, C2, 128] of the pair's expert over all of K, their two scale vectors, b2's rows,
-    whether the expert is this rank's). Unused second chunk (C2 == 0) and bias: placeholders."""
-    eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
-    local = (eid >= 0) & (eid < num_local)
-    expert = tl.where(local, eid, 0).to(tl.int64)
-    ws_ptrs = W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n  # one 128-row block
-    ws1 = tl.load(ws_ptrs + kb1, mask=local & (kb1 < num_kb), other=0.0)
-    if HAS_B2:
-        bias = tl.load(B2 + expert * stride_b2_e + rows_c, mask=local, other=0.0).to(tl.float32)
-    else:
-        bias = ws1
-    w_rows = W2 + expert * stride_w2_e + rows_c * stride_w2_n
-    w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=(local & (k1 < inter))[None, :, :], other=0.0)
-    if C2 > 0:
-        ws2 = tl.load(ws_ptrs + kb2, mask=local & (kb2 < num_kb), other=0.0)
-        w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=(local & (k2 < inter))[None, :, :], other=0.0)
-    else:
-        ws2, w2 = ws1, w1
-    return w1, w2, ws1, ws2, bias, local
-
-
-@triton.jit
-def _mlp2_h(HQ, HS, pair, k1, k2, kb1, kb2, inter, num_kb, local, C2: tl.constexpr):
-    """One pair's h: e4m3 codes [C1, 128] / [C2, 128] and their group scales (zeros for another rank's
-    expert, whose rows mlp1 and the quantisation skipped)."""
-    hq1 = tl.load(HQ + pair * inter + k1, mask=local & (k1 < inter), other=0.0)
-    hs1 = tl.load(HS + pair * num_kb + kb1, mask=local & (kb1 < num_kb), other=0.0)
-    if C2 > 0:
-        hq2 = tl.load(HQ + pair * inter + k2, mask=local & (k2 < inter), other=0.0)
-        hs2 = tl.load(HS + pair * num_kb + kb2, mask=local & (kb2 < num_kb), other=0.0)
-    else:
-        hq2, hs2 = hq1, hs1
-    return hq1, hs1, hq2, hs2
-
-
-@triton.jit
-def _mlp2_rows(w1, w2, ws1, ws2, bias, local, hq1, hs1, hq2, hs2, C2: tl.constexpr, HAS_B2: tl.constexpr):
-    """y [BLOCK_N] of one pair: per 128-block sums of exact e4m3 products, each scaled, summed over the
-    blocks (mlp1's order), + b2; 0 for another rank's expert (as `_combine_kernel`'s masked load)."""
-    d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
-    y = tl.sum(d1 * (hs1 * ws1)[None, :], axis=1)
-    if C2 > 0:
-        d2 = tl.sum(w2.to(tl.float32) * hq2.to(tl.float32)[None, :, :], axis=2)
-        y += tl.sum(d2 * (hs2 * ws2)[None, :], axis=1)
-    if HAS_B2:
-        y += bias
-    return tl.where(local, y, 0.0)
-
-
-@triton.jit
-def _mlp2_tile_setup(tile, hidden, inter, BLOCK_N: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr):
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_c = tl.minimum(rows, hidden - 1).to(tl.int64)
-    offs_k = tl.arange(0, 128)
-    kb1 = tl.arange(0, C1)
-    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
-    kb2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
-    k2 = kb2[:, None] * 128 + offs_k[None, :]
-    return rows, rows_c, kb1, k1, kb2, k2, (inter + 127) // 128
-
-
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
 def _mlp2_pair_oneshot_kernel(
     HQ, HS,  # h e4m3 [P, I] and scales [P, cdiv(I, 128)]
@@ -478,18 +404,55 @@ def _mlp2_pair_oneshot_kernel(
     pair = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
     token = pair // TOP_K
-    rows, rows_c, kb1, k1, kb2, k2, num_kb = _mlp2_tile_setup(tile, hidden, inter, BLOCK_N, C1, C2)
+    eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
+    local = (eid >= 0) & (eid < num_local)
+    expert = tl.where(local, eid, 0).to(tl.int64)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_c = tl.minimum(rows, hidden - 1).to(tl.int64)
+    num_kb = (inter + 127) // 128
+    offs_k = tl.arange(0, 128)
+    kb1 = tl.arange(0, C1)
+    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
+    kb2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
+    k2 = kb2[:, None] * 128 + offs_k[None, :]
+    h_ok1 = local & (k1 < inter)
+    h_ok2 = local & (k2 < inter)
+    s_ok1 = local & (kb1 < num_kb)
+    s_ok2 = local & (kb2 < num_kb)
+    h_row = pair * inter
+    hs_row = HS + pair * num_kb
     if not USE_PDL:  # h first: its latency overlaps the slab's
-        eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
-        hq1, hs1, hq2, hs2 = _mlp2_h(HQ, HS, pair, k1, k2, kb1, kb2, inter, num_kb,
-                                     (eid >= 0) & (eid < num_local), C2)
-    w1, w2, ws1, ws2, bias, local = _mlp2_slab(
-        TOPK_IDS, pair, W2, W2S, B2, tile, rows_c, k1, k2, kb1, kb2, inter, num_kb, expert_offset, num_local,
-        stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e, BLOCK_N, C2, HAS_B2)
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
+    ws_ptrs = W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n  # one 128-row block
+    ws1 = tl.load(ws_ptrs + kb1, mask=s_ok1, other=0.0)
+    if C2 > 0:
+        ws2 = tl.load(ws_ptrs + kb2, mask=s_ok2, other=0.0)
+    if HAS_B2:
+        bias = tl.load(B2 + expert * stride_b2_e + rows_c, mask=local, other=0.0).to(tl.float32)
+    w_rows = W2 + expert * stride_w2_e + rows_c * stride_w2_n
+    w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=h_ok1[None, :, :], other=0.0)
+    if C2 > 0:
+        w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=h_ok2[None, :, :], other=0.0)
     if USE_PDL:
         pdl_wait_then_release(USE_PDL)
-        hq1, hs1, hq2, hs2 = _mlp2_h(HQ, HS, pair, k1, k2, kb1, kb2, inter, num_kb, local, C2)
-    y = _mlp2_rows(w1, w2, ws1, ws2, bias, local, hq1, hs1, hq2, hs2, C2, HAS_B2)
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
+    # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks (mlp1's order)
+    d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
+    y = tl.sum(d1 * (hs1 * ws1)[None, :], axis=1)
+    if C2 > 0:
+        d2 = tl.sum(w2.to(tl.float32) * hq2.to(tl.float32)[None, :, :], axis=2)
+        y += tl.sum(d2 * (hs2 * ws2)[None, :], axis=1)
+    if HAS_B2:
+        y += bias
+    y = tl.where(local, y, 0.0)  # another rank's expert: 0, as `_combine_kernel`'s masked load
     row_ok = rows < hidden
     tl.store(PAIR_Y + pair * hidden + rows, y, mask=row_ok)
     # last arriver of the token's TOP_K programs for this tile (the stores above before the release)
@@ -507,49 +470,6 @@ def _mlp2_pair_oneshot_kernel(
         if OUT.dtype.element_ty == tl.bfloat16:
             acc = _round_to_bf16(acc)
         tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=row_ok)
-
-
-@triton.jit(do_not_specialize=["expert_offset", "num_local"])
-def _mlp2_pair_loop_kernel(
-    HQ, HS, TOPK_W, TOPK_IDS, W2, W2S, B2, OUT,  # as _mlp2_pair_oneshot_kernel's
-    hidden, inter, expert_offset, num_local, stride_out,
-    stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-    TOP_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    C1: tl.constexpr,
-    C2: tl.constexpr,
-    HAS_B2: tl.constexpr,
-    USE_PDL: tl.constexpr,  # kernels/pdl.py: the ids (three launches back) and slot 0's slab before the wait
-):
-    """mlp2 + combine, one program per (token, tile) that walks the token's TOP_K pairs in slot order
-    (`OneshotConfig.mlp2_loop`): slot j + 1's W2 slab is loaded before slot j's sums, so one slab is
-    always in flight while the other is summed, and the combine adds w_j * y_j in registers as it goes
-    (`_combine_kernel`'s fp32 sum in slot order, one rounding: the per-pair kernel's bits, without its
-    y round trip, arrival counters and fenced atomics). Why: at batch 1 the per-pair kernel's 1440
-    programs ran 2.18 waves at 5 an SM (92 registers) and read 33 MB at 45 % of DRAM bandwidth (ncu,
-    benchmarks/results/logs/h200_session11_ncu_moe_decode.log)."""
-    token = tl.program_id(0).to(tl.int64)
-    tile = tl.program_id(1)
-    rows, rows_c, kb1, k1, kb2, k2, num_kb = _mlp2_tile_setup(tile, hidden, inter, BLOCK_N, C1, C2)
-    slab = _mlp2_slab(TOPK_IDS, token * TOP_K, W2, W2S, B2, tile, rows_c, k1, k2, kb1, kb2, inter, num_kb,
-                      expert_offset, num_local, stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-                      BLOCK_N, C2, HAS_B2)
-    pdl_wait_then_release(USE_PDL)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        pair = token * TOP_K + j
-        w1, w2, ws1, ws2, bias, local = slab
-        hq1, hs1, hq2, hs2 = _mlp2_h(HQ, HS, pair, k1, k2, kb1, kb2, inter, num_kb, local, C2)
-        if j + 1 < TOP_K:  # the next slot's slab in flight while this one is summed
-            slab = _mlp2_slab(TOPK_IDS, pair + 1, W2, W2S, B2, tile, rows_c, k1, k2, kb1, kb2, inter, num_kb,
-                              expert_offset, num_local, stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n,
-                              stride_b2_e, BLOCK_N, C2, HAS_B2)
-        y = _mlp2_rows(w1, w2, ws1, ws2, bias, local, hq1, hs1, hq2, hs2, C2, HAS_B2)
-        w_j = tl.load(TOPK_W + pair).to(tl.float32)
-        acc += w_j * y
-    if OUT.dtype.element_ty == tl.bfloat16:
-        acc = _round_to_bf16(acc)
-    tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=rows < hidden)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -667,19 +587,6 @@ def launch_mlp2_combine(hq, hs, h, weights, ids, w2, w2_scale_inv, b2, out, expe
     num_local, hidden, inter = w2.shape
     num_tokens, top_k = ids.shape
     c1, c2 = pow2_chunks(triton.cdiv(inter, QUANT_GROUP))
-    if config.mlp2_loop:
-        _mlp2_pair_loop_kernel[(num_tokens, triton.cdiv(hidden, config.mlp2_block_n))](
-            hq, hs, weights, ids, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv, out,
-            hidden, inter, expert_offset, num_local, out.stride(0),
-            w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
-            b2.stride(0) if b2 is not None else 0,
-            TOP_K=top_k, BLOCK_N=config.mlp2_block_n, C1=c1, C2=c2, HAS_B2=b2 is not None,
-            num_warps=config.mlp2_warps, **pdl_launch_kwargs(out.device, num_tokens),
-        )
-        if pair_out is not None:  # the tests' per-pair y: the per-pair kernel's, same sums
-            launch_mlp2_combine(hq, hs, h, weights, ids, w2, w2_scale_inv, b2, torch.empty_like(out), expert_offset,
-                                replace(config, mlp2_loop=False, mlp2_per_pair=True), pair_out)
-        return
     if config.mlp2_per_pair:
         tiles = triton.cdiv(hidden, config.mlp2_block_n)
         counters = arrival_counters(PAIR_COUNTERS_OWNER, out.device, num_tokens * tiles)

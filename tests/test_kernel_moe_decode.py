@@ -101,11 +101,6 @@ def interpreted_cases(md):
          C(64, 4, 128, 16, mlp2_per_pair=True), True, False),
         ("T4 H288 I160 6 experts, biases, per-pair mlp2 n32", 1, 4, 288, 160, 6, 6, 0, True, True, "layer",
          C(64, 4, 32, 4, mlp2_per_pair=True), False, False),
-        # the slot loop's out against _combine_kernel of the per-pair kernel's y (its pair_out): bit for bit
-        ("T2 EP experts 2..6 of 8, slot-loop mlp2, no b2, H288 I288", 0, 2, 288, 288, 5, 8, 2, True, False, "experts",
-         C(64, 4, 128, 16, mlp2_loop=True), True, False),
-        ("T3 H160 I160 6 experts, biases, slot-loop mlp2 n32", 1, 3, 160, 160, 6, 6, 0, True, True, "layer",
-         C(64, 4, 32, 4, mlp2_loop=True), False, False),
     ]
 
 
@@ -273,7 +268,6 @@ def test_configs_and_chunks():
     variants = md.oneshot_variants()
     assert len(set(variants)) == len(variants) and md.DEFAULT_ONESHOT in variants
     assert {v.quant_in_mlp2 for v in variants} == {False, True} and {v.mlp2_per_pair for v in variants} == {False, True}
-    assert {v.mlp2_loop for v in variants} == {False, True}
     for v in variants:  # every variant the sweep times is valid at the real shapes
         md._check_config(v, 2880, 2880, TOP_K)
     labels = [v.short() for v in variants]
@@ -288,8 +282,7 @@ def test_launcher_rejects_bad_calls():
     C = md.OneshotConfig
     for bad, match in ((C(mlp1_block_n=3), "power of two"), (C(mlp1_block_n=128), "mlp1_block_n <= 64"),
                        (C(mlp2_block_n=256), "mlp2_block_n <= 128"), (C(mlp2_block_n=128, mlp2_warps=1), "bytes per"),
-                       (C(mlp2_per_pair=True, quant_in_mlp2=True), "does not apply"),
-                       (C(mlp2_loop=True, mlp2_per_pair=True), "pick one")):
+                       (C(mlp2_per_pair=True, quant_in_mlp2=True), "does not apply")):
         with pytest.raises(ValueError, match=match):
             md.fused_moe_decode_oneshot(x, weights, ids, *experts, config=bad)
     with pytest.raises(ValueError, match="both be"):
@@ -345,7 +338,7 @@ def gpu_configs():
     _, md = _modules()
     C = md.OneshotConfig
     return [md.DEFAULT_ONESHOT, C(2, 2, 1, 2), C(16, 8, 8, 8), C(8, 4, 4, 4, quant_in_mlp2=True),
-            C(4, 4, 8, 4, mlp2_per_pair=True), C(4, 4, 8, 8, mlp2_loop=True), C(4, 4, 4, 4, mlp2_loop=True)]
+            C(4, 4, 8, 4, mlp2_per_pair=True)]
 
 
 def gpu_oneshot(num_tokens: int, config) -> dict:
