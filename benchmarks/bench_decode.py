@@ -111,8 +111,9 @@ def run(rank: int, world: int, args):
             probe_here = args.probe_configs == "all" or (
                 args.probe_configs != "none" and (tp, ep, dp) in parse_configs(args.probe_configs))
             sharding = Sharding(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
-            base = {"model": dims.name, "config": sharding.label, "gpus": tp,
-                    "kind": "modelled" if emulate else "measured"}
+            base = {"model": dims.name, "config": sharding.label + (" FP8 LM head" if args.fp8_lm_head else ""),
+                    "gpus": tp, "kind": "modelled" if emulate else "measured",
+                    "lm_head": "fp8" if args.fp8_lm_head else "bf16"}
             need_w = ModelStep.bytes_needed(dims, sharding, 1, 1)["weights"]
             free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
             if need_w + MEMORY_MARGIN > free:
@@ -121,7 +122,8 @@ def run(rank: int, world: int, args):
                 continue
             try:
                 model = ModelStep(dims, sharding, batch=1, context=args.context_probe_min, device=device,
-                                  group=group, emulate=emulate, dtype=torch.bfloat16 if cuda else torch.float32)
+                                  group=group, emulate=emulate, dtype=torch.bfloat16 if cuda else torch.float32,
+                                  fp8_lm_head=args.fp8_lm_head)
             except Exception as exc:
                 rows.append({**base, "error": repr(exc)[:300]})
                 continue
@@ -158,7 +160,7 @@ def run(rank: int, world: int, args):
                         continue
                     comm_s = comm.decode_step_seconds(dims, sharding, batch) if emulate else 0.0
                     step = t_off + comm_s
-                    bytes_floor = decode_step_bytes(dims, sharding, batch, context)
+                    bytes_floor = decode_step_bytes(dims, sharding, batch, context, args.fp8_lm_head)
                     total_tps = batch / step
                     row.update({
                         "step_ms": step * 1e3,
@@ -252,6 +254,8 @@ def main():
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--stem", default="bench_decode")
+    ap.add_argument("--fp8-lm-head", action="store_true", help="the LM head in e4m3 blocks (a server's opt-in "
+                    "SGLANG_EXT_FP8_LM_HEAD=1); rows labelled 'FP8 LM head'")
     ap.add_argument("--context-probe-min", type=int, default=256)
     ap.add_argument("--probe-rounds", type=int, default=40,
                     help="paired probe-off/on rounds per row (the overhead is their median difference)")

@@ -39,6 +39,7 @@ import_project()
 from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
 from sglang_ext.layers.parallel import block_granular_ranges  # noqa: E402
 from sglang_ext.layers.linear import Linear  # noqa: E402
+from sglang_ext.layers.lm_head import fp8_lm_head_logits, quantize_head_weight  # noqa: E402
 from sglang_ext.layers.moe import moe_forward  # noqa: E402
 from sglang_ext.layers.norm import residual_rms_norm, rms_norm  # noqa: E402
 from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
@@ -196,6 +197,8 @@ class ModelStep:
     # Slots per request of the sliding layers: a ring of `sliding_window` for decode; a prefill
     # writes all its keys before attending, so it needs `context` (SGLang frees them after).
     swa_slots: int = 0
+    # The LM head in e4m3 blocks, as a server with SGLANG_EXT_FP8_LM_HEAD=1 (sglang_ext/layers/lm_head.py)
+    fp8_lm_head: bool = False
     layers: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -236,6 +239,7 @@ class ModelStep:
         vocab_local = -(-d.vocab // s.attn_tp)
         self.embed = (torch.randn(vocab_local, d.hidden, device=dev, generator=gen) * 0.02).to(dt)
         self.lm_head = (torch.randn(vocab_local, d.hidden, device=dev, generator=gen) * 0.02).to(dt)
+        self.lm_head_fp8 = quantize_head_weight(self.lm_head) if self.fp8_lm_head else None
         self.final_norm = torch.ones(d.hidden, device=dev, dtype=dt)
         self.probe = None
         self.allocate_cache(self.batch, self.context, self.swa_slots)
@@ -350,7 +354,7 @@ class ModelStep:
             self.probe.runtime.layers_done()
         h = h + pending
         x = rms_norm(h[last.long()], self.final_norm, d.rms_eps)
-        logits = F.linear(x, self.lm_head)
+        logits = fp8_lm_head_logits(x, *self.lm_head_fp8) if self.fp8_lm_head else F.linear(x, self.lm_head)
         if self.probe is not None:
             self.probe.step(out_full, seq_lens, last)
         return logits
@@ -465,8 +469,10 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> floa
     return num_experts * (1 - (1 - top_k / num_experts) ** tokens)
 
 
-def decode_step_bytes(dims: GptOssDims, sharding: Sharding, batch: int, context: int) -> float:
-    """Bytes one rank must read in a decode step (weights touched + KV): the bandwidth floor."""
+def decode_step_bytes(dims: GptOssDims, sharding: Sharding, batch: int, context: int,
+                      fp8_lm_head: bool = False) -> float:
+    """Bytes one rank must read in a decode step (weights touched + KV): the bandwidth floor
+    (`fp8_lm_head`: the head's e4m3 codes and fp32 block scales instead of its bf16)."""
     s, d = sharding, dims
     heads, kv_heads = d.num_heads // s.attn_tp, d.num_kv_heads // s.attn_tp
     b = batch if s.dp == 1 else -(-batch // s.dp)
@@ -480,7 +486,10 @@ def decode_step_bytes(dims: GptOssDims, sharding: Sharding, batch: int, context:
     kv = 0
     for i in range(d.num_layers):
         kv += b * (min(context, d.sliding_window) if d.is_sliding(i) else context) * per_slot
-    lm_head = 2 * (-(-d.vocab // s.attn_tp)) * d.hidden
+    vocab_local = -(-d.vocab // s.attn_tp)
+    lm_head = 2 * vocab_local * d.hidden
+    if fp8_lm_head:
+        lm_head = vocab_local * d.hidden + 4 * _blocks(vocab_local) * _blocks(d.hidden)
     return d.num_layers * per_layer + kv + lm_head
 
 

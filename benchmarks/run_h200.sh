@@ -57,6 +57,7 @@
 #                                         # (session 11's norm-in-the-MoE-front A/B ran as stage norm11 at d96fc76,
 #                                         # its slot-loop mlp2 as stage loop11 at 432834f)
 #   bash benchmarks/run_h200.sh ncu11     # (one GPU) ncu of the batch-1 MoE layer's kernels (stall reasons)
+#   bash benchmarks/run_h200.sh head11    # (one GPU) the opt-in FP8 LM head: error, time, TP1 rows beside the bf16 head
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -477,6 +478,14 @@ ncu11)  # one GPU: where the batch-1 MoE layer's kernels stall (front, mlp1, h q
         --kernel-name regex:"_decode_front|_mlp1_oneshot|_quantize_h|_mlp2_pair" --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section LaunchStats --section SourceCounters python benchmarks/bench_moe_decode.py --ncu --tokens 1
+    ;;
+head11)  # one GPU: the opt-in FP8 LM head (sglang_ext/layers/lm_head.py): its logits error and time at full shape,
+         # and the TP1 decode rows with the bf16 head and with it, in one run
+    step diag_lm_head 90 python benchmarks/diag_lm_head.py --out "$R"
+    step bench_decode_head_bf16 170 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
+        --contexts 8192 --configs 1:1:1 --no-probe --out "$R" --stem bench_decode_tp1_head_bf16
+    step bench_decode_head_fp8 170 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
+        --contexts 8192 --configs 1:1:1 --no-probe --fp8-lm-head --out "$R" --stem bench_decode_tp1_head_fp8
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -4,6 +4,8 @@ The oracle is `transformers.GptOssForCausalLM` on the same tiny checkpoint. The 
 (300 tokens) is longer than the 128-token sliding window, and 64 new tokens follow.
 """
 
+import os
+
 import pytest
 import requests
 import torch
@@ -126,3 +128,54 @@ def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir
     want = generate(bf16_server.url, prompt)["output_ids"]
     with SGLangServer(tiny_checkpoints["mxfp4"], IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
         assert generate(srv.url, prompt)["output_ids"] == want
+
+
+FP8_HEAD_TOKENS = 24  # the server's start is the cost; a few dozen steps show the head in use
+
+
+@pytest.fixture(scope="module")
+def fp8_head_server(tiny_checkpoints, vocab_dir):
+    """The fp32 checkpoint served with the opt-in FP8 LM head (the variable is read at load)."""
+    from unittest import mock
+
+    from sglang_ext.layers.lm_head import FP8_LM_HEAD_ENV
+
+    srv = SGLangServer(tiny_checkpoints["fp32"], ["--dtype", "float32", *IDS_ONLY_ARGS], vocab_dir=vocab_dir)
+    with mock.patch.dict(os.environ, {FP8_LM_HEAD_ENV: "1"}):
+        srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_fp8_lm_head_serves_the_e4m3_heads_logits(tiny_checkpoints, fp8_head_server, fp32_reference):
+    """SGLANG_EXT_FP8_LM_HEAD=1: every served step's logprob equals transformers' with its lm_head
+    replaced by the e4m3 head (the weight block-quantised, x in 1x128 groups: fp8_linear_torch, itself
+    checked against float64 in test_fp8.py) within fp32 noise, and differs from the fp32 head's by
+    more than that: SGLang's LogitsProcessor really runs the FP8 head. The tokens follow the FP8 head's
+    greedy choice (the fp32 head's where no near-tie moved)."""
+    from sglang_ext.layers.fp8 import fp8_linear_torch
+    from sglang_ext.layers.lm_head import quantize_head_weight
+
+    prompt, fp32_tokens = fp32_reference
+    n = FP8_HEAD_TOKENS
+    got = generate(fp8_head_server.url, prompt, n=n, return_logprob=True)
+    served = got["output_ids"]
+    served_lp = torch.tensor([lp for lp, _tok, _txt in got["meta_info"]["output_token_logprobs"]])
+    model = hf_model(tiny_checkpoints["fp32"], torch.float32)
+    sequence = torch.tensor([prompt + served])
+    steps = torch.arange(n)
+    with torch.no_grad():
+        plain = torch.log_softmax(model(sequence).logits[0, PROMPT_LEN - 1 : -1], -1)
+        codes, scales = quantize_head_weight(model.lm_head.weight.data)
+        model.lm_head.forward = lambda x: fp8_linear_torch(x, codes, scales, None)
+        fp8 = torch.log_softmax(model(sequence).logits[0, PROMPT_LEN - 1 : -1], -1)
+    vs_fp8 = (served_lp - fp8[steps, served]).abs().max().item()
+    vs_plain = (served_lp - plain[steps, served]).abs().max().item()
+    agree = next((i for i, (a, b) in enumerate(zip(served, fp32_tokens)) if a != b), n)
+    print(f"FP8 LM head: max |served logprob - HF with the e4m3 head| {vs_fp8:.2e}, - HF fp32 head {vs_plain:.2e}; "
+          f"{agree}/{n} tokens equal the fp32 head's before the first difference")
+    assert vs_fp8 <= 1e-3 < vs_plain
+    assert torch.equal(fp8.argmax(-1), torch.tensor(served)), "served tokens are not the e4m3 head's greedy choice"
+

@@ -42,6 +42,7 @@ from sglang.srt.model_executor.forward_context import get_attn_backend, has_forw
 from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128
 from sglang_ext.layers.linear import FusedLinear, Linear
+from sglang_ext.layers.lm_head import fp8_lm_head_enabled, quantize_lm_head
 from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, route
 from sglang_ext.layers.parallel import BlockShard, ParallelLayout, attention_head_shard, moe_shard
 from sglang_ext.layers.mxfp4 import dequantize_mxfp4
@@ -405,6 +406,8 @@ class GptOssForCausalLM(nn.Module):
             raise KeyError(f"tensors missing from the gpt-oss checkpoint: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
         for layer in self.model.layers:
             layer.self_attn.fuse_qkv()
+        if fp8_lm_head_enabled():  # opt-in: the head in e4m3 blocks (sglang_ext/layers/lm_head.py)
+            quantize_lm_head(self.lm_head)
 
     def _load_one(self, params, name: str, tensor: torch.Tensor, layout: str):
         param = params[name]
