@@ -58,6 +58,7 @@
 #                                         # its slot-loop mlp2 as stage loop11 at 432834f)
 #   bash benchmarks/run_h200.sh ncu11     # (one GPU) ncu of the batch-1 MoE layer's kernels (stall reasons)
 #   bash benchmarks/run_h200.sh head11    # (one GPU) the opt-in FP8 LM head: error, time, TP1 rows beside the bf16 head
+#   bash benchmarks/run_h200.sh final11   # (one GPU) PDL bits, the layers and the full-shape sink tests
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -486,6 +487,12 @@ head11)  # one GPU: the opt-in FP8 LM head (sglang_ext/layers/lm_head.py): its l
         --contexts 8192 --configs 1:1:1 --no-probe --out "$R" --stem bench_decode_tp1_head_bf16
     step bench_decode_head_fp8 170 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32 \
         --contexts 8192 --configs 1:1:1 --no-probe --fp8-lm-head --out "$R" --stem bench_decode_tp1_head_fp8
+    ;;
+final11)  # one GPU: session 11's last state: PDL bits in the step (the split loop now fuses RoPE at batch 2-4), the
+          # full-shape sink tests (session 10 left them unverified: they compile for minutes), the layers
+    step gpu_test_pdl 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
+    step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py tests/test_lm_head.py
+    step gpu_test_sink_full 270 python tests/test_kernel_sink_attention.py --gpu-full
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
