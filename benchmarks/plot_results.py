@@ -163,7 +163,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
-    raw_decode = [r for r in load_rows(args.results, "bench_decode") if "step_ms" in r]
+    every_decode = [r for r in load_rows(args.results, "bench_decode") if "step_ms" in r]
+    # The served default (bf16 LM head) picks the regimes; the opt-in FP8 head gets its own lines
+    raw_decode = [r for r in every_decode if r.get("lm_head", "bf16") == "bf16"]
+    fp8_head = dedupe([r for r in every_decode if r.get("lm_head") == "fp8"], ("model", "config", "context", "batch"))
     raw_prefill = [r for r in load_rows(args.results, "bench_prefill") if "latency_ms" in r]
     decode = dedupe(raw_decode, ("model", "config", "context", "batch"))
     prefill = dedupe(raw_prefill, ("model", "config", "length"))
@@ -175,6 +178,11 @@ def main():
     path = os.path.join(args.results, "summary.md")
     with open(path, "w") as f:
         f.write(summary(decode, prefill, raw_decode, raw_prefill))
+        if fp8_head:
+            f.write("\n## With the opt-in FP8 LM head (SGLANG_EXT_FP8_LM_HEAD=1: changes logits)\n\n")
+            for r in sorted(fp8_head, key=lambda r: (r["model"], r["context"], r["batch"])):
+                f.write(f"- {r['model']}, context {r['context']}, batch {r['batch']}: **{r['config']}** ({r['kind']}) "
+                        f"{r['tok_s_per_user']:.0f} tok/s per user, ${r['dollars_per_M_output']:.3f}/M\n")
     written.append(path)
     print("\n".join(written))
 
