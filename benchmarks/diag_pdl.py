@@ -282,7 +282,7 @@ def critical_path_sections(rows: list, step: str) -> list:
 
 
 def rope_fusion_markdown(meta: dict, rows: list) -> str:
-    lines = [f"# RoPE + KV write inside the one-shot decode attention ({meta.get('gpu', 'GPU')})", "",
+    lines = [f"# RoPE + KV write inside the decode attention's launch ({meta.get('gpu', 'GPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "",
              "PDL on. Same model, inputs and kernels captured twice: rope_store_kv as its own launch before the "
              "attention (unfused) vs RoPE and the KV write inside the decode attention's launch (fused, "
@@ -341,8 +341,8 @@ def main():
     ap.add_argument("--mlp2-per-pair", default="", help="block_n:warps,...: also time the MoE's one-shot rows "
                     "with the per-pair mlp2 of these tiles (PDL on), paired against the table")
     ap.add_argument("--no-probe", action="store_true")
-    ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the one-shot "
-                    "decode attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
+    ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the decode "
+                    "attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
