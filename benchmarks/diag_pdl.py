@@ -215,7 +215,7 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
 
     row["picks"] = []
     table = dict(sa.ONESHOT_PICKS)
-    for label, pick in picks if batch == 1 else ():
+    for label, pick in picks if batch == 1 and width <= 8192 else ():  # the picks replace the "<=8k" entry
         holder = {}
         sa.ONESHOT_PICKS[(1, "<=8k")] = pick
         fusion_with_pdl(True)
@@ -252,10 +252,11 @@ ROPE_PICKS = (("c128 v_late", dict(chunk=128, v_late=True)),
 
 def ab_table(rows: list, a: tuple, b: tuple) -> str:
     """The A/B rows' table: a / b = (column label, row key stem), e.g. ("plain", "plain") for plain_us
-    and tok_s_plain."""
+    and tok_s_plain. A "KV table width" column where the rows carry one (--table-widths)."""
+    width = [("KV table width", "table_width", None)] if any("table_width" in r for r in rows) else []
     return bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"]),
                          "bits": f"{r['bit_checks'] - r['bit_mismatches']}/{r['bit_checks']} equal"} for r in rows],
-                       [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
+                       [("model", "model", None), ("batch", "batch", None), ("context", "context", None), *width,
                         (f"{a[0]} us", f"{a[1]}_us", "{:.1f}"), (f"{b[0]} us", f"{b[1]}_us", "{:.1f}"),
                         ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None), ("diff %", "diff_pct", "{:+.2f}"),
                         (f"tok/s {a[0]}", f"tok_s_{a[1]}", "{:.0f}"), (f"tok/s {b[0]}", f"tok_s_{b[1]}", "{:.0f}"),
@@ -289,7 +290,7 @@ def rope_fusion_markdown(meta: dict, rows: list) -> str:
              "kernels/sink_attention.py RopeKV: in the one-shot kernel with the early K/V loads, or in the split "
              "loop). Paired rounds of 3 replays; diff = fused - unfused (median of the per-round differences, "
              "quartiles). Bits: the fused graph's logits against the unfused graph's on every check replay. "
-             f"KV table width (req_to_token): {', '.join(sorted({str(r.get('table_width', r['context'])) for r in rows}))}.", "",
+             "KV table width: req_to_token's (a server's is the model's context).", "",
              ab_table(rows, ("unfused", "unfused"), ("fused", "fused")), ""]
     pk = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
           for r in rows for v in r.get("picks", [])]

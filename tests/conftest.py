@@ -25,7 +25,7 @@ if not has_cuda_driver():
 FILE_SECONDS = {
     "test_faults.py": 415,
     "test_probe_serving.py": 358,
-    "test_served_parity.py": 390,
+    "test_served_parity.py": 310,
     "test_fp8.py": 211,
     "test_kernel_sink_attention.py": 198,
     "test_kernel_moe.py": 97,

@@ -828,9 +828,19 @@ def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
         kc[loc] = float("nan")
         vc[loc] = float("nan")
         common = (case["req_to_token"], case["req_pool_indices"], case["seq_lens"], sinks, window_left, 0.25)
-        with poisoned_workspaces():
-            got = mod.sink_attention_decode(q, kc, vc, *common, slot_map=slot_map, config=cfg,
-                                            rope=mod.RopeKV(k, v, cos_sin, loc))
+
+        def unfused_call(*args, **kwargs):  # the fused launch must not fall back to rope_store_kv
+            raise AssertionError("the decode fell back to rope_store_kv")
+
+        mod.set_rope_fusion(True)
+        mod.rope_store_kv, real_rope_store_kv = unfused_call, mod.rope_store_kv
+        try:
+            with poisoned_workspaces():
+                got = mod.sink_attention_decode(q, kc, vc, *common, slot_map=slot_map, config=cfg,
+                                                rope=mod.RopeKV(k, v, cos_sin, loc))
+        finally:
+            mod.rope_store_kv = real_rope_store_kv
+            mod.set_rope_fusion(None)
         kc2, vc2 = case["k_buffer"].clone(), case["v_buffer"].clone()
         with poisoned_workspaces():
             q2 = rope_store_kv(q, k, v, cos_sin, kc2, vc2, loc)

@@ -10,7 +10,8 @@ from torch import nn
 
 from sglang_ext.layers.fp8 import dequantize_weight_block128, fp8_linear_torch, quantize_weight_block128
 from sglang_ext.layers.lm_head import (FP8_LM_HEAD_ENV, Fp8BlockLMHeadMethod, fp8_lm_head_enabled,
-                                       fp8_lm_head_error, quantize_head_weight, quantize_lm_head)
+                                       fp8_lm_head_error, quantize_head_weight, quantize_lm_head,
+                                       restore_bf16_lm_head)
 
 
 def _head(vocab=1000, hidden=320, seed=0):
@@ -62,6 +63,24 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv(FP8_LM_HEAD_ENV, "yes")
     with pytest.raises(ValueError, match=FP8_LM_HEAD_ENV):
         fp8_lm_head_enabled()
+
+
+def test_a_reload_gets_the_bf16_head_back():
+    """load_weights on a live model (SGLang's weight updates) first calls restore_bf16_lm_head: the
+    weight is bf16 again with its loader attribute, the scales and the FP8 method are gone, and the
+    head quantises again after the new weights are in."""
+    head = _head()
+    head.quant_method = "the embedding's own method"
+    head.weight.weight_loader = lambda param, tensor: param.data.copy_(tensor)
+    assert not restore_bf16_lm_head(head)  # never quantised: nothing to undo
+    quantize_lm_head(head)
+    assert restore_bf16_lm_head(head)
+    assert head.weight.dtype == torch.bfloat16 and head.quant_method == "the embedding's own method"
+    assert not hasattr(head, "weight_scale_inv") and callable(head.weight.weight_loader)
+    new = torch.randn(head.weight.shape).to(torch.bfloat16)
+    head.weight.weight_loader(head.weight, new)
+    quantize_lm_head(head)
+    assert torch.equal(head.weight.view(torch.uint8), quantize_weight_block128(new)[0].view(torch.uint8))
 
 
 def test_quantize_rejects_an_already_quantised_head():

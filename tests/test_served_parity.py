@@ -131,6 +131,12 @@ def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir
 
 
 FP8_HEAD_TOKENS = 24  # the server's start is the cost; a few dozen steps show the head in use
+# Opt-in (one more server start, ~2 min of CI on two cores, for an opt-in feature; CI keeps
+# tests/test_lm_head.py): SGLANG_EXT_TEST_FP8_HEAD_SERVER=1 runs it. Its output is committed in
+# benchmarks/results/logs/cpu_session11_fp8_lm_head_served.log.
+needs_fp8_head_opt_in = pytest.mark.skipif(os.environ.get("SGLANG_EXT_TEST_FP8_HEAD_SERVER") != "1",
+                                           reason="opt-in, ~2 min: SGLANG_EXT_TEST_FP8_HEAD_SERVER=1 serves "
+                                                  "the tiny model with the FP8 LM head")
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +155,7 @@ def fp8_head_server(tiny_checkpoints, vocab_dir):
         srv.stop()
 
 
+@needs_fp8_head_opt_in
 def test_fp8_lm_head_serves_the_e4m3_heads_logits(tiny_checkpoints, fp8_head_server, fp32_reference):
     """SGLANG_EXT_FP8_LM_HEAD=1: every served step's logprob equals transformers' with its lm_head
     replaced by the e4m3 head (the weight block-quantised, x in 1x128 groups: fp8_linear_torch, itself

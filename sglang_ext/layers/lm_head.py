@@ -74,12 +74,34 @@ def quantize_head_weight(weight: torch.Tensor, rows_per_chunk: int = 16384) -> t
 
 def quantize_lm_head(lm_head: nn.Module) -> nn.Module:
     """In place, after the checkpoint is loaded: the head's bf16 `weight` becomes its e4m3 codes,
-    `weight_scale_inv` its block scales, and `quant_method` Fp8BlockLMHeadMethod. Returns lm_head."""
-    codes, scales = quantize_head_weight(lm_head.weight.data)
+    `weight_scale_inv` its block scales, and `quant_method` Fp8BlockLMHeadMethod. What loading needs
+    (the weight's dtype and attributes, e.g. the vocab-parallel `weight_loader`, and the old quant
+    method) is kept for `restore_bf16_lm_head`. Returns lm_head."""
+    old = lm_head.weight
+    codes, scales = quantize_head_weight(old.data)
+    lm_head._bf16_head = (old.dtype, dict(vars(old)), getattr(lm_head, "quant_method", None))
     lm_head.weight = nn.Parameter(codes, requires_grad=False)
     lm_head.weight_scale_inv = nn.Parameter(scales, requires_grad=False)
     lm_head.quant_method = Fp8BlockLMHeadMethod()
     return lm_head
+
+
+def restore_bf16_lm_head(lm_head: nn.Module) -> bool:
+    """Undo `quantize_lm_head` before the checkpoint is loaded again (SGLang's weight updates call
+    load_weights on the live model): an empty weight of the loaded dtype with its attributes back,
+    the old quant method, no scales. False if the head was not quantised."""
+    state = getattr(lm_head, "_bf16_head", None)
+    if state is None:
+        return False
+    dtype, attrs, method = state
+    weight = nn.Parameter(torch.empty(lm_head.weight.shape, dtype=dtype, device=lm_head.weight.device),
+                          requires_grad=False)
+    for key, value in attrs.items():
+        setattr(weight, key, value)
+    lm_head.weight = weight
+    del lm_head.weight_scale_inv, lm_head._bf16_head
+    lm_head.quant_method = method
+    return True
 
 
 def fp8_lm_head_error(x: torch.Tensor, weight: torch.Tensor) -> dict:

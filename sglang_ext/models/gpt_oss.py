@@ -42,7 +42,7 @@ from sglang.srt.model_executor.forward_context import get_attn_backend, has_forw
 from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128
 from sglang_ext.layers.linear import FusedLinear, Linear
-from sglang_ext.layers.lm_head import fp8_lm_head_enabled, quantize_lm_head
+from sglang_ext.layers.lm_head import fp8_lm_head_enabled, quantize_lm_head, restore_bf16_lm_head
 from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, route
 from sglang_ext.layers.parallel import BlockShard, ParallelLayout, attention_head_shard, moe_shard
 from sglang_ext.layers.mxfp4 import dequantize_mxfp4
@@ -382,6 +382,7 @@ class GptOssForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
         for layer in self.model.layers:  # new weights: drop the torch path's dequantised experts
             layer.mlp.experts._dense = None
+        restore_bf16_lm_head(self.lm_head)  # a reload of a model served with the FP8 head: bf16 again first
         params = dict(self.named_parameters())
         pending_mxfp4 = {}
         loaded = set()
