@@ -36,14 +36,17 @@ VARIANTS = ((128, 4, True, 0), (128, 4, True, 128), (128, 4, False, 0), (128, 4,
             (64, 4, True, 0), (256, 8, False, 0))
 
 
-def build(ctx: int, batch: int, window_left: int, g: torch.Generator):
+def build(ctx: int, batch: int, window_left: int, g: torch.Generator, width: int = 0):
+    """`width` > ctx: req_to_token as wide as that (a server's is the model's context), requests ctx long
+    (the columns past ctx point at slot 0, never read)."""
     keys = ctx if window_left < 0 else min(ctx, window_left + 1)
     n_sets = max(2, min(64, math.ceil(L2_DEFEAT_BYTES / (batch * keys * KV_BYTES_PER_KEY))))
     n_rows = n_sets * batch
     num_slots = n_rows * ctx + 1
     k_buffer = torch.randn(num_slots, HKV, D, device="cuda", generator=g).to(torch.bfloat16)
     v_buffer = torch.randn(num_slots, HKV, D, device="cuda", generator=g).to(torch.bfloat16)
-    req_to_token = (torch.randperm(num_slots - 1, device="cuda", generator=g) + 1).view(n_rows, ctx).to(torch.int32)
+    req_to_token = torch.zeros(n_rows, max(width, ctx), device="cuda", dtype=torch.int32)
+    req_to_token[:, :ctx] = (torch.randperm(num_slots - 1, device="cuda", generator=g) + 1).view(n_rows, ctx)
     qkv = torch.randn(n_sets, batch, (HQ + 2 * HKV) * D, device="cuda", generator=g).to(torch.bfloat16)
     ang = torch.rand(batch, D // 2, device="cuda", generator=g) * 6.0
     cos_sin = torch.cat([ang.cos(), ang.sin()], dim=1).float()
@@ -92,6 +95,9 @@ def main():
     ap.add_argument("--contexts", default="8192,32768")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--ncu", action="store_true", help="profile one call of each mode (batch 1, 8k, full)")
+    ap.add_argument("--table-width", type=int, default=0, help="req_to_token this wide (131072: a server's); "
+                    "the one-shot variants then run at every context (what a '>8k' pick would be)")
+    ap.add_argument("--stem", default="diag_sink_decode")
     args = ap.parse_args()
     bc.import_project()
     from sglang_ext.kernels import sink_attention as sa
@@ -109,20 +115,22 @@ def main():
     for ctx in (int(x) for x in args.contexts.split(",")):
         for batch in (int(x) for x in args.batches.split(",")):
             for window_left in (-1, WINDOW_LEFT):
-                case = build(ctx, batch, window_left, g)
+                width = max(args.table_width, ctx)
+                case = build(ctx, batch, window_left, g, width)
                 kv_bytes = batch * case["keys"] * KV_BYTES_PER_KEY
                 layer = "full" if window_left < 0 else "sliding"
-                table = sa.decode_config(batch, HKV, window_left, ctx, torch.device("cuda"))
+                table = sa.decode_config(batch, HKV, window_left, width, torch.device("cuda"))
                 runs = [("unfused", None, "table"), ("fused", None, "table"), ("attention only", None, "table")]
-                if window_left < 0 and batch == 1 and ctx <= 8192:
+                if window_left < 0 and batch == 1 and (ctx <= 8192 or width > ctx):
                     for mode in ("fused", "unfused"):
-                        runs += [(mode, sa.oneshot_config(batch, HKV, window_left, ctx, chunk=c, num_warps=w,
+                        runs += [(mode, sa.oneshot_config(batch, HKV, window_left, width, chunk=c, num_warps=w,
                                                           v_late=vl, max_regs=r),
                                   f"oneshot c{c} w{w}" + (" v_late" if vl else "") + (f" r{r}" if r else ""))
                                  for c, w, vl, r in VARIANTS if mode == "fused" or vl]
                 for mode, cfg, label in runs:
                     t = bc.graph_time_calls(calls(sa, case, batch, window_left, mode, cfg))
-                    rows.append({"context": ctx, "batch": batch, "layer": layer, "mode": mode, "config": label,
+                    rows.append({"context": ctx, "table_width": width, "batch": batch, "layer": layer, "mode": mode,
+                                 "config": label,
                                  "oneshot": (cfg or table).oneshot, "splits": (cfg or table).num_splits,
                                  "time_us": t * 1e6, "kv_MB": kv_bytes / 1e6, "achieved_TBps": kv_bytes / t / 1e12})
                     print(rows[-1], flush=True)
@@ -131,14 +139,15 @@ def main():
     resources = bc.compiled_info(sa._sink_decode_oneshot_kernel, with_key=True)
     md = [f"# Decode attention with RoPE + KV write in its launch ({meta.get('gpu', 'GPU')})", "",
           f"`{meta['command']}` — {meta.get('date', '')}", "", __doc__.split("\n\n", 2)[2].strip(), "",
-          bc.md_table(rows, [("context", "context", None), ("batch", "batch", None), ("layer", "layer", None),
+          bc.md_table(rows, [("context", "context", None), ("KV table width", "table_width", None),
+                             ("batch", "batch", None), ("layer", "layer", None),
                              ("mode", "mode", None), ("config", "config", None), ("splits", "splits", None),
                              ("time us", "time_us", "{:.2f}"), ("KV MB", "kv_MB", "{:.1f}"),
                              ("TB/s", "achieved_TBps", "{:.2f}")]), "",
           "## Compiled one-shot variants (registers, spills, shared memory)", "",
           bc.md_table(resources, [("regs", "regs", None), ("spills", "spills", None), ("shared KB", "shared_KB", None),
                                   ("warps", "warps", None), ("key", "key", None)])]
-    bc.write_results(args.out, "diag_sink_decode", {**meta, "copy_bw": copy_bw}, rows, "\n".join(md) + "\n")
+    bc.write_results(args.out, args.stem, {**meta, "copy_bw": copy_bw}, rows, "\n".join(md) + "\n")
     print("\n".join(md))
 
 

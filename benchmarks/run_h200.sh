@@ -59,6 +59,7 @@
 #   bash benchmarks/run_h200.sh ncu11     # (one GPU) ncu of the batch-1 MoE layer's kernels (stall reasons)
 #   bash benchmarks/run_h200.sh head11    # (one GPU) the opt-in FP8 LM head: error, time, TP1 rows beside the bf16 head
 #   bash benchmarks/run_h200.sh final11   # (one GPU) PDL bits, the layers and the full-shape sink tests
+#   bash benchmarks/run_h200.sh width11   # (one GPU) decode attention at a 131072-wide table: split loop vs one-shot
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -493,6 +494,11 @@ final11)  # one GPU: session 11's last state: PDL bits in the step (the split lo
     step gpu_test_pdl 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_pdl.py
     step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py tests/test_lm_head.py
     step gpu_test_sink_full 270 python tests/test_kernel_sink_attention.py --gpu-full
+    ;;
+width11)  # one GPU: the decode attention at a server's 131072-wide KV table (batch 1 full layers take the split
+          # loop there): the table's fused split loop vs one-shot variants, 8k and 32k, for a '>8k' pick
+    step diag_sink_decode_width 200 python benchmarks/diag_sink_decode.py --contexts 8192,32768 --batches 1 \
+        --table-width 131072 --out "$R" --stem diag_sink_decode_serving_width
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
