@@ -38,7 +38,7 @@ def main():
     rows = []
     for m in (int(r) for r in args.rows.split(",")):
         x = torch.randn(m, HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
-        err = fp8_lm_head_error(x, weight)
+        err = fp8_lm_head_error(x, weight, (codes, scales))
         xs = [torch.randn(m, HIDDEN, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2)]
         t_bf16 = bc.graph_time_calls([lambda x=x: x @ weight.t() for x in xs])
         t_fp8 = bc.graph_time_calls([lambda x=x: fp8_lm_head_logits(x, codes, scales) for x in xs])

@@ -131,6 +131,17 @@ def capture_ab(model, inputs, switch, rounds: int, check: int):
     return graphs, outs, reference, mismatches, paired(graphs[False], graphs[True], rounds)
 
 
+def ab_row(model_name: str, batch: int, context: int, stems: tuple, check: int, mismatches: int, timing: tuple,
+           **extra) -> dict:
+    """One A/B row from capture_ab's (median a, median b, diff, (q1, q3)) in seconds: the keys ab_table reads,
+    `stems` = (a, b) naming them (e.g. ("plain", "pdl") -> plain_us, pdl_us, tok_s_plain, tok_s_pdl)."""
+    a_s, b_s, diff, (q1, q3) = timing
+    a, b = stems
+    return {"model": model_name, "batch": batch, "context": context, **extra, f"{a}_us": a_s * 1e6,
+            f"{b}_us": b_s * 1e6, "diff_us": diff * 1e6, "diff_pct": 100 * diff / a_s, "iqr_us": [q1 * 1e6, q3 * 1e6],
+            f"tok_s_{a}": batch / a_s, f"tok_s_{b}": batch / b_s, "bit_checks": check, "bit_mismatches": mismatches}
+
+
 def step_row(model_name: str, batch: int, context: int, rounds: int, check: int, probe: bool,
              mlp2_variants: tuple = ()) -> dict:
     from model_step import MODELS, ModelStep, Sharding
@@ -139,11 +150,8 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
 
     model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
     inputs = model.decode_inputs(context)
-    graphs, outs, _, mismatches, (off, on, diff, (q1, q3)) = capture_ab(model, inputs, set_pdl, rounds, check)
-    row = {"model": model_name, "batch": batch, "context": context, "plain_us": off * 1e6, "pdl_us": on * 1e6,
-           "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
-           "tok_s_plain": batch / off, "tok_s_pdl": batch / on, "bit_checks": check,
-           "bit_mismatches": mismatches}
+    graphs, outs, _, mismatches, timing = capture_ab(model, inputs, set_pdl, rounds, check)
+    row = ab_row(model_name, batch, context, ("plain", "pdl"), check, mismatches, timing)
     if batch == 1:
         row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
     # MoE one-shot mlp2 as the per-pair kernel (kernels/moe_decode.py), PDL on, against the table's
@@ -202,13 +210,8 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
         set_pdl(None if on is None else True)
         set_rope_fusion(on)
 
-    graphs, outs, reference, mismatches, (off, on, diff, (q1, q3)) = capture_ab(
-        model, inputs, fusion_with_pdl, rounds, check)
-    row = {"model": model_name, "batch": batch, "context": context, "table_width": width,
-           "unfused_us": off * 1e6, "fused_us": on * 1e6,
-           "diff_us": diff * 1e6, "diff_pct": 100 * diff / off, "iqr_us": [q1 * 1e6, q3 * 1e6],
-           "tok_s_unfused": batch / off, "tok_s_fused": batch / on, "bit_checks": check,
-           "bit_mismatches": mismatches}
+    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, fusion_with_pdl, rounds, check)
+    row = ab_row(model_name, batch, context, ("unfused", "fused"), check, mismatches, timing, table_width=width)
     # Other one-shot picks for the batch-1 full layers (fused), paired against the unfused graph, before
     # the profiler runs (after it the same graphs replayed ~3 % slower in session 10's run).
     from sglang_ext.kernels import sink_attention as sa
@@ -263,6 +266,12 @@ def ab_table(rows: list, a: tuple, b: tuple) -> str:
                         ("bits", "bits", None)])
 
 
+def ab_head(title: str, meta: dict, text: str, rows: list, a: tuple, b: tuple) -> list:
+    """Markdown lines every A/B file starts with: title, command, what was compared, ab_table."""
+    return [f"# {title} ({meta.get('gpu', 'GPU')})", "", f"`{meta['command']}` — {meta.get('date', '')}", "", text, "",
+            ab_table(rows, a, b), ""]
+
+
 def critical_path_sections(rows: list, step: str) -> list:
     """Markdown lines: each row's critical path (critical_path's table), titled '<step> step'."""
     lines = []
@@ -283,15 +292,15 @@ def critical_path_sections(rows: list, step: str) -> list:
 
 
 def rope_fusion_markdown(meta: dict, rows: list) -> str:
-    lines = [f"# RoPE + KV write inside the decode attention's launch ({meta.get('gpu', 'GPU')})", "",
-             f"`{meta['command']}` — {meta.get('date', '')}", "",
-             "PDL on. Same model, inputs and kernels captured twice: rope_store_kv as its own launch before the "
-             "attention (unfused) vs RoPE and the KV write inside the decode attention's launch (fused, "
-             "kernels/sink_attention.py RopeKV: in the one-shot kernel with the early K/V loads, or in the split "
-             "loop). Paired rounds of 3 replays; diff = fused - unfused (median of the per-round differences, "
-             "quartiles). Bits: the fused graph's logits against the unfused graph's on every check replay. "
-             "KV table width: req_to_token's (a server's is the model's context).", "",
-             ab_table(rows, ("unfused", "unfused"), ("fused", "fused")), ""]
+    lines = ab_head(
+        "RoPE + KV write inside the decode attention's launch", meta,
+        "PDL on. Same model, inputs and kernels captured twice: rope_store_kv as its own launch before the "
+        "attention (unfused) vs RoPE and the KV write inside the decode attention's launch (fused, "
+        "kernels/sink_attention.py RopeKV: in the one-shot kernel with the early K/V loads, or in the split "
+        "loop). Paired rounds of 3 replays; diff = fused - unfused (median of the per-round differences, "
+        "quartiles). Bits: the fused graph's logits against the unfused graph's on every check replay. "
+        "KV table width: req_to_token's (a server's is the model's context).",
+        rows, ("unfused", "unfused"), ("fused", "fused"))
     pk = [{"model": r["model"], "batch": r["batch"], **v, "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])}
           for r in rows for v in r.get("picks", [])]
     if pk:
@@ -305,13 +314,13 @@ def rope_fusion_markdown(meta: dict, rows: list) -> str:
 
 
 def markdown(meta: dict, rows: list) -> str:
-    lines = [f"# Programmatic dependent launch on the decode step ({meta.get('gpu', 'GPU')})", "",
-             f"`{meta['command']}` — {meta.get('date', '')}", "",
-             "Same model, inputs and kernels captured twice: plain launches vs programmatic dependents "
-             "(kernels/pdl.py). Paired rounds of 3 replays each; diff = PDL - plain (median of the "
-             "per-round differences, quartiles in brackets). Bits: the PDL graph's logits against the "
-             "plain graph's on every check replay.", "",
-             ab_table(rows, ("plain", "plain"), ("PDL", "pdl")), ""]
+    lines = ab_head(
+        "Programmatic dependent launch on the decode step", meta,
+        "Same model, inputs and kernels captured twice: plain launches vs programmatic dependents "
+        "(kernels/pdl.py). Paired rounds of 3 replays each; diff = PDL - plain (median of the "
+        "per-round differences, quartiles in brackets). Bits: the PDL graph's logits against the "
+        "plain graph's on every check replay.",
+        rows, ("plain", "plain"), ("PDL", "pdl"))
     for r in rows:
         p = r.get("probe_with_pdl")
         if p:

@@ -239,7 +239,9 @@ class ModelStep:
         vocab_local = -(-d.vocab // s.attn_tp)
         self.embed = (torch.randn(vocab_local, d.hidden, device=dev, generator=gen) * 0.02).to(dt)
         self.lm_head = (torch.randn(vocab_local, d.hidden, device=dev, generator=gen) * 0.02).to(dt)
-        self.lm_head_fp8 = quantize_head_weight(self.lm_head) if self.fp8_lm_head else None
+        self.lm_head_fp8 = None
+        if self.fp8_lm_head:  # the e4m3 head only, as a server holds it (the bf16 one would be 1.16 GB unused)
+            self.lm_head_fp8, self.lm_head = quantize_head_weight(self.lm_head), None
         self.final_norm = torch.ones(d.hidden, device=dev, dtype=dt)
         self.probe = None
         self.allocate_cache(self.batch, self.context, self.swa_slots)

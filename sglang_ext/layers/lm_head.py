@@ -104,12 +104,13 @@ def restore_bf16_lm_head(lm_head: nn.Module) -> bool:
     return True
 
 
-def fp8_lm_head_error(x: torch.Tensor, weight: torch.Tensor) -> dict:
+def fp8_lm_head_error(x: torch.Tensor, weight: torch.Tensor, quantized: tuple | None = None) -> dict:
     """What the FP8 head changes on hidden states x [M, H] against the bf16 head `weight`: relative
     error of the logits (max over rows of |d|_inf / |ref|_inf, and Frobenius), and how often the
-    argmax (greedy token) and the top-5 set agree."""
+    argmax (greedy token) and the top-5 set agree. `quantized`: `quantize_head_weight(weight)`, if the
+    caller has it already."""
     ref = (x @ weight.t()).float()
-    codes, scales = quantize_head_weight(weight)
+    codes, scales = quantized if quantized is not None else quantize_head_weight(weight)
     got = fp8_lm_head_logits(x, codes, scales).float()
     diff = got - ref
     top5 = lambda t: torch.topk(t, 5, dim=-1).indices.sort(dim=-1).values  # noqa: E731
