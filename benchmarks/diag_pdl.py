@@ -245,84 +245,6 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
     return row
 
 
-def l2_prefetch_row(model_name: str, batch: int, context: int, rounds: int, check: int, table_width: int = 0,
-                    variants: tuple = ()) -> dict:
-    """PDL on, the same model and inputs captured twice: no L2 prefetch vs the model step's prefetches
-    (kernels/l2_prefetch.py: o's weights by the decode attention, the next layer's qkv weights by the
-    post-attention norm, evict_last); paired rounds, logits bits, the prefetching step's critical path at
-    batch 1; then each of `variants` (label, o_from, qkv, policy) paired against the same unprefetched graph."""
-    from model_step import MODELS, ModelStep, Sharding
-
-    from sglang_ext.kernels.l2_prefetch import set_l2_prefetch, set_l2_prefetch_policy
-    from sglang_ext.kernels.pdl import set_pdl
-
-    width = max(table_width, context)
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=width)
-    inputs = model.decode_inputs(context)
-
-    def prefetch_with_pdl(on):
-        set_pdl(None if on is None else True)
-        set_l2_prefetch(on)
-
-    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, prefetch_with_pdl, rounds, check)
-    row = ab_row(model_name, batch, context, ("off", "on"), check, mismatches, timing, table_width=width)
-    row["variants"] = []
-    for label, o_from, qkv, policy in variants:
-        holder = {}
-        model.l2_prefetch_o_from, model.l2_prefetch_qkv = o_from, qkv
-        set_l2_prefetch_policy(policy)
-        prefetch_with_pdl(True)
-        try:
-            g = bc.capture_graph(lambda: holder.__setitem__("out", model.forward(**inputs)))
-        finally:
-            prefetch_with_pdl(None)
-            set_l2_prefetch_policy("evict_last")
-            model.l2_prefetch_o_from, model.l2_prefetch_qkv = "attention", True
-        base, var, d, (v1, v3) = paired(graphs[False], g, rounds)
-        g.replay()
-        torch.cuda.synchronize()
-        row["variants"].append({"variant": label, "off_us": base * 1e6, "on_us": var * 1e6, "diff_us": d * 1e6,
-                                "iqr_us": [v1 * 1e6, v3 * 1e6],
-                                "logits_equal": bool(torch.equal(holder["out"], reference))})
-        print(row["variants"][-1], flush=True)
-        del g
-    if batch == 1:
-        row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
-    graphs.clear()
-    outs.clear()
-    model = None
-    torch.cuda.empty_cache()
-    return row
-
-
-# --l2-prefetch-ab's other placements: (label, who prefetches o, the post-norm prefetches qkv, policy)
-L2_VARIANTS = (("o by attention, qkv by post-norm, normal", "attention", True, "normal"),
-               ("o by input norm, qkv by post-norm", "norm", True, "evict_last"),
-               ("o by attention only", "attention", False, "evict_last"),
-               ("qkv by post-norm only", "", True, "evict_last"))
-
-
-def l2_prefetch_markdown(meta: dict, rows: list) -> str:
-    lines = ab_head(
-        "L2 prefetch of the GEMVs' weights from earlier kernels of the decode step", meta,
-        "PDL on. Same model, inputs and kernels captured twice: no prefetch (off) vs the model step's "
-        "prefetches (on; kernels/l2_prefetch.py): the decode attention's programs pull o's weights into L2, "
-        "the post-attention norm's extra programs the next layer's qkv weights, both evict_last. Paired rounds of "
-        "3 replays; diff = on - off (median of the per-round differences, quartiles). Bits: the on graph's "
-        "logits against the off graph's on every check replay. KV table width: req_to_token's (a server's "
-        "is the model's context).", rows, ("off", "off"), ("on", "on"))
-    vs = [{"model": r["model"], "batch": r["batch"], "table_width": r.get("table_width"), **v,
-           "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])} for r in rows for v in r.get("variants", [])]
-    if vs:
-        lines += ["## Other placements, against the same unprefetched graph", "",
-                  bc.md_table(vs, [("model", "model", None), ("batch", "batch", None),
-                                   ("KV table width", "table_width", None), ("variant", "variant", None),
-                                   ("off us", "off_us", "{:.1f}"), ("on us", "on_us", "{:.1f}"),
-                                   ("diff us", "diff_us", "{:+.1f}"), ("IQR us", "iqr", None),
-                                   ("logits equal", "logits_equal", None)]), ""]
-    return "\n".join(lines + critical_path_sections(rows, "prefetching")) + "\n"
-
-
 # --rope-fusion-ab's picks for the batch-1 full layers at <= 8k, beside the table's own in the main row
 ROPE_PICKS = (("c128 v_late", dict(chunk=128, v_late=True)),
               ("c128 v_late r128", dict(chunk=128, v_late=True, max_regs=128)),
@@ -431,11 +353,8 @@ def main():
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the decode "
                     "attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
-    ap.add_argument("--l2-prefetch-ab", action="store_true", help="instead: L2 prefetch of the GEMVs' weights "
-                    "from earlier kernels vs none (PDL on), written to diag_l2_prefetch.*")
-    ap.add_argument("--no-variants", action="store_true", help="--l2-prefetch-ab: skip the other placements")
-    ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab / --l2-prefetch-ab: KV table widths "
-                    "to run (0: the context; 131072: a server's req_to_token)")
+    ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
+                    "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
@@ -454,16 +373,6 @@ def main():
                     print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
         bc.write_results(args.out, args.stem or "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))
-        return
-    if args.l2_prefetch_ab:
-        for width in (int(w) for w in args.table_widths.split(",")):
-            for m in args.models.split(","):
-                for b in (int(x) for x in args.batches.split(",")):
-                    rows.append(l2_prefetch_row(m, b, args.context, args.rounds, args.check, width,
-                                                () if args.no_variants else L2_VARIANTS))
-                    print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
-        bc.write_results(args.out, args.stem or "diag_l2_prefetch", meta, rows, l2_prefetch_markdown(meta, rows))
-        print(l2_prefetch_markdown(meta, rows))
         return
     for m in args.models.split(","):
         for b in (int(x) for x in args.batches.split(",")):

@@ -46,8 +46,6 @@ from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
 from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
 from sglang_ext.kernel_select import use_triton  # noqa: E402
 from sglang_ext.kernels.sink_attention import RopeKV  # noqa: E402
-from sglang_ext.kernels.l2_prefetch import PrefetchL2, l2_prefetch_enabled  # noqa: E402
-from sglang_ext.kernels.pdl import PDL_MAX_ROWS  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -201,10 +199,6 @@ class ModelStep:
     swa_slots: int = 0
     # The LM head in e4m3 blocks, as a server with SGLANG_EXT_FP8_LM_HEAD=1 (sglang_ext/layers/lm_head.py)
     fp8_lm_head: bool = False
-    # kernels/l2_prefetch.py (on where l2_prefetch_enabled): who prefetches o's weights ("attention", "norm": the
-    # input norm, "" nobody), and whether the post-attention norm prefetches the next layer's qkv weights
-    l2_prefetch_o_from: str = "attention"
-    l2_prefetch_qkv: bool = True
     layers: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -325,18 +319,11 @@ class ModelStep:
             self.probe.begin(tokens)
         pending = None  # the previous layer's MoE output, added inside this layer's first norm
         quantize = use_triton(h.device)  # the qkv projections are FP8
-        # kernels/l2_prefetch.py: at 1-4 rows, o's weights pulled into L2 by the attention (or the input norm,
-        # `l2_prefetch_o_from`), the next layer's qkv weights by the post-attention norm
-        prefetch = l2_prefetch_enabled(h.device) and tokens <= PDL_MAX_ROWS
         for i, lw in enumerate(self.layers):
-            o_prefetch = PrefetchL2(lw.o.weight) if prefetch else None
-            next_qkv = (PrefetchL2(self.layers[i + 1].qkv.weight)
-                        if prefetch and i + 1 < len(self.layers) and self.l2_prefetch_qkv else None)
             # The server's order (models/gpt_oss.py): residual add + norm (+ the probe's tap) in one launch.
             tap = self.probe.tap_target(i) if self.probe is not None else None
             # Kernel path: the norm's launch also quantises x for the qkv GEMM (as the server).
-            normed = residual_rms_norm(h, pending, lw.input_norm, d.rms_eps, tap, quantize=quantize,
-                                       l2_prefetch=o_prefetch if self.l2_prefetch_o_from == "norm" else None)
+            normed = residual_rms_norm(h, pending, lw.input_norm, d.rms_eps, tap, quantize=quantize)
             h, x = normed[:2]
             if tap is not None:
                 self.probe.tapped(i)
@@ -359,11 +346,11 @@ class ModelStep:
             o = paged_sink_attention(
                 q, k_buf, v_buf, self.req_to_token_swa if sliding else self.req_to_token_full, req_idx,
                 seq_lens, q_start, q_len, lw.sinks, d.sliding_window - 1 if sliding else -1, hd ** -0.5,
-                rope=rope, l2_prefetch=o_prefetch if self.l2_prefetch_o_from == "attention" else None)
+                rope=rope)
             o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
             if s.attn_tp > 1:
                 o = self._all_reduce(o) + lw.o.bias
-            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps, l2_prefetch=next_qkv)
+            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)
             pending = self._moe(x, lw)
         if self.probe is not None:
             self.probe.runtime.layers_done()

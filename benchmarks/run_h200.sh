@@ -56,13 +56,12 @@
 #                                         # TP1 decode rows
 #                                         # (session 11's norm-in-the-MoE-front A/B ran as stage norm11 at d96fc76,
 #                                         # its slot-loop mlp2 as stage loop11 at 432834f)
+#                                         # (session 12's L2 prefetch of the GEMVs' weights ran as stage l2pf12 at
+#                                         # e9583e0, reverted: results/history/diag_l2_prefetch*_REVERTED.md)
 #   bash benchmarks/run_h200.sh ncu11     # (one GPU) ncu of the batch-1 MoE layer's kernels (stall reasons)
 #   bash benchmarks/run_h200.sh head11    # (one GPU) the opt-in FP8 LM head: error, time, TP1 rows beside the bf16 head
 #   bash benchmarks/run_h200.sh final11   # (one GPU) PDL bits, the layers and the full-shape sink tests
 #   bash benchmarks/run_h200.sh width11   # (one GPU) decode attention at a 131072-wide table: split loop vs one-shot
-#   bash benchmarks/run_h200.sh l2pf12    # (one GPU) L2 prefetch of the GEMVs' weights from earlier decode kernels:
-#                                         # its gpu tests (bits, PTX), the step A/B at a server's 131072-wide table
-#                                         # (batch 1 / 4, other placements) and at the harness's 8k table (batch 1)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -502,13 +501,6 @@ width11)  # one GPU: the decode attention at a server's 131072-wide KV table (ba
           # loop there): the table's fused split loop vs one-shot variants, 8k and 32k, for a '>8k' pick
     step diag_sink_decode_width 200 python benchmarks/diag_sink_decode.py --contexts 8192,32768 --batches 1 \
         --table-width 131072 --out "$R" --stem diag_sink_decode_serving_width
-    ;;
-l2pf12)  # one GPU: the L2 prefetch (kernels/l2_prefetch.py): bits and PTX, then the step A/B
-    step gpu_test_l2_prefetch 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_l2_prefetch.py
-    step diag_l2_prefetch_serving 280 python benchmarks/diag_pdl.py --l2-prefetch-ab --models 120b,20b --batches 1,4 \
-        --table-widths 131072 --rounds 30 --check 20 --out "$R" --stem diag_l2_prefetch_serving_width
-    step diag_l2_prefetch 120 python benchmarks/diag_pdl.py --l2-prefetch-ab --no-variants --models 120b,20b \
-        --batches 1 --rounds 30 --check 20 --out "$R" --stem diag_l2_prefetch
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

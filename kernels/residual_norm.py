@@ -23,12 +23,7 @@ import triton
 import triton.language as tl
 
 from .fp8_gemm import GROUP, _interpreted, _quantize_tile, _round_to_bf16_grid, quantize_activation_group128_ref
-from .l2_prefetch import PrefetchL2, l2_prefetch_share, prefetch_args
 from .pdl import pdl_launch_kwargs, pdl_wait_then_release
-
-# Programs added to a launch that is handed weights to prefetch (`l2_prefetch=`): they only issue the
-# prefetch and exit, so the norm's own programs (one per row, or 23 per row at decode) do no extra work.
-PREFETCH_PROGRAMS = 64
 
 
 @triton.jit
@@ -42,16 +37,7 @@ def _residual_rms_norm_kernel(
     HW_ROUND: tl.constexpr,  # compiled only: the cast rounds to e4m3 (see fp8_gemm._quantize_tile)
     ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
     USE_PDL: tl.constexpr,  # kernels/pdl.py
-    PF=None, pf_lines=0, pf_first=0,  # kernels/l2_prefetch.py: programs (0, j >= pf_first) prefetch PF only
-    PF_ON: tl.constexpr = False, PF_EVICT_LAST: tl.constexpr = True, PF_LANES: tl.constexpr = 128,
 ):
-    if PF_ON:
-        # weights, never written by the step: before the wait (kernels/pdl.py rule 1); no stores
-        if tl.program_id(1) >= pf_first:
-            if tl.program_id(0) == 0:
-                l2_prefetch_share(PF, pf_lines, tl.program_id(1) - pf_first, tl.num_programs(1) - pf_first,
-                                  PF_LANES, PF_ON, PF_EVICT_LAST)
-            return
     pdl_wait_then_release(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -130,16 +116,14 @@ def _quant_buffers(t: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False,
-                      l2_prefetch: PrefetchL2 | None = None):
+                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False):
     """(h + delta rounded to h's dtype, rms_norm of it with `weight`), both [T, C] in h's dtype.
 
     `delta` None: no add (the first layer); the first result is `h` itself. `tap` = (features,
     column, tap_eps): also features[:T, column:column+C] = h_sum * rsqrt(mean(h_sum^2) + tap_eps)
     in features' dtype. `quantize`: a third result, (e4m3 codes [T, C], fp32 scales
     [T, ceil(C/128)]) of the returned norm, bit-equal to `quantize_activation_group128(x_out)`
-    (the `x_quant` of `fp8_linear`). `l2_prefetch`: the launch also pulls those bytes into L2 from
-    PREFETCH_PROGRAMS extra programs (kernels/l2_prefetch.py; CUDA only). No host reads: graph-safe."""
+    (the `x_quant` of `fp8_linear`). No host reads: graph-safe."""
     _check(h, delta, weight, tap)
     t, c = h.shape
     h_out = torch.empty_like(h) if delta is not None else h
@@ -158,12 +142,7 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
     # Decode batches split each row's quantisation over one program per 128-column group; prefill
     # rows keep one program each (there are enough rows, and each program re-reads its whole row).
     slice_cols = GROUP if quantize and t <= SLICED_MAX_ROWS and block > GROUP else 0
-    work = triton.cdiv(c, slice_cols) if slice_cols else 1
-    num_warps = 8 if block >= 4096 else 4
-    pf = prefetch_args(l2_prefetch, h.device)
-    if pf:
-        pf.update(pf_first=work, PF_LANES=32 * num_warps)
-    grid = (t, work + (PREFETCH_PROGRAMS if pf else 0))
+    grid = (t, triton.cdiv(c, slice_cols) if slice_cols else 1)
     _residual_rms_norm_kernel[grid](
         h, delta if delta is not None else h, weight, h_out, x_out, features, codes, scales,
         c, float(eps), float(tap_eps), col0,
@@ -172,7 +151,7 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
         HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block, SLICE=slice_cols,
         QUANTIZE=quantize, HW_ROUND=not _interpreted(),
         ROUND_BF16=_interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
-        num_warps=num_warps, **pdl_launch_kwargs(h.device, t), **pf,
+        num_warps=8 if block >= 4096 else 4, **pdl_launch_kwargs(h.device, t),
     )
     return (h_out, x_out, quant) if quantize else (h_out, x_out)
 

@@ -61,7 +61,6 @@ import triton.language as tl
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.fp8_gemm import _round_to_bf16_grid
-from sglang_ext.kernels.l2_prefetch import PrefetchL2, l2_prefetch_share, prefetch_args
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.kernels.rope_kv import check_rope_kv, rope_first_half, rope_second_half, rope_store_kv
 
@@ -468,8 +467,6 @@ def _sink_decode_kernel(
     K_NEW=None, V_NEW=None, COS_SIN=None, LOC=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
     ROPE: tl.constexpr = False, ROUND_BF16: tl.constexpr = False,
-    PF=None, pf_lines=0, PF_ON: tl.constexpr = False, PF_EVICT_LAST: tl.constexpr = True,
-    PF_LANES: tl.constexpr = 128,
 ):
     """One (request, kv head, split): the GROUP q heads of the kv head against one run of keys, so each
     K/V block is read once for the whole group. A request whose keys fit one split writes the final
@@ -487,9 +484,6 @@ def _sink_decode_kernel(
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if PF_ON:  # the o projection's weights, for after this launch (kernels/l2_prefetch.py)
-        l2_prefetch_share(PF, pf_lines, (b * tl.num_programs(1) + kv_head) * tl.num_programs(2) + split,
-                          tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2), PF_LANES, PF_ON, PF_EVICT_LAST)
     seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
     req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
     k_lo, k_hi, n_used = _split_range(seq_len, window_left, split, num_splits, min_split_blocks, BLOCK_N)
@@ -705,8 +699,6 @@ def _sink_decode_oneshot_kernel(
     HAS_SINKS: tl.constexpr, HAS_SLOT_MAP: tl.constexpr, DOTS_16BIT: tl.constexpr,
     ROPE: tl.constexpr = False, ROUND_BF16: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
-    PF=None, pf_lines=0, PF_ON: tl.constexpr = False, PF_EVICT_LAST: tl.constexpr = True,
-    PF_LANES: tl.constexpr = 128,
 ):
     """The one-shot decode (DecodeConfig.oneshot): one (request, kv head, split) whose split is one chunk of
     CHUNK keys, read without a loop, as three dependent trips to memory: the request's row and length; the
@@ -736,9 +728,6 @@ def _sink_decode_oneshot_kernel(
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if PF_ON:  # the o projection's weights, for after this launch (kernels/l2_prefetch.py)
-        l2_prefetch_share(PF, pf_lines, (b * tl.num_programs(1) + kv_head) * tl.num_programs(2) + split,
-                          tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2), PF_LANES, PF_ON, PF_EVICT_LAST)
     seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
     req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
     k_lo, k_hi, n_used = _split_range(seq_len, window_left, split, num_splits, min_split_blocks, CHUNK)
@@ -1266,7 +1255,6 @@ def sink_attention_decode(
     oneshot: Optional[bool] = None,
     v_late: Optional[bool] = None,
     rope: Optional[RopeKV] = None,
-    l2_prefetch: Optional[PrefetchL2] = None,
 ) -> torch.Tensor:
     """One query row per request (row b = request b, at position seq_lens[b] - 1): out [B, Hq, D] in q's
     dtype. ``config`` None picks from the batch, the window, req_to_token's width and the SM count
@@ -1274,8 +1262,7 @@ def sink_attention_decode(
     unrotated and this step's k / v are not in the cache yet: they are rotated and stored as
     ``rope_store_kv`` would, inside the decode's launch (``_sink_decode_oneshot_kernel``'s or
     ``_sink_decode_kernel``'s ROPE), or by rope_store_kv before it with the fusion off
-    (SGLANG_EXT_ROPE_FUSION=0); either way k_buffer / v_buffer hold them afterwards. ``l2_prefetch``: the
-    decode's programs also pull those bytes (the o projection's weights) into L2 (kernels/l2_prefetch.py)."""
+    (SGLANG_EXT_ROPE_FUSION=0); either way k_buffer / v_buffer hold them afterwards."""
     hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
     _check_scale(scale, "sink_attention_decode")
     batch = q.shape[0]
@@ -1318,9 +1305,6 @@ def sink_attention_decode(
     else:
         part_o = part_lse = out
     sinks_arg = sinks if sinks is not None else q
-    pf = prefetch_args(l2_prefetch, q.device)
-    if pf:
-        pf["PF_LANES"] = 32 * config.num_warps
     if config.oneshot:
         if rope is not None:
             rope_args = (rope.k, rope.v, rope.cos_sin, rope.loc)
@@ -1343,7 +1327,7 @@ def sink_attention_decode(
             ROUND_BF16=rope is not None and _interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype),
             num_warps=config.num_warps, num_stages=config.num_stages,
             **({"maxnreg": config.max_regs} if config.max_regs and not _interpreted() else {}),
-            **pdl_launch_kwargs(q.device, batch), **pf,
+            **pdl_launch_kwargs(q.device, batch),
         )
         if splits > 1:
             launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)
@@ -1367,7 +1351,7 @@ def sink_attention_decode(
         MERGE_S=_merge_tile(config, group, d, config.num_warps, fused=True)[1], FUSED_MERGE=counters is not None,
         PREFETCH=config.prefetch, HAS_SINKS=sinks is not None,
         HAS_SLOT_MAP=slot_map is not None, DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages, **rope_kw, **pf,
+        num_warps=config.num_warps, num_stages=config.num_stages, **rope_kw,
     )
     if splits > 1 and counters is None:
         launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)
@@ -1390,16 +1374,13 @@ def paged_attention(
     slot_map: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     rope: Optional[RopeKV] = None,
-    l2_prefetch: Optional[PrefetchL2] = None,
 ) -> torch.Tensor:
     """Extend or decode, chosen from shapes alone. Contract (SGLang's): every request has at least one
     query row, so T == B means one row per request, i.e. decode, with rows in request order. ``rope``:
-    q unrotated and this forward's k / v still to be rotated and stored (RopeKV; the decode may fuse it).
-    ``l2_prefetch``: decode only (sink_attention_decode's)."""
+    q unrotated and this forward's k / v still to be rotated and stored (RopeKV; the decode may fuse it)."""
     if q.shape[0] == req_pool_indices.shape[0]:
         return sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
-                                     window_left, scale, slot_map=slot_map, out=out, rope=rope,
-                                     l2_prefetch=l2_prefetch)
+                                     window_left, scale, slot_map=slot_map, out=out, rope=rope)
     if rope is not None:
         q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
     return sink_attention_extend(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,

@@ -17,23 +17,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False,
-                      l2_prefetch=None):
+                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False):
     """(s, rms_norm(s, weight)) for the residual sum s = h + delta (delta None: s = h).
 
     `tap` = (features, column, tap_eps): also writes the probe's weight-less normalisation of s,
     s * rsqrt(mean(s^2) + tap_eps), into features[:T, column:column + C]. `quantize`: a third
     result, the norm's FP8 form (e4m3 codes, fp32 1x128 scales) exactly as
     `quantize_activation_group128` gives it, for `fp8_linear(x_quant=...)`. On the kernel path one
-    launch does all of it (`sglang_ext.kernels.residual_norm`); elsewhere the unfused ops.
-    `l2_prefetch` (kernels/l2_prefetch.py's PrefetchL2): bytes the kernel's launch pulls into L2 for a
-    later kernel; ignored off the kernel path."""
+    launch does all of it (`sglang_ext.kernels.residual_norm`); elsewhere the unfused ops."""
     from sglang_ext.kernel_select import use_triton
 
     if use_triton(h.device):
         from sglang_ext.kernels.residual_norm import residual_rms_norm as fused
 
-        return fused(h, delta, weight, eps, tap, quantize=quantize, l2_prefetch=l2_prefetch)
+        return fused(h, delta, weight, eps, tap, quantize=quantize)
     s = h + delta if delta is not None else h
     if tap is not None:
         from sglang_ext.probe.model import rms_normalize

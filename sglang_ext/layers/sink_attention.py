@@ -76,15 +76,12 @@ def paged_sink_attention(
     window_left: int,
     scale: float,
     rope=None,
-    l2_prefetch=None,
 ) -> torch.Tensor:
     """Attention of flattened query rows over SGLang's paged KV layout, [T, Hq, D].
 
     ``rope`` (kernels/sink_attention.py's RopeKV: this forward's unrotated k / v rows, their cos_sin rows
     and cache slots): q is unrotated and k / v are rotated and written to the cache first (at decode the
     one-shot kernel does that in its own launch); without it, q is rotated and the cache already written.
-    ``l2_prefetch`` (kernels/l2_prefetch.py's PrefetchL2): bytes the Triton decode pulls into L2 for later
-    kernels (the o projection's weights); ignored elsewhere.
 
     Request b owns rows q_start[b] .. q_start[b]+q_len[b]-1, at the last q_len[b] of its
     seq_lens[b] positions; position p of request b lives in slot req_to_token[req_pool_indices[b], p]
@@ -98,7 +95,7 @@ def paged_sink_attention(
         from sglang_ext.kernels.sink_attention import paged_attention
 
         return paged_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
-                               sinks, window_left, scale, rope=rope, l2_prefetch=l2_prefetch)
+                               sinks, window_left, scale, rope=rope)
     if rope is not None:
         from sglang_ext.kernels.rope_kv import rope_store_kv_ref
 
