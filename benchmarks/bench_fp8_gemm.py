@@ -236,9 +236,33 @@ def _sglang_fn(adapter: str, *args):
     return run, getattr(run, "api", adapter)
 
 
+def deepgemm_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias):
+    """DeepGEMM's SM90 FP8 block-scaled GEMM (benchmarks/deepgemm_peer.py: its pure-Python JIT release,
+    carried in .peers/deepgemm) on the same pre-quantised operands, + a bias add (it has no bias epilogue).
+    The scales are copied once, outside the timing, into its TMA-aligned layout (the same values)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import deepgemm_peer as dgp
+
+    dgp.load_deepgemm()  # DeepGemmUnavailable says why: recorded as the peer's error
+    m, k = a_fp8.shape
+    scale = dgp.deepgemm_scale_buffer(m, k, a_fp8.device)
+    scale.copy_(a_scale)
+    out = torch.empty((m, w_fp8.shape[0]), dtype=torch.bfloat16, device=a_fp8.device)
+
+    def run():
+        dgp.deepgemm_gemm(a_fp8, scale, w_fp8, w_scale_inv, out)
+        return out.add_(bias)
+
+    run()  # its JIT compiles each shape on the first call
+    return run, "deep_gemm.gemm_fp8_fp8_bf16_nt + bias add"
+
+
 # Which of our timings each peer is compared with: fp8 GEMM peers take the same pre-quantised
 # operands as `fp8_gemm`; the others start from bf16 x, as `fp8_linear` does.
 PEER_BASELINE = {"cublas_fp8_blockwise": "ours_gemm_us", "sglang_triton_fp8": "ours_gemm_us",
+                 "deepgemm_fp8": "ours_gemm_us",
                  "sglang_triton_fp8_linear": "ours_linear_us", "bf16_linear": "ours_linear_us"}
 
 
@@ -249,6 +273,7 @@ def peers(a_fp8, a_scale, w_fp8, w_scale_inv, bias, w_bf16, x_bf16) -> dict:
     makers = {
         "cublas_fp8_blockwise": lambda: cublas_blockwise_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias),
         "sglang_triton_fp8": lambda: _sglang_fn("make_fp8_gemm", a_fp8, a_scale, w_fp8, w_scale_inv, bias),
+        "deepgemm_fp8": lambda: deepgemm_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias),
         "sglang_triton_fp8_linear": lambda: _sglang_fn("make_fp8_linear", x_bf16, w_fp8, w_scale_inv, bias),
         "bf16_linear": lambda: ((lambda: F.linear(x_bf16, w_bf16, bias)), "F.linear bf16"),
     }
@@ -631,6 +656,15 @@ def main(argv=None):
     write(args, ceilings, rows, sweep_rows, time.time() - t_start)
 
 
+def _deepgemm_version() -> str:
+    try:
+        import deepgemm_peer
+
+        return deepgemm_peer.deepgemm_version()
+    except Exception as exc:  # noqa: BLE001  (not carried: the table says so per row)
+        return f"unavailable: {type(exc).__name__}: {str(exc)[:200]}"
+
+
 def write(args, ceilings, rows, sweep_rows, elapsed):
     import platform
 
@@ -643,7 +677,7 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
             "sglang_padding": "SGLang gemm: none (its kernel masks K); SGLang linear: w padded K 2880 -> 2944 "
                               "once outside timing, x zero-padded inside the timed call (its quant needs "
                               "K % 128 == 0)",
-            **ceilings}
+            "deepgemm": _deepgemm_version(), **ceilings}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"{STEM}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "sweep": sweep_rows}, f, indent=2)
@@ -660,20 +694,23 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
         "(outside timing); `SGLang gemm` / `SGLang linear` = SGLang 0.5.23's Triton "
         "`w8a8_block_fp8_matmul_triton` + bias add, on pre-quantised operands / after its own Triton quant "
         "(benchmarks/sglang_peers.py; `SGLang linear` pads x 2880 -> 2944 inside the timed call, w once outside; "
-        "`SGLang gemm` needs no padding). Speedups > 1: ours faster (`gemm` vs the GEMM peers, `ours` vs the "
+        "`SGLang gemm` needs no padding); `DeepGEMM` = deepseek-ai/DeepGEMM's SM90 `gemm_fp8_fp8_bf16_nt` (the "
+        "pure-Python JIT release 03d0be3, benchmarks/deepgemm_peer.py) + bias add on the same pre-quantised "
+        "operands. Speedups > 1: ours faster (`gemm` vs the GEMM peers, `ours` vs the "
         "linear peers). TB/s and % copy bandwidth: weight bytes over `ours`.", "",
-        "| shape | M | config | ours | gemm | quant | cuBLAS fp8 | SGLang gemm | SGLang linear | bf16 linear | "
-        "gemm vs cuBLAS | gemm vs SGLang | ours vs SGLang linear | ours vs bf16 | TFLOP/s | weight TB/s | "
-        "% copy BW | rel err |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        "| shape | M | config | ours | gemm | quant | cuBLAS fp8 | SGLang gemm | DeepGEMM | SGLang linear | "
+        "bf16 linear | gemm vs cuBLAS | gemm vs SGLang | gemm vs DeepGEMM | ours vs SGLang linear | ours vs bf16 | "
+        "TFLOP/s | weight TB/s | % copy BW | rel err |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         us = lambda key: fmt(r.get(f"{key}_us"), ".1f")  # noqa: E731
         x = lambda key: fmt(r.get(f"speedup_vs_{key}"), ".2f")  # noqa: E731
         lines.append(
             f"| {r['shape']} | {r['M']} | {r['config']} | {r['ours_linear_us']:.1f} | {r['ours_gemm_us']:.1f} | "
             f"{r['quant_us']:.1f} | {us('cublas_fp8_blockwise')} | {us('sglang_triton_fp8')} | "
-            f"{us('sglang_triton_fp8_linear')} | {us('bf16_linear')} | {x('cublas_fp8_blockwise')} | "
-            f"{x('sglang_triton_fp8')} | {x('sglang_triton_fp8_linear')} | {x('bf16_linear')} | "
+            f"{us('deepgemm_fp8')} | {us('sglang_triton_fp8_linear')} | {us('bf16_linear')} | "
+            f"{x('cublas_fp8_blockwise')} | {x('sglang_triton_fp8')} | {x('deepgemm_fp8')} | "
+            f"{x('sglang_triton_fp8_linear')} | {x('bf16_linear')} | "
             f"{r['ours_TFLOPs']:.0f} | {r['ours_weight_TBps']:.2f} | {r['ours_pct_copy_bw']:.0f} | "
             f"{r['max_rel_err_vs_torch']:.1e} |")
     agree = {}

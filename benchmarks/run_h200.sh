@@ -62,6 +62,8 @@
 #   bash benchmarks/run_h200.sh head11    # (one GPU) the opt-in FP8 LM head: error, time, TP1 rows beside the bf16 head
 #   bash benchmarks/run_h200.sh final11   # (one GPU) PDL bits, the layers and the full-shape sink tests
 #   bash benchmarks/run_h200.sh width11   # (one GPU) decode attention at a 131072-wide table: split loop vs one-shot
+#   bash benchmarks/run_h200.sh dg12      # (one GPU) DeepGEMM as a peer of the FP8 GEMM: its smoke test, then the
+#                                         # FP8 GEMM table with every peer (carry .peers/deepgemm .peers/sglang_src)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -501,6 +503,10 @@ width11)  # one GPU: the decode attention at a server's 131072-wide KV table (ba
           # loop there): the table's fused split loop vs one-shot variants, 8k and 32k, for a '>8k' pick
     step diag_sink_decode_width 200 python benchmarks/diag_sink_decode.py --contexts 8192,32768 --batches 1 \
         --table-width 131072 --out "$R" --stem diag_sink_decode_serving_width
+    ;;
+dg12)  # one GPU: DeepGEMM (benchmarks/deepgemm_peer.py, carried .peers/deepgemm) beside ours, cuBLAS and SGLang
+    step deepgemm_smoke 120 bash benchmarks/build_deepgemm_peer.sh
+    step bench_fp8_gemm 400 python benchmarks/bench_fp8_gemm.py --sweep off --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
