@@ -374,9 +374,14 @@ def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None, dec
                 resolved.append(e)
         return resolved
     if m <= 256:
-        return [Cfg(bm, bn, split_k=s, num_warps=w, num_stages=st)
-                for bm, bn, s, w, st in ((32, 64, 1, 4, 4), (32, 128, 1, 4, 4), (64, 64, 1, 4, 4), (64, 128, 1, 4, 3),
-                                         (64, 128, 2, 4, 4), (64, 256, 1, 8, 3), (128, 128, 1, 8, 3), (32, 64, 2, 4, 4))]
+        # x pre-quantised (as the decode step's qkv gets it from the norm): the GEMM alone. Without split-K the
+        # tiles load by TMA (as the table's rows do); split-K keeps pointer loads. Small N tiles and splits give
+        # more programs than 17..256 rows' few output tiles (qkv at M = 64 on 32 x 64 tiles: 160 programs)
+        return [(Cfg(bm, bn, split_k=s, num_warps=w, num_stages=st, tma=s == 1), "prequant")
+                for bm, bn, s, w, st in ((32, 64, 1, 4, 4), (32, 64, 1, 4, 6), (32, 32, 1, 4, 4), (32, 32, 1, 4, 6),
+                                         (64, 32, 1, 4, 4), (64, 64, 1, 4, 4), (64, 64, 1, 4, 6), (64, 128, 1, 4, 4),
+                                         (64, 128, 1, 4, 3), (32, 64, 2, 4, 4), (32, 32, 2, 4, 4), (64, 32, 2, 4, 4),
+                                         (64, 64, 2, 4, 4), (64, 64, 3, 4, 4), (64, 32, 3, 4, 4))]
     return [Cfg(bm, bn, num_warps=w, num_stages=st, group_m=g)
             for bm, bn, w, st, g in ((128, 128, 8, 3, 8), (128, 128, 4, 4, 8), (128, 256, 8, 3, 8), (128, 256, 8, 4, 8),
                                      (256, 128, 8, 3, 8), (64, 256, 4, 4, 8), (128, 128, 8, 5, 16),
@@ -473,10 +478,10 @@ def resolve_split(mod, entry, m: int, n: int, k: int, device=None):
 
 
 def heuristic_entries(mod, m: int, n: int, k: int, device=None) -> list:
-    """The heuristic's picks as sweep entries: from bf16 x, and (decode, where the pick depends on
-    it) from pre-quantised x, as `fp8_gemm` / `fp8_linear(x_quant=...)` launch it."""
+    """The heuristic's picks as sweep entries: from bf16 x, and (up to 256 rows) from pre-quantised x, as
+    `fp8_gemm` / `fp8_linear(x_quant=...)` launch it."""
     out = [mod.gemm_config(m, n, k, device)]
-    if m <= 16:
+    if m <= 256:  # decode batches: the qkv GEMM gets x quantised by the norm before it
         out.append((mod.gemm_config(m, n, k, device, x_prequantized=True), "prequant"))
     return [resolve_split(mod, e, m, n, k, device) for e in out]
 

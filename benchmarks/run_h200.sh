@@ -64,6 +64,8 @@
 #   bash benchmarks/run_h200.sh width11   # (one GPU) decode attention at a 131072-wide table: split loop vs one-shot
 #   bash benchmarks/run_h200.sh dg12      # (one GPU) DeepGEMM as a peer of the FP8 GEMM: its smoke test, then the
 #                                         # FP8 GEMM table with every peer (carry .peers/deepgemm .peers/sglang_src)
+#   bash benchmarks/run_h200.sh rows12    # (one GPU) dense FP8 GEMM tiles at 17..256 rows (x pre-quantised), with the
+#                                         # peers (carry .peers/deepgemm .peers/sglang_src)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -507,6 +509,11 @@ width11)  # one GPU: the decode attention at a server's 131072-wide KV table (ba
 dg12)  # one GPU: DeepGEMM (benchmarks/deepgemm_peer.py, carried .peers/deepgemm) beside ours, cuBLAS and SGLang
     step deepgemm_smoke 120 bash benchmarks/build_deepgemm_peer.sh
     step bench_fp8_gemm 400 python benchmarks/bench_fp8_gemm.py --sweep off --out "$R"
+    ;;
+rows12)  # one GPU: the dense FP8 GEMM at 17..256 rows (decode batches 32-128), where DeepGEMM ran 1.4-1.5x
+         # faster than the table's tiles at M = 64 (dg12): TMA / small-N / split-K tiles on pre-quantised x
+    step sweep_fp8_gemm_rows 420 python benchmarks/bench_fp8_gemm.py --m 32,64,128,256 --shapes qkv,o \
+        --sweep-m 32,64,128,256 --sweep-shapes qkv,o --compile-workers 12 --budget-s 240 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
