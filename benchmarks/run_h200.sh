@@ -66,6 +66,8 @@
 #                                         # FP8 GEMM table with every peer (carry .peers/deepgemm .peers/sglang_src)
 #   bash benchmarks/run_h200.sh rows12    # (one GPU) dense FP8 GEMM tiles at 17..256 rows (x pre-quantised), with the
 #                                         # peers (carry .peers/deepgemm .peers/sglang_src)
+#   bash benchmarks/run_h200.sh rows12b   # (one GPU) the wide TMA tile at 17..64 rows: FP8 GEMM gpu tests, the table at
+#                                         # 17..64 rows with the peers, the decode step A/B at batch 32 / 64
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -514,6 +516,13 @@ rows12)  # one GPU: the dense FP8 GEMM at 17..256 rows (decode batches 32-128), 
          # faster than the table's tiles at M = 64 (dg12): TMA / small-N / split-K tiles on pre-quantised x
     step sweep_fp8_gemm_rows 420 python benchmarks/bench_fp8_gemm.py --m 32,64,128,256 --shapes qkv,o \
         --sweep-m 32,64,128,256 --sweep-shapes qkv,o --compile-workers 12 --budget-s 240 --out "$R"
+    ;;
+rows12b)  # one GPU: the wide TMA tile for 17..64 rows (qkv, lm_head): gpu tests, the table, the step A/B
+    step gpu_test_fp8_gemm 150 python tests/test_kernel_fp8_gemm.py --gpu
+    step bench_fp8_gemm 150 python benchmarks/bench_fp8_gemm.py --m 17,32,48,64 --shapes qkv,o,lm_head \
+        --lm-head-max-m 64 --sweep off --out "$R"
+    step diag_wide_tile 240 python benchmarks/diag_pdl.py --wide-tile-ab --models 120b,20b --batches 32,64 \
+        --rounds 30 --check 5 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
