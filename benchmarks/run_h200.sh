@@ -68,6 +68,8 @@
 #                                         # peers (carry .peers/deepgemm .peers/sglang_src)
 #   bash benchmarks/run_h200.sh rows12b   # (one GPU) the wide TMA tile at 17..64 rows: FP8 GEMM gpu tests, the table at
 #                                         # 17..64 rows with the peers, the decode step A/B at batch 32 / 64
+#   bash benchmarks/run_h200.sh rows12c   # (one GPU) rows12b's FP8 GEMM gpu check with time to finish (the lm_head
+#                                         # rows), and the one-layer step on the wide vs the narrow tile
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -523,6 +525,12 @@ rows12b)  # one GPU: the wide TMA tile for 17..64 rows (qkv, lm_head): gpu tests
         --lm-head-max-m 64 --sweep off --out "$R"
     step diag_wide_tile 240 python benchmarks/diag_pdl.py --wide-tile-ab --models 120b,20b --batches 32,64 \
         --rounds 30 --check 5 --out "$R"
+    ;;
+rows12c)  # one GPU: the FP8 GEMM gpu check (rows12b's ran out of its 150 s in the lm_head rows) and the wide tile
+          # in a one-layer decode step against the narrow tile
+    step gpu_test_model_step_wide 120 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_model_step.py \
+        -k wide_tile
+    step gpu_test_fp8_gemm 330 python tests/test_kernel_fp8_gemm.py --gpu
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
