@@ -66,10 +66,10 @@
 #                                         # FP8 GEMM table with every peer (carry .peers/deepgemm .peers/sglang_src)
 #   bash benchmarks/run_h200.sh rows12    # (one GPU) dense FP8 GEMM tiles at 17..256 rows (x pre-quantised), with the
 #                                         # peers (carry .peers/deepgemm .peers/sglang_src)
-#   bash benchmarks/run_h200.sh rows12b   # (one GPU) the wide TMA tile at 17..64 rows: FP8 GEMM gpu tests, the table at
-#                                         # 17..64 rows with the peers, the decode step A/B at batch 32 / 64
-#   bash benchmarks/run_h200.sh rows12c   # (one GPU) rows12b's FP8 GEMM gpu check with time to finish (the lm_head
-#                                         # rows), and the one-layer step on the wide vs the narrow tile
+#   bash benchmarks/run_h200.sh round12   # (one GPU) how often each dense FP8 GEMM tile rounds its bf16 outputs
+#                                         # correctly (float64 oracle)
+#                                         # (stages rows12b / rows12c ran the wide tile for 17..64 rows at 51b0490,
+#                                         # reverted: results/history/*wide_tile*_REVERTED.md)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -519,18 +519,8 @@ rows12)  # one GPU: the dense FP8 GEMM at 17..256 rows (decode batches 32-128), 
     step sweep_fp8_gemm_rows 420 python benchmarks/bench_fp8_gemm.py --m 32,64,128,256 --shapes qkv,o \
         --sweep-m 32,64,128,256 --sweep-shapes qkv,o --compile-workers 12 --budget-s 240 --out "$R"
     ;;
-rows12b)  # one GPU: the wide TMA tile for 17..64 rows (qkv, lm_head): gpu tests, the table, the step A/B
-    step gpu_test_fp8_gemm 150 python tests/test_kernel_fp8_gemm.py --gpu
-    step bench_fp8_gemm 150 python benchmarks/bench_fp8_gemm.py --m 17,32,48,64 --shapes qkv,o,lm_head \
-        --lm-head-max-m 64 --sweep off --out "$R"
-    step diag_wide_tile 240 python benchmarks/diag_pdl.py --wide-tile-ab --models 120b,20b --batches 32,64 \
-        --rounds 30 --check 5 --out "$R"
-    ;;
-rows12c)  # one GPU: the FP8 GEMM gpu check (rows12b's ran out of its 150 s in the lm_head rows) and the wide tile
-          # in a one-layer decode step against the narrow tile
-    step gpu_test_model_step_wide 120 python -m pytest -q -s -p no:cacheprovider -m gpu tests/test_model_step.py \
-        -k wide_tile
-    step gpu_test_fp8_gemm 330 python tests/test_kernel_fp8_gemm.py --gpu
+round12)  # one GPU: correctly rounded bf16 outputs of the dense FP8 GEMM by tile (wgmma vs mma.sync vs the GEMV)
+    step diag_gemm_rounding 150 python benchmarks/diag_gemm_rounding.py --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
