@@ -56,6 +56,21 @@ def has_cuda_driver() -> bool:
     return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
+SERVED_MODEL_MODULES = ("gpt_oss",)  # sglang.srt.models modules the CPU servers load
+
+
+def other_model_modules() -> list[str]:
+    """The module names of sglang.srt.models other than SERVED_MODEL_MODULES, found on disk (no import)."""
+    import importlib.util
+    import pkgutil
+
+    spec = importlib.util.find_spec("sglang.srt.models")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted(name for _, name, ispkg in pkgutil.iter_modules(spec.submodule_search_locations)
+                  if not ispkg and name not in SERVED_MODEL_MODULES and name != "registry")
+
+
 def cpu_server_env(base: dict | None = None, vocab_dir: str | None = None) -> dict:
     """Environment for an SGLang process on this CPU."""
     env = dict(os.environ if base is None else base)
@@ -71,6 +86,12 @@ def cpu_server_env(base: dict | None = None, vocab_dir: str | None = None) -> di
         paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
         if stub_dir not in paths:
             env["LD_LIBRARY_PATH"] = os.pathsep.join([stub_dir] + paths)
+    # SGLang imports all ~250 model modules in every process it starts (its model registry), ~2 s each time
+    # on a small CPU; these servers only ever load gpt-oss, so the others are skipped through SGLang's own
+    # switch. A value already in the environment is kept.
+    skipped = other_model_modules()
+    if skipped:
+        env.setdefault("SGLANG_DISABLED_MODEL_ARCHS", ",".join(skipped))
     if vocab_dir:
         from sglang_ext.launch.tokenizer import harmony_env
 

@@ -69,3 +69,14 @@ def test_plugin_is_idempotent():
     register_all()
     after = {k: len(v) for k, v in hook_registry.HookRegistry._hooks.items()}
     assert before == after
+
+
+def test_cpu_servers_skip_sglangs_other_model_modules(monkeypatch):
+    """The shims hand SGLang's own SGLANG_DISABLED_MODEL_ARCHS every model module but gpt_oss (the served
+    tests show the registry still finds gpt-oss); a value already set is kept."""
+    monkeypatch.delenv("SGLANG_DISABLED_MODEL_ARCHS", raising=False)
+    skipped = cpu_server_env()["SGLANG_DISABLED_MODEL_ARCHS"].split(",")
+    assert "gpt_oss" not in skipped and "registry" not in skipped
+    assert {"llama", "qwen2", "deepseek_v2"} <= set(skipped)
+    monkeypatch.setenv("SGLANG_DISABLED_MODEL_ARCHS", "llama")
+    assert cpu_server_env()["SGLANG_DISABLED_MODEL_ARCHS"] == "llama"
