@@ -2,8 +2,9 @@
 
 The peer is deepseek-ai/DeepGEMM at 03d0be3 (2025-07-02), the last pure-Python release: its
 kernels are JIT-compiled at run time by nvcc into sm_90a cubins and launched through
-cuda-bindings, so nothing is built at install time. `.peers/deepgemm/` (ignored; see its
-SOURCE.txt) holds that package plus the CUTLASS v3.8 headers it includes.
+cuda-bindings, so nothing is built at install time. `.peers/deepgemm/` (ignored; made by
+`bash benchmarks/fetch_deepgemm_peer.sh`, see its SOURCE.txt) holds that package plus the CUTLASS
+v3.8 headers it includes.
 `benchmarks/build_deepgemm_peer.sh` checks it on the GPU machine.
 
   load_deepgemm(root)      puts `root` on sys.path and imports `deep_gemm` (compiles nothing;
