@@ -77,7 +77,8 @@
 #                                         # configs) + bench_probe; lane 1: prefill grid + the three kernel tables
 #
 # On the device tool: run with carry [".peers/sglang_src"] (bash benchmarks/fetch_sglang_peers.sh here
-# first) so SGLang's own Triton kernels run as peers. Everything lands in $OUT/results.tgz (the tool
+# first) so SGLang's own Triton kernels run as peers, and ".peers/deepgemm" (bash
+# benchmarks/fetch_deepgemm_peer.sh) for DeepGEMM's. Everything lands in $OUT/results.tgz (the tool
 # returns at most 8 files); unpack it into benchmarks/results/ and commit.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -517,7 +518,8 @@ dg12)  # one GPU: DeepGEMM (benchmarks/deepgemm_peer.py, carried .peers/deepgemm
 rows12)  # one GPU: the dense FP8 GEMM at 17..256 rows (decode batches 32-128), where DeepGEMM ran 1.4-1.5x
          # faster than the table's tiles at M = 64 (dg12): TMA / small-N / split-K tiles on pre-quantised x
     step sweep_fp8_gemm_rows 420 python benchmarks/bench_fp8_gemm.py --m 32,64,128,256 --shapes qkv,o \
-        --sweep-m 32,64,128,256 --sweep-shapes qkv,o --compile-workers 12 --budget-s 240 --out "$R"
+        --sweep-m 32,64,128,256 --sweep-shapes qkv,o --compile-workers 12 --budget-s 240 \
+        --out "$R/fp8_gemm_rows17_256"
     ;;
 round12)  # one GPU: correctly rounded bf16 outputs of the dense FP8 GEMM by tile (wgmma vs mma.sync vs the GEMV)
     step diag_gemm_rounding 150 python benchmarks/diag_gemm_rounding.py --out "$R"
