@@ -23,17 +23,17 @@ if not has_cuda_driver():
 # finish together (in xdist's own order, most tests first, a 490 s file with five tests went
 # last). A new long file belongs here.
 FILE_SECONDS = {
-    "test_faults.py": 415,
-    "test_probe_serving.py": 358,
-    "test_served_parity.py": 310,
-    "test_fp8.py": 211,
-    "test_kernel_sink_attention.py": 198,
-    "test_kernel_moe.py": 97,
-    "test_probe_serving_bf16.py": 95,
-    "test_kernel_fp8_gemm.py": 91,
-    "test_cli.py": 69,
-    "test_kernel_moe_decode.py": 32,
-    "test_probe_kernel.py": 28,
+    "test_probe_serving.py": 250,
+    "test_faults.py": 232,
+    "test_served_parity.py": 164,
+    "test_fp8.py": 104,
+    "test_kernel_sink_attention.py": 82,
+    "test_kernel_moe.py": 67,
+    "test_kernel_fp8_gemm.py": 45,
+    "test_probe_serving_bf16.py": 40,
+    "test_cli.py": 31,
+    "test_kernel_moe_decode.py": 17,
+    "test_probe_kernel.py": 16,
 }
 
 
