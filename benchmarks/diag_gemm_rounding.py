@@ -64,7 +64,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--m", default="1,16,32,64,128,1024")
+    ap.add_argument("--shapes", default="qkv:5120x2880,o:2880x4096", help="name:NxK,... (gpt-oss's by default)")
+    ap.add_argument("--device", default="cuda", help="cpu: a check of this script under TRITON_INTERPRET=1 "
+                    "(small --shapes; no compiled kernels, so no instructions)")
     args = ap.parse_args()
+    dev = torch.device(args.device)
     bc.import_project()
     from sglang_ext.kernels import fp8_gemm as mod
     from sglang_ext.layers import fp8
@@ -78,12 +82,14 @@ def main():
     instructions = {}  # config -> the matrix instructions of the variants its first launch compiled
     rows = []
     torch.manual_seed(0)
-    for shape, (n, k) in (("qkv", (5120, 2880)), ("o", (2880, 4096))):
-        w, ws = fp8.quantize_weight_block128(torch.randn(n, k, device="cuda") * 0.05)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for spec in args.shapes.split(","):
+        shape, dims = spec.split(":")
+        n, k = (int(v) for v in dims.split("x"))
+        w, ws = fp8.quantize_weight_block128(torch.randn(n, k, device=dev) * 0.05)
+        bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
         w64 = dequantize_float64(w, ws)
         for m in (int(v) for v in args.m.split(",")):
-            xq, xs = mod.quantize_activation_group128(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+            xq, xs = mod.quantize_activation_group128(torch.randn(m, k, device=dev, dtype=torch.bfloat16))
             exact = dequantize_float64(xq, xs) @ w64.t() + bias.double()
             rounded = round_to_bf16(exact)
             configs = {"table": mod.gemm_config(m, n, k, xq.device, x_prequantized=True)}
@@ -92,9 +98,12 @@ def main():
             for label, cfg in configs.items():
                 before = set(_variants(kernels))
                 y = mod.fp8_gemm(xq, xs, w, ws, bias, config=cfg)
-                torch.cuda.synchronize()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
                 new = [c for k, c in _variants(kernels).items() if k not in before]
-                if new or cfg.short() not in instructions:
+                if dev.type != "cuda":
+                    instructions[cfg.short()] = "interpreted (no PTX)"
+                elif new or cfg.short() not in instructions:
                     instructions[cfg.short()] = _matrix_instructions(new) if new else "compiled earlier"
                 rows.append({"shape": shape, "M": m, "config": f"{label}: {cfg.short()}",
                              "instructions": instructions[cfg.short()],
