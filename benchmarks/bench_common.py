@@ -173,19 +173,25 @@ def measure_ceilings() -> dict:
     return out
 
 
+def compiled_variants(kernel):
+    """(cache key, compiled kernel) of each variant a Triton kernel has compiled so far (the cache layout
+    differs between Triton versions: a tuple whose first item is the cache, or the cache)."""
+    for caches in kernel.device_caches.values():
+        cache = caches[0] if isinstance(caches, tuple) else caches
+        yield from cache.items()
+
+
 def compiled_info(kernel, with_key: bool = False) -> list:
     """Registers, spills and shared memory of each compiled variant of a Triton kernel (best effort:
     the cache layout differs between Triton versions); with_key: the tail of each variant's cache key
     (its constexprs and launch options), to tell the variants apart."""
     out = []
     try:
-        for caches in kernel.device_caches.values():
-            cache = caches[0] if isinstance(caches, tuple) else caches
-            for key, compiled in cache.items():
-                compiled._init_handles()
-                out.append({"regs": compiled.n_regs, "spills": compiled.n_spills,
-                            "shared_KB": round(compiled.metadata.shared / 1024, 1),
-                            "warps": compiled.metadata.num_warps, **({"key": str(key)[-160:]} if with_key else {})})
+        for key, compiled in compiled_variants(kernel):
+            compiled._init_handles()
+            out.append({"regs": compiled.n_regs, "spills": compiled.n_spills,
+                        "shared_KB": round(compiled.metadata.shared / 1024, 1),
+                        "warps": compiled.metadata.num_warps, **({"key": str(key)[-160:]} if with_key else {})})
     except Exception as exc:  # noqa: BLE001
         out.append({"error": f"{type(exc).__name__}: {exc}"[:200]})
     return out

@@ -212,16 +212,22 @@ def cublas_blockwise_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out_dtype=torc
     raise RuntimeError(" | ".join(errors))
 
 
+def _peer_module(name: str):
+    """A peer adapter beside this file (benchmarks/sglang_peers.py, benchmarks/deepgemm_peer.py), whether
+    this runs as a script or is imported."""
+    import importlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:  # called once per case: add it once
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
+
+
 def _sglang_kernels() -> dict:
     """SGLang 0.5.23's own Triton kernels through benchmarks/sglang_peers.py (carried source,
     stubbed imports): name -> callable, or name -> the reason it is missing."""
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:  # called once per case: add it once
-            sys.path.insert(0, here)
-        import sglang_peers
-
-        return sglang_peers.load_sglang_kernels()
+        return _peer_module("sglang_peers").load_sglang_kernels()
     except Exception as exc:  # noqa: BLE001  (no adapter module here: a result, not a crash)
         reason = f"{type(exc).__name__}: {exc}"
         return {"make_fp8_gemm": reason, "make_fp8_linear": reason}
@@ -240,11 +246,7 @@ def deepgemm_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias):
     """DeepGEMM's SM90 FP8 block-scaled GEMM (benchmarks/deepgemm_peer.py: its pure-Python JIT release,
     carried in .peers/deepgemm) on the same pre-quantised operands, + a bias add (it has no bias epilogue).
     The scales are copied once, outside the timing, into its TMA-aligned layout (the same values)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import deepgemm_peer as dgp
-
+    dgp = _peer_module("deepgemm_peer")
     dgp.load_deepgemm()  # DeepGemmUnavailable says why: recorded as the peer's error
     m, k = a_fp8.shape
     scale = dgp.deepgemm_scale_buffer(m, k, a_fp8.device)
@@ -663,9 +665,7 @@ def main(argv=None):
 
 def _deepgemm_version() -> str:
     try:
-        import deepgemm_peer
-
-        return deepgemm_peer.deepgemm_version()
+        return _peer_module("deepgemm_peer").deepgemm_version()
     except Exception as exc:  # noqa: BLE001  (not carried: the table says so per row)
         return f"unavailable: {type(exc).__name__}: {str(exc)[:200]}"
 

@@ -43,13 +43,7 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def _variants(kernels) -> dict:
-    found = {}
-    for kernel in kernels:
-        for caches in kernel.device_caches.values():
-            cache = caches[0] if isinstance(caches, tuple) else caches
-            for key, compiled in cache.items():
-                found[(id(kernel), str(key))] = compiled
-    return found
+    return {(id(kernel), str(key)): compiled for kernel in kernels for key, compiled in bc.compiled_variants(kernel)}
 
 
 def _matrix_instructions(compiled) -> str:

@@ -18,13 +18,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="$ROOT/.peers/deepgemm"
 cd "$ROOT"
 
-EXCLUDE="$(git rev-parse --git-path info/exclude 2>/dev/null || true)"
-if [ -n "$EXCLUDE" ]; then
-  case "$EXCLUDE" in /*) ;; *) EXCLUDE="$ROOT/$EXCLUDE" ;; esac
-  mkdir -p "$(dirname "$EXCLUDE")"
-  touch "$EXCLUDE"
-  grep -qxF '/.peers/' "$EXCLUDE" || echo '/.peers/' >> "$EXCLUDE"
-fi
+source "$ROOT/benchmarks/ignore_peers.sh"
+ignore_peers_folder "$ROOT"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT

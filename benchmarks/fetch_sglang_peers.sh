@@ -19,13 +19,8 @@ SRC="$PEERS/sglang_src"
 cd "$ROOT"
 
 # --- ignore .peers/ locally -------------------------------------------------------------------
-EXCLUDE="$(git rev-parse --git-path info/exclude 2>/dev/null || true)"
-if [ -n "$EXCLUDE" ]; then
-  case "$EXCLUDE" in /*) ;; *) EXCLUDE="$ROOT/$EXCLUDE" ;; esac
-  mkdir -p "$(dirname "$EXCLUDE")"
-  touch "$EXCLUDE"
-  grep -qxF '/.peers/' "$EXCLUDE" || echo '/.peers/' >> "$EXCLUDE"
-fi
+source "$ROOT/benchmarks/ignore_peers.sh"
+ignore_peers_folder "$ROOT"
 
 # --- download the wheel -----------------------------------------------------------------------
 if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
