@@ -70,6 +70,8 @@
 #                                         # correctly (float64 oracle)
 #                                         # (stages rows12b / rows12c ran the wide tile for 17..64 rows at 51b0490,
 #                                         # reverted: results/history/*wide_tile*_REVERTED.md)
+#   bash benchmarks/run_h200.sh dg13      # (one GPU) DeepGEMM as the dense FP8 backend: gpu test, backend table
+#                                         # by M (time, correctly rounded outputs), and round12
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -522,6 +524,16 @@ rows12)  # one GPU: the dense FP8 GEMM at 17..256 rows (decode batches 32-128), 
         --out "$R/fp8_gemm_rows17_256"
     ;;
 round12)  # one GPU: correctly rounded bf16 outputs of the dense FP8 GEMM by tile (wgmma vs mma.sync vs the GEMV)
+    step diag_gemm_rounding 150 python benchmarks/diag_gemm_rounding.py --out "$R"
+    ;;
+dg13)  # one GPU: DeepGEMM as the dense FP8 layers' backend (sglang_ext/layers/fp8_backend.py), through the
+       # carried peer (.peers/deepgemm, DeepGEMM's 1.x JIT line): its gpu test, the backend table by M with
+       # correctly rounded outputs, and round12's rounding by tile
+    export DEEPGEMM_PEER_ROOT="$PWD/.peers/deepgemm" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+    export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    step deepgemm_smoke 120 bash benchmarks/build_deepgemm_peer.sh
+    step gpu_test_fp8_backend 180 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_backend.py
+    step diag_fp8_backend 280 python benchmarks/diag_fp8_backend.py --out "$R"
     step diag_gemm_rounding 150 python benchmarks/diag_gemm_rounding.py --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step

@@ -16,6 +16,7 @@ from torch import nn
 
 from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, fp8_linear_torch
+from sglang_ext.layers.fp8_backend import dense_fp8_linear
 
 
 class Linear(nn.Module):
@@ -41,9 +42,7 @@ class Linear(nn.Module):
         bias = self.bias if with_bias else None
         if self.fp8:
             if use_triton(x.device):
-                from sglang_ext.kernels.fp8_gemm import fp8_linear
-
-                return fp8_linear(x, self.weight, self.weight_scale_inv, bias, x_quant=x_quant)
+                return dense_fp8_linear(x, self.weight, self.weight_scale_inv, bias, x_quant=x_quant)
             return fp8_linear_torch(x, self.weight, self.weight_scale_inv, bias)
         return F.linear(x, self.weight, bias)
 
@@ -105,9 +104,7 @@ class FusedLinear:
         `Linear.forward`)."""
         if self.fp8:
             if use_triton(x.device):
-                from sglang_ext.kernels.fp8_gemm import fp8_linear
-
-                y = fp8_linear(x, self.weight, self.weight_scale_inv, self.bias, x_quant=x_quant)
+                y = dense_fp8_linear(x, self.weight, self.weight_scale_inv, self.bias, x_quant=x_quant)
             else:
                 y = fp8_linear_torch(x, self.weight, self.weight_scale_inv, self.bias)
         else:
