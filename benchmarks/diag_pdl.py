@@ -245,6 +245,49 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
     return row
 
 
+def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
+    """The same model and inputs captured twice: the dense FP8 GEMMs of 17..64 rows on 32 x 64 tiles with
+    split-K (the table before session 12) vs the 64 x 128 TMA tile where N gives enough tiles
+    (kernels/fp8_gemm.py WIDE_TILE_MIN_PROGRAMS: qkv and the lm_head, not o); paired rounds. The two tiles
+    sum K in other orders, so the logits are compared for closeness, not bits."""
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels import fp8_gemm
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    shipped = fp8_gemm.WIDE_TILE_MIN_PROGRAMS
+
+    def wide(on):
+        fp8_gemm.WIDE_TILE_MIN_PROGRAMS = shipped if on in (None, True) else 1 << 30
+
+    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, wide, rounds, check)
+    row = ab_row(model_name, batch, context, ("narrow", "wide"), check, mismatches, timing)
+    graphs[True].replay()
+    torch.cuda.synchronize()
+    row["logits_max_abs_diff"] = (outs[True].float() - reference.float()).abs().max().item()
+    row["argmax_equal"] = (outs[True].argmax(-1) == reference.argmax(-1)).float().mean().item()
+    graphs.clear()
+    outs.clear()
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def wide_tile_markdown(meta: dict, rows: list) -> str:
+    lines = ab_head(
+        "Dense FP8 GEMMs of 17..64 rows: the wide TMA tile in the decode step", meta,
+        "Same model and inputs captured twice: the dense GEMMs of 17..64 rows on 32 x 64 tiles with split-K "
+        "(narrow, the table before) vs the 64 x 128 TMA tile where N gives >= 32 tiles of 128 rows (wide: qkv, "
+        "the lm_head; o keeps the narrow tile). Paired rounds of 3 replays; diff = wide - narrow. The tiles sum "
+        "K in other orders: bits are not expected equal (see the closeness columns below).", rows,
+        ("narrow", "narrow"), ("wide", "wide"))
+    lines += [bc.md_table(rows, [("model", "model", None), ("batch", "batch", None),
+                                 ("logits max abs diff", "logits_max_abs_diff", "{:.3g}"),
+                                 ("argmax equal", "argmax_equal", "{:.3f}")]), ""]
+    return "\n".join(lines) + "\n"
+
+
 # --rope-fusion-ab's picks for the batch-1 full layers at <= 8k, beside the table's own in the main row
 ROPE_PICKS = (("c128 v_late", dict(chunk=128, v_late=True)),
               ("c128 v_late r128", dict(chunk=128, v_late=True, max_regs=128)),
@@ -353,6 +396,8 @@ def main():
     ap.add_argument("--no-probe", action="store_true")
     ap.add_argument("--rope-fusion-ab", action="store_true", help="instead: RoPE + KV write in the decode "
                     "attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
+    ap.add_argument("--wide-tile-ab", action="store_true", help="instead: the dense GEMMs of 17..64 rows on the "
+                    "wide TMA tile vs the narrow split-K tile, written to diag_wide_tile.*")
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
@@ -373,6 +418,14 @@ def main():
                     print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
         bc.write_results(args.out, args.stem or "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))
+        return
+    if args.wide_tile_ab:
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows.append(wide_tile_row(m, b, args.context, args.rounds, args.check))
+                print(rows[-1], flush=True)
+        bc.write_results(args.out, args.stem or "diag_wide_tile", meta, rows, wide_tile_markdown(meta, rows))
+        print(wide_tile_markdown(meta, rows))
         return
     for m in args.models.split(","):
         for b in (int(x) for x in args.batches.split(",")):

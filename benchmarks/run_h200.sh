@@ -72,6 +72,9 @@
 #                                         # reverted: results/history/*wide_tile*_REVERTED.md)
 #   bash benchmarks/run_h200.sh dg13      # (one GPU) DeepGEMM as the dense FP8 backend: gpu test, backend table
 #                                         # by M (time, correctly rounded outputs), and round12
+#   bash benchmarks/run_h200.sh fa13      # (one GPU) wide tile gpu test, flash-attention prefill prototype, backend
+#                                         # table at 16..128 rows
+#   bash benchmarks/run_h200.sh prefill13 # (one GPU) the no-prefix prefill attention: gpu tests, TP1 prefill rows
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -535,6 +538,21 @@ dg13)  # one GPU: DeepGEMM as the dense FP8 layers' backend (sglang_ext/layers/f
     step gpu_test_fp8_backend 180 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_backend.py
     step diag_fp8_backend 280 python benchmarks/diag_fp8_backend.py --out "$R"
     step diag_gemm_rounding 150 python benchmarks/diag_gemm_rounding.py --out "$R"
+    ;;
+fa13)  # one GPU: the wide tile for 17..64 rows again (gpu test), a textbook flash-attention prefill prototype
+       # beside the shipped extend, the backend table at 16..128 rows with the wide tile
+    export DEEPGEMM_PEER_ROOT="$PWD/.peers/deepgemm" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+    export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    step diag_extend_fa 150 python benchmarks/diag_extend_fa.py --out "$R"
+    step gpu_test_fp8_gemm 150 python tests/test_kernel_fp8_gemm.py --gpu
+    step diag_fp8_backend 200 python benchmarks/diag_fp8_backend.py --m 16,24,32,48,64,96,128 --out "$R"
+    ;;
+prefill13)  # one GPU: the no-prefix prefill kernel (sink_attention_prefill): its gpu tests, the full-shape sink
+            # tests, TP1 prefill rows with the profile
+    step gpu_test_prefill 120 python tests/test_kernel_sink_attention.py --prefill float32,bfloat16 --device cuda
+    step gpu_test_sink_full 240 python tests/test_kernel_sink_attention.py --gpu-full
+    step bench_prefill_tp1 200 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,4096,8192 --profile 8192 --out "$R" --stem bench_prefill_tp1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -1052,13 +1052,24 @@ def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | Non
     return out
 
 
+# 17..64 rows: the wide TMA tile from this many 128-row N tiles (gpt-oss qkv 40, lm_head 1571; o 23 keeps split-K)
+WIDE_TILE_MIN_PROGRAMS = 32
+
+
 def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None,
                 x_prequantized: bool = False) -> Fp8GemmConfig | Fp8GemvConfig:
     """Launch parameters by M bucket (no autotune: one fixed kernel per shape, fast interpreter).
 
     M <= 16 (decode): the weight bytes are everything: `gemv_config`, the decode kernel with x
     quantised inside (one launch), split-K where N alone gives too few programs.
-    M <= 64: 32-row tiles, separate quantisation, split-K by the same rule.
+    M <= 64: where N gives at least WIDE_TILE_MIN_PROGRAMS tiles of 128 rows, the 64 x 128 TMA tile
+    with no split (each weight byte read once, streamed by the copy engine; H200, x pre-quantised,
+    benchmarks/results/sweeps/fp8_gemm_rows17_256.md: qkv M = 32 / 64 13.7 -> 11.9 / 16.3 -> 12.1 us,
+    DeepGEMM 13.4 / 11.6 in the same run); else (o's 23 tiles) 32-row tiles, split-K by the same rule
+    (o M = 32: 11.3 us against 14.2 on the wide tile). The wide tile runs on wgmma, as the decode GEMV's
+    tensor-core blocks (2..16 rows) and every tile from 65 rows already did: 93.4-93.7 % of its bf16 outputs
+    are the correctly rounded float64 result against 99.99 % on mma.sync tiles, which adds ~0.3 % to the
+    output's own rounding error (1.662e-3 vs 1.657e-3; benchmarks/results/diag_gemm_rounding.md).
     M <= 256: 64 x 128 tiles, 4 warps. M <= 1024: the same tile by TMA in 3 stages of 24 KB, so
     three programs share an SM and the few tiles of a short prefill fill the SMs in fewer waves
     (H200, device time in CUDA graphs, benchmarks/results/diag_dense_cfg.md: qkv M = 512 / 1024 30.5
@@ -1076,6 +1087,8 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     sms = num_sms(device)
     if m <= 16:
         return gemv_config(m, n, k, device, x_prequantized)
+    if m <= 64 and triton.cdiv(n, 128) >= WIDE_TILE_MIN_PROGRAMS:
+        return Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4, tma=True)
     if m <= 64:
         cfg = Fp8GemmConfig(block_m=32, block_n=64, num_warps=4, num_stages=4)
     elif m <= 256:

@@ -89,7 +89,8 @@ def test_choice_without_cuda_or_out_of_range_never_imports(backend, monkeypatch)
 
 def test_missing_deep_gemm(backend, monkeypatch, caplog):
     w, ws = _weights(256, 256)
-    x = torch.randn(backend.DEEPGEMM_AUTO_ROWS[0], 256, dtype=torch.bfloat16)  # in auto's range
+    monkeypatch.setattr(backend, "DEEPGEMM_AUTO_ROWS", {(256, 256): (17, 128)})
+    x = torch.randn(32, 256, dtype=torch.bfloat16)  # in auto's range
     monkeypatch.setitem(sys.modules, "deep_gemm", None)
     monkeypatch.setenv(backend.ENV_VAR, "auto")
     with caplog.at_level(logging.WARNING, logger=backend.__name__):
@@ -127,10 +128,14 @@ def test_auto_takes_deepgemm_in_range_only(backend, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     monkeypatch.setenv(backend.ENV_VAR, "auto")
     w, ws = _weights(256, 256)
-    lo, hi = backend.DEEPGEMM_AUTO_ROWS
-    for rows, want in ((lo - 1, "triton"), (lo, "deepgemm"), (hi, "deepgemm"), (hi + 1, "triton")):
+    monkeypatch.setattr(backend, "DEEPGEMM_AUTO_ROWS", {(256, 256): (17, 128)})
+    for rows, want in ((16, "triton"), (17, "deepgemm"), (128, "deepgemm"), (129, "triton")):
         x = torch.empty(rows, 256, dtype=torch.bfloat16)
         assert backend.choose(x, w, ws)[0] == want, rows
+    w2, ws2 = _weights(128, 256)  # a shape auto has no measurement of: ours
+    assert backend.choose(torch.empty(32, 256, dtype=torch.bfloat16), w2, ws2)[0] == "triton"
+    x3 = torch.empty(3, 7, 256, dtype=torch.bfloat16)  # rows = all leading dims: 21
+    assert backend.choose(x3, w, ws)[0] == "deepgemm"
     monkeypatch.setenv(backend.ENV_VAR, "deepgemm")
     assert backend.choose(torch.empty(1, 256, dtype=torch.bfloat16), w, ws)[0] == "deepgemm"
     assert backend.choose(torch.empty(1, 256), w, ws)[0] == "triton"  # fp32 x: ours (logged)
@@ -247,7 +252,7 @@ def gpu_check() -> list[dict]:
             over = float((err / bound).max())
             correctly_rounded = float((got == exact.to(torch.bfloat16)).double().mean())
             ours = fp8_linear(x, w, ws, lin.bias)
-            lo, hi = fp8_backend.DEEPGEMM_AUTO_ROWS
+            lo, hi = fp8_backend.DEEPGEMM_AUTO_ROWS.get((n, k), (1, 0))
             for mode, want in (("deepgemm", got), ("triton", ours), ("auto", got if lo <= m <= hi else ours)):
                 os.environ[fp8_backend.ENV_VAR] = mode
                 try:

@@ -207,6 +207,20 @@ def test_prefill_rows_follow_the_h200_tile_sweep():
         assert {mod.gemm_config(m, n, k).short() for m in (1025, 2048, 8192)} == {"m128n128s1w8st4tma"}
 
 
+def test_17_to_64_rows_take_the_wide_tma_tile_where_n_gives_enough_tiles():
+    """M 17..64 (decode batches 17-64, short prefills): the 64 x 128 TMA tile without split-K where N gives
+    >= WIDE_TILE_MIN_PROGRAMS 128-row tiles (qkv, the lm_head); o's 23 keep 32-row tiles with split-K
+    (H200 sweep, benchmarks/results/sweeps/fp8_gemm_rows17_256.md)."""
+    mod = _kernel_module()
+    for n, k in ((5120, 2880), (201088, 2880)):
+        for pq in (False, True):
+            assert {mod.gemm_config(m, n, k, x_prequantized=pq).short() for m in (17, 32, 64)} == {"m64n128s1w4st4tma"}
+    for m in (17, 32, 64):
+        cfg = mod.gemm_config(m, 2880, 4096, x_prequantized=True)
+        assert (cfg.block_m, cfg.block_n) == (32, 64) and cfg.split_k > 1 and not cfg.tma, cfg
+    assert mod.gemm_config(65, 5120, 2880).short() == "m64n128s1w4st4tma"
+
+
 def test_x_quant_is_validated():
     mod = _kernel_module()
     x, w, ws, b = make_case(3, 320, 192, torch.float32, seed=0)
@@ -520,7 +534,8 @@ def test_kernels_match_oracle_interpreted():
 # ---------------------------------------------------------------------------------------------
 
 GPU_SHAPES = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
-GPU_M = {"qkv": (1, 4, 16, 256, 1024, 4096), "o": (1, 4, 16, 256, 1024, 4096), "lm_head": (1, 4, 16)}
+GPU_M = {"qkv": (1, 4, 16, 32, 64, 256, 1024, 4096), "o": (1, 4, 16, 32, 64, 256, 1024, 4096),
+         "lm_head": (1, 4, 16, 64)}
 
 
 def gpu_check() -> list[dict]:

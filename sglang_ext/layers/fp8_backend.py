@@ -11,9 +11,9 @@ DeepGEMM's own accumulation order, which is its wgmma's: see README, session 13)
                                 shape rules: `deepgemm_unsupported`), ours for the rest (logged once
                                 per shape); the first such GEMM raises `DeepGemmUnavailable` if
                                 `deep_gemm` cannot be imported
-  SGLANG_EXT_FP8_GEMM=auto      DeepGEMM only for the row counts where it measured faster than ours
-                                on an H200 (`DEEPGEMM_AUTO_ROWS`), ours elsewhere and wherever
-                                DeepGEMM is missing (logged once)
+  SGLANG_EXT_FP8_GEMM=auto      DeepGEMM only for the weight shapes and row counts where it measured
+                                faster than ours on an H200 (`DEEPGEMM_AUTO_ROWS`), ours elsewhere
+                                and wherever DeepGEMM is missing (logged once)
 
 Two DeepGEMM APIs are known: 1.x `gemm_fp8_fp8_bf16_nt` (its pure-Python JIT line, the one the
 project's H200 runs: benchmarks/deepgemm_peer.py) and 2.x `fp8_gemm_nt` (sgl-deep-gemm, a torch
@@ -33,9 +33,12 @@ import torch
 ENV_VAR = "SGLANG_EXT_FP8_GEMM"
 CHOICES = ("triton", "deepgemm", "auto")
 GROUP = 128
-# Rows per GEMM where DeepGEMM beat ours at both gpt-oss dense shapes as the layers call them (qkv on
-# the norm's codes, o on bf16 x; GEMM + bias, CUDA graphs): benchmarks/results/diag_fp8_backend.md.
-DEEPGEMM_AUTO_ROWS = (48, 64)
+# auto: (N, K) of a weight -> the rows per GEMM where DeepGEMM beat ours on an H200 as the layers call
+# them (GEMM + bias, CUDA graphs; benchmarks/results/diag_fp8_backend*.md). gpt-oss's o (x bf16, which ours
+# quantises inside its 32-row split-K tiles at 17..64 rows): 0.71-0.89 of ours at 48..128 rows; its qkv (x
+# from the norm's codes, the 64 x 128 tile from 17 rows) nowhere by more than the noise (0.96 at 64).
+# Other shapes (TP shards included) are unmeasured: ours.
+DEEPGEMM_AUTO_ROWS = {(2880, 4096): (48, 128)}
 
 logger = logging.getLogger(__name__)
 
@@ -156,9 +159,11 @@ def choose(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor, mode
     mode = mode or backend_mode()
     if mode == "triton":
         return "triton", None
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if mode == "auto" and not DEEPGEMM_AUTO_ROWS[0] <= rows <= DEEPGEMM_AUTO_ROWS[1]:
-        return "triton", None
+    if mode == "auto":
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        lo, hi = DEEPGEMM_AUTO_ROWS.get(tuple(w_fp8.shape), (1, 0))
+        if not lo <= rows <= hi:
+            return "triton", None
     try:
         module, api = load_deep_gemm()
     except DeepGemmUnavailable as e:

@@ -1,0 +1,158 @@
+"""Prototype: how fast can a Triton flash-attention forward run gpt-oss's 8k prefill on an H200?
+
+    python benchmarks/diag_extend_fa.py --out benchmarks/results
+
+The shipped extend kernel (`kernels/sink_attention.py` `_sink_extend_kernel`: tiles of 16 positions x the 8 q
+heads of a kv head, K/V gathered through req_to_token's slot ids) runs a full layer's 8192-token prefill at
+~300 TFLOP/s (1.8-1.9 ms; ncu: latency-bound at 252 registers, two programs an SM). This times, in CUDA graphs
+and on the same inputs, a textbook form beside it: one q head and BLOCK_M consecutive positions per program,
+K/V read as contiguous rows of this forward's own K/V (no slot ids: a prefill without a cached prefix) by TMA
+descriptors, the causal range split into unmasked blocks and the masked diagonal, the sink joined as the
+running max's start. Output checked against the shipped kernel's. SDPA's flash kernel (no sinks, GQA
+expanded) runs beside as the peer. Nothing here is shipped; the result decides whether it is worth it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2,
+              BN: tl.constexpr, MASK: tl.constexpr):
+    k = k_desc.load([start, col])
+    v = v_desc.load([start, col])
+    s = tl.dot(q, tl.trans(k))
+    if MASK:
+        offs_n = start + tl.arange(0, BN)
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale_log2)
+    p = tl.exp2(s * qk_scale_log2 - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fa_causal_kernel(q_desc, k_desc, v_desc, OUT, SINKS, T, qk_scale_log2, stride_ot,
+                      GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      STAGES: tl.constexpr):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest rows first
+    h = tl.program_id(1)
+    col = (h // GROUP) * D
+    m0 = pid_m * BM
+    offs_m = m0 + tl.arange(0, BM)
+    q = q_desc.load([m0, h * D])
+    m_i = tl.zeros([BM], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+    l_i = tl.full([BM], 1.0, dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    for start in tl.range(0, m0, BN, num_stages=STAGES):
+        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, False)
+    for start in tl.range(m0, tl.minimum(m0 + BM, T), BN, num_stages=STAGES):
+        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True)
+    out = acc / l_i[:, None]
+    offs_d = tl.arange(0, D)
+    tl.store(OUT + offs_m[:, None] * stride_ot + h * D + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=offs_m[:, None] < T)
+
+
+def fa_causal(q, k, v, sinks, scale, bm, bn, warps, stages):
+    """q [T, Hq, D], k/v [T, Hkv, D] contiguous (this forward's rows), causal, sinks."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    out = torch.empty_like(q)
+    q2, k2, v2 = q.view(t, hq * d), k.view(t, hkv * d), v.view(t, hkv * d)
+    qd = TensorDescriptor.from_tensor(q2, [bm, d])
+    kd = TensorDescriptor.from_tensor(k2, [bn, d])
+    vd = TensorDescriptor.from_tensor(v2, [bn, d])
+    _fa_causal_kernel[(triton.cdiv(t, bm), hq)](qd, kd, vd, out, sinks, t, scale * LOG2E, out.stride(0),
+                                                 GROUP=hq // hkv, D=d, BM=bm, BN=bn, STAGES=stages,
+                                                 num_warps=warps)
+    return out
+
+
+CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3),
+           (64, 64, 4, 3), (64, 32, 4, 4), (256, 64, 8, 3), (128, 64, 4, 4))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--tokens", type=int, default=8192)
+    args = ap.parse_args()
+    bc.import_project()
+    from sglang_ext.kernels.sink_attention import sink_attention_extend
+
+    meta = bc.run_meta("python benchmarks/diag_extend_fa.py " + " ".join(sys.argv[1:]))
+    dev = torch.device("cuda")
+    t, hq, hkv, d = args.tokens, 64, 8, 64
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(t, hq, d, device=dev, generator=g).to(torch.bfloat16)
+    k = torch.randn(t, hkv, d, device=dev, generator=g).to(torch.bfloat16)
+    v = torch.randn(t, hkv, d, device=dev, generator=g).to(torch.bfloat16)
+    sinks = torch.randn(hq, device=dev, generator=g)
+    scale = 1.0 / math.sqrt(d)
+    flops = 4 * hq * d * t * (t + 1) / 2
+    # the shipped kernel on a paged cache whose slots are this forward's rows (a fresh server's prefill)
+    req_to_token = torch.arange(t, device=dev, dtype=torch.int32).view(1, t)
+    common = dict(req_pool_indices=torch.zeros(1, device=dev, dtype=torch.int64),
+                  seq_lens=torch.tensor([t], device=dev, dtype=torch.int64), q_start=None,
+                  q_len=torch.tensor([t], device=dev, dtype=torch.int64), sinks=sinks, window_left=-1, scale=scale)
+    shipped = lambda: sink_attention_extend(q, k, v, req_to_token, **common)  # noqa: E731
+    ref = shipped().float()
+    rows = []
+
+    def row(name, fn, check=True):
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            us = bc.graph_time_calls([fn] * 3, iters=10) * 1e6
+        except Exception as e:  # noqa: BLE001  (a config that fails to compile is a row too)
+            rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+            print(rows[-1], flush=True)
+            return
+        r = {"kernel": name, "us": us, "TFLOPs": flops / us / 1e6}
+        if check:
+            r["max_abs_diff_vs_shipped"] = (out.float() - ref).abs().max().item()
+        rows.append(r)
+        print(r, flush=True)
+
+    row("shipped _sink_extend_kernel (slot ids, 16 pos x 8 heads, 128 x 64, w4 s3)", shipped)
+    for bm, bn, w, s in CONFIGS:
+        row(f"textbook TMA bm{bm} bn{bn} w{w} s{s}", lambda bm=bm, bn=bn, w=w, s=s: fa_causal(q, k, v, sinks, scale, bm, bn, w, s))
+    qe, ke, ve = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    ke, ve = (x.repeat_interleave(hq // hkv, dim=1) for x in (ke, ve))
+
+    def sdpa():
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(qe, ke, ve, is_causal=True, scale=scale)
+
+    row("SDPA flash (no sinks, GQA expanded)", sdpa, check=False)
+    md = [f"# Extend prototype: a textbook flash-attention forward vs the shipped extend ({meta.get('gpu', 'GPU')})", "",
+          f"`{meta['command']}` — {meta.get('date', '')}", "",
+          f"{t} tokens, 64 q / 8 kv heads, D 64, bf16, causal with sinks (SDPA: no sinks). us: per call, CUDA graph "
+          "of 3 calls, median. TFLOP/s: 4 H D T(T+1)/2 / time. diff: max |out - shipped| (bf16 outputs).", "",
+          bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
+                             ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
+    bc.write_results(args.out, "diag_extend_fa", meta, rows, "\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
