@@ -301,11 +301,13 @@ class ModelStep:
         return x
 
     # -- the forward --------------------------------------------------------------------
-    def forward(self, token_ids, positions, seq_lens, q_start, q_len, out_full, out_swa):
+    def forward(self, token_ids, positions, seq_lens, q_start, q_len, out_full, out_swa, no_prefix=False):
         """One forward over the flattened query rows of `batch_local` requests.
 
         token_ids/positions/out_* : [T]; seq_lens, q_start, q_len: [B] (keys after the write).
-        Returns the logits of each request's last row, [B, vocab_local].
+        no_prefix: no request has cached keys before its rows (a prefill: the full layers' attention reads
+        this forward's keys as rows, as a server's prefill does). Returns the logits of each request's last
+        row, [B, vocab_local].
         """
         d, s = self.dims, self.sharding
         hd = d.head_dim
@@ -346,7 +348,7 @@ class ModelStep:
             o = paged_sink_attention(
                 q, k_buf, v_buf, self.req_to_token_swa if sliding else self.req_to_token_full, req_idx,
                 seq_lens, q_start, q_len, lw.sinks, d.sliding_window - 1 if sliding else -1, hd ** -0.5,
-                rope=rope)
+                rope=rope, no_prefix=no_prefix)
             o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
             if s.attn_tp > 1:
                 o = self._all_reduce(o) + lw.o.bias
@@ -408,6 +410,7 @@ class ModelStep:
             q_len=torch.tensor([length], device=dev, dtype=torch.int32),
             out_full=self.req_to_token_full[0, :length],
             out_swa=self.req_to_token_swa[0, :length],
+            no_prefix=True,
         )
 
 

@@ -51,12 +51,13 @@ def _rope_heads(SRC, DST, mask, cos, sin, HALF: tl.constexpr, ROUND_BF16: tl.con
 
 @triton.jit
 def _rope_kv_kernel(
-    Q, K, V, COS_SIN, LOC, Q_OUT, K_CACHE, V_CACHE,
+    Q, K, V, COS_SIN, LOC, Q_OUT, K_CACHE, V_CACHE, K_OUT,
     num_q_heads, num_kv_heads,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-    stride_ot, stride_oh, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h,
+    stride_ot, stride_oh, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_ko_t, stride_ko_h,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    HAS_K_OUT: tl.constexpr,  # roped k also into K_OUT [T, Hkv, D] (a prefill's attention reads it as rows)
     ROUND_BF16: tl.constexpr,  # interpreter only: its fp32 -> bf16 cast does not round to nearest
     USE_PDL: tl.constexpr = False,  # kernels/pdl.py: cos/sin (gathered at the step's start) before the wait
 ):
@@ -82,6 +83,10 @@ def _rope_kv_kernel(
         _rope_heads(K + t * stride_kt + heads[:, None] * stride_kh + offs_d[None, :],
                     K_CACHE + slot * stride_kc_s + heads[:, None] * stride_kc_h + offs_d[None, :],
                     mask, cos, sin, HALF, ROUND_BF16)
+        if HAS_K_OUT:  # the same maths again (the same bits), stored as this forward's row
+            _rope_heads(K + t * stride_kt + heads[:, None] * stride_kh + offs_d[None, :],
+                        K_OUT + t * stride_ko_t + heads[:, None] * stride_ko_h + offs_d[None, :],
+                        mask, cos, sin, HALF, ROUND_BF16)
         vsrc = V + t * stride_vt + heads[:, None] * stride_vh + offs_d[None, :]
         vdst = V_CACHE + slot * stride_vc_s + heads[:, None] * stride_vc_h + offs_d[None, :]
         tl.store(vdst, tl.load(vsrc, mask=mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=mask)
@@ -114,10 +119,12 @@ def check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc, unit_last_stride: boo
 
 def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
-                  q_out: torch.Tensor | None = None) -> torch.Tensor:
+                  q_out: torch.Tensor | None = None, k_out: torch.Tensor | None = None) -> torch.Tensor:
     """Roped q [T, Hq, D] (into `q_out` if given); roped k and v stored at k_cache[loc[t]],
-    v_cache[loc[t]] ([slots, Hkv, D], their dtype). q, k, v may be strided views (the last dim
-    contiguous); cos_sin [T, D] fp32 rows of the RoPE cache. No host reads: graph-safe."""
+    v_cache[loc[t]] ([slots, Hkv, D], their dtype), and roped k also into `k_out` [T, Hkv, D] if given
+    (a prefill's attention then reads this forward's keys as rows, not through slot ids). q, k, v may be
+    strided views (the last dim contiguous); cos_sin [T, D] fp32 rows of the RoPE cache. No host reads:
+    graph-safe."""
     # an empty batch launches nothing, so its layout does not matter
     check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc, unit_last_stride=q.shape[0] > 0)
     t, hq, d = q.shape
@@ -128,14 +135,16 @@ def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: to
         return q_out
     if q_out.stride(-1) != 1:
         raise ValueError("rope_kv: q_out must be contiguous in its last dim")
+    if k_out is not None and (k_out.shape != k.shape or k_out.stride(-1) != 1 or k_out.dtype != k_cache.dtype):
+        raise ValueError(f"rope_kv: k_out must be {k_cache.dtype} {tuple(k.shape)}, contiguous in its last dim")
     block_h = 8
     grid = (t, triton.cdiv(hq, block_h) + triton.cdiv(hkv, block_h))
     _rope_kv_kernel[grid](
-        q, k, v, cos_sin, loc, q_out, k_cache, v_cache, hq, hkv,
+        q, k, v, cos_sin, loc, q_out, k_cache, v_cache, k_out if k_out is not None else k_cache, hq, hkv,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
         q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-        v_cache.stride(1),
-        HALF=d // 2, BLOCK_H=block_h, num_warps=1 if d * block_h <= 1024 else 4,
+        v_cache.stride(1), *(k_out.stride()[:2] if k_out is not None else (0, 0)),
+        HALF=d // 2, BLOCK_H=block_h, HAS_K_OUT=k_out is not None, num_warps=1 if d * block_h <= 1024 else 4,
         ROUND_BF16=_interpreted() and torch.bfloat16 in (q_out.dtype, k_cache.dtype),
         **pdl_launch_kwargs(q.device, t),
     )
@@ -150,12 +159,14 @@ def _rope_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
-def rope_store_kv_ref(q, k, v, cos_sin, k_cache, v_cache, loc, q_out=None):
-    """Plain torch: the same contract (q_out returned; the caches written in place)."""
+def rope_store_kv_ref(q, k, v, cos_sin, k_cache, v_cache, loc, q_out=None, k_out=None):
+    """Plain torch: the same contract (q_out returned; the caches and k_out written in place)."""
     check_rope_kv(q, k, v, cos_sin, k_cache, v_cache, loc)
     roped_q = _rope_ref(q, cos_sin).to(q.dtype)
     idx = loc.long()
     k_cache[idx] = _rope_ref(k, cos_sin).to(k_cache.dtype)
+    if k_out is not None:
+        k_out.copy_(k_cache[idx])
     v_cache[idx] = v.to(v_cache.dtype)
     if q_out is not None:
         q_out.copy_(roped_q)

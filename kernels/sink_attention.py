@@ -23,6 +23,10 @@ a CUDA graph:
     accumulates into the rescaled accumulator. A sliding layer whose window fits one chunk of keys
     (gpt-oss: 128) runs the same tiles one-shot (_sink_extend_window_kernel): every slot id, K and V
     the tile sees in one load each, no key loop (1.3x the loop on an H200).
+  - prefill (``sink_attention_prefill``, a full-causal layer whose requests have no cached prefix): keys are
+    this forward's own rows, so a program (BM positions of one request, one q head) reads K/V by TMA with no
+    slot ids, the blocks before its diagonal unmasked; 1.38x the extend key loop at 8k on an H200, the same
+    bits at the default tile. ``paged_attention(no_prefix=True)`` and the SGLang backend take it.
   - decode: flash-decoding; one program per (request, kv head, split) serves the kv head's whole GQA
     group. The grid's split count is a host constant (from the batch and req_to_token's width, so
     CUDA-graph safe); how many splits a request uses, each at least a few key blocks, is decided on the
@@ -316,6 +320,74 @@ def _sink_extend_window_kernel(
     acc = _window_pv(p_lead, v_lead, _window_pv(p_win, v_win, tl.zeros([BLOCK_M, D], dtype=tl.float32), DOTS_16BIT),
                      DOTS_16BIT)
     _store_extend_rows(OUT, acc, l_i, out_row, q_head, row_ok, stride_ot, stride_oh, D)
+
+
+@triton.jit
+def _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row, col, key0, offs_m, qk_scale_log2,
+                   BN: tl.constexpr, MASK: tl.constexpr, DOTS_16BIT: tl.constexpr):
+    """One block of BN keys (rows row..row+BN-1 of this forward's K/V, positions key0..key0+BN-1)
+    into the running softmax of a prefill tile (as _attend_key_range: raw scores, one FMA to the exponent)."""
+    k = k_desc.load([row, col])
+    v = v_desc.load([row, col])
+    if DOTS_16BIT:
+        s = tl.dot(q, tl.trans(k))
+    else:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    if MASK:  # the diagonal: key position <= query position
+        s = tl.where((key0 + tl.arange(0, BN))[None, :] <= offs_m[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale_log2)
+    p = tl.exp2(s * qk_scale_log2 - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOTS_16BIT:
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    else:
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _sink_prefill_kernel(
+    q_desc, k_desc, v_desc,  # this forward's rows: q [T, Hq*D], k / v [T, Hkv*D] (strided views allowed)
+    OUT, SINKS, Q_START, Q_LEN, TILE_END, num_reqs, qk_scale_log2, stride_ot, stride_oh,
+    GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
+    HAS_SINKS: tl.constexpr, DOTS_16BIT: tl.constexpr,
+):
+    """Prefill without a cached prefix, full causal (``sink_attention_prefill``): program (tile, q head) owns
+    BM consecutive positions of one request and one q head; its keys are the request's own rows of this
+    forward's K/V, read by TMA (no slot ids), the blocks before the tile unmasked, the diagonal masked; the
+    sink starts the running max with weight 1. Tiles are numbered longest first (_extend_tile_request)."""
+    tile, req = _extend_tile_request(TILE_END, num_reqs)
+    if req >= num_reqs:
+        return
+    h = tl.program_id(1)
+    col = (h // GROUP) * D
+    q_len = tl.load(Q_LEN + req).to(tl.int32)
+    row0 = tl.load(Q_START + req).to(tl.int32)
+    m0 = (tile - (tl.load(TILE_END + req).to(tl.int32) - tl.cdiv(q_len, BM))) * BM
+    offs_m = m0 + tl.arange(0, BM)
+    q = q_desc.load([row0 + m0, h * D])
+    if not DOTS_16BIT:
+        q = q.to(tl.float32)
+    if HAS_SINKS:
+        m_i = tl.zeros([BM], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BM], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BM], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    for key0 in tl.range(0, m0, BN, num_stages=STAGES):
+        acc, m_i, l_i = _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row0 + key0, col, key0, offs_m,
+                                       qk_scale_log2, BN, False, DOTS_16BIT)
+    for key0 in tl.range(m0, tl.minimum(m0 + BM, q_len), BN, num_stages=STAGES):
+        acc, m_i, l_i = _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row0 + key0, col, key0, offs_m,
+                                       qk_scale_log2, BN, True, DOTS_16BIT)
+    out = acc / l_i[:, None]  # every real row sees its own key: l_i > 0
+    offs_d = tl.arange(0, D)
+    o_ptr = OUT + (row0 + offs_m).to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(offs_m < q_len)[:, None])
 
 
 @triton.jit
@@ -998,6 +1070,85 @@ def sink_attention_extend(
     return out
 
 
+# The prefill kernel's tile (positions, keys a block, warps, stages): the fastest of diag_extend_fa's textbook
+# configs on an H200 (8192 tokens, full layer: 1253 us against the key loop's 1735, 439 vs 317 TFLOP/s,
+# benchmarks/results/diag_extend_fa.md); BM must be a multiple of BN (whole blocks before the diagonal).
+PREFILL_TILE = (64, 64, 4, 3)
+
+
+def _prefill_views(q, k, v):
+    """(q, k, v) as 2-D [T, heads * D] views, or None where the copy engine cannot tile one."""
+    from sglang_ext.kernels.tma import tma_2d_ok
+
+    views = []
+    for x in (q, k, v):
+        if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+            return None
+        x2 = x.as_strided((x.shape[0], x.shape[1] * x.shape[2]), (x.stride(0), 1))
+        if not tma_2d_ok(x2):
+            return None
+        views.append(x2)
+    return views
+
+
+def prefill_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_left: int) -> bool:
+    """Whether ``sink_attention_prefill`` runs these operands: a full-causal layer (the sliding ones have
+    their one-shot window kernel), 16-bit or fp32 q/k/v of one dtype, and rows the copy engine can tile."""
+    return (window_left < 0 and q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype == v.dtype
+            and q.dtype in (torch.bfloat16, torch.float16, torch.float32) and k.shape == v.shape
+            and q.shape[2] == k.shape[2] and q.shape[2] in (16, 32, 64, 128, 256) and q.shape[1] % k.shape[1] == 0
+            and _prefill_views(q, k, v) is not None)
+
+
+def sink_attention_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_start: Optional[torch.Tensor],
+    q_len: torch.Tensor,
+    sinks: Optional[torch.Tensor],
+    scale: float,
+    *,
+    out: Optional[torch.Tensor] = None,
+    tile: Optional[tuple] = None,
+) -> torch.Tensor:
+    """Full-causal attention of a ragged batch of prefills with no cached prefix, in one launch: request b's
+    queries and keys are rows q_start[b] .. q_start[b] + q_len[b] - 1 of q [T, Hq, D] and of this forward's
+    roped k / v [T, Hkv, D] (strided views allowed, `prefill_applies`), so no slot ids are read and K/V come
+    by TMA. The same contract as ``sink_attention_extend`` on a cache holding those rows (its bits on an
+    H200, diag_extend_fa.md). ``tile`` = (BM, BN, warps, stages), PREFILL_TILE by default."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    _check_scale(scale, "sink_attention_prefill")
+    if not prefill_applies(q, k, v, -1):
+        raise ValueError(f"sink_attention_prefill: q {tuple(q.shape)} {q.dtype} / k {tuple(k.shape)} / v "
+                         f"{tuple(v.shape)} are not TMA-tileable [T, heads, D] rows of one 16-bit or fp32 dtype")
+    t, hq, d = q.shape
+    bm, bn, warps, stages = tile or PREFILL_TILE
+    if bm % bn:
+        raise ValueError(f"sink_attention_prefill: the tile's {bm} positions must be a multiple of its {bn} keys")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"sink_attention_prefill: out must be {tuple(q.shape)} with a unit last stride")
+    num_reqs = q_len.shape[0]
+    if t == 0 or num_reqs == 0:
+        return out
+    if q_start is None:
+        q_start = torch.cumsum(q_len, 0) - q_len
+    q2, k2, v2 = _prefill_views(q, k, v)
+    tile_end = torch.cumsum(torch.div(q_len + bm - 1, bm, rounding_mode="floor"), 0).to(torch.int32)
+    _sink_prefill_kernel[(triton.cdiv(t, bm) + num_reqs, hq)](
+        TensorDescriptor.from_tensor(q2, [bm, d]), TensorDescriptor.from_tensor(k2, [bn, d]),
+        TensorDescriptor.from_tensor(v2, [bn, d]),
+        out, sinks if sinks is not None else q, q_start, q_len, tile_end, num_reqs, float(scale) * LOG2E,
+        out.stride(0), out.stride(1),
+        GROUP=hq // k.shape[1], D=d, BM=bm, BN=bn, STAGES=stages, HAS_SINKS=sinks is not None,
+        DOTS_16BIT=_use_16bit_dots(q.dtype, k.dtype), num_warps=warps,
+    )
+    return out
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Launch choices of the decode kernel; all host constants, so a CUDA graph captures one of them
@@ -1374,14 +1525,21 @@ def paged_attention(
     slot_map: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     rope: Optional[RopeKV] = None,
+    no_prefix: bool = False,
 ) -> torch.Tensor:
     """Extend or decode, chosen from shapes alone. Contract (SGLang's): every request has at least one
     query row, so T == B means one row per request, i.e. decode, with rows in request order. ``rope``:
-    q unrotated and this forward's k / v still to be rotated and stored (RopeKV; the decode may fuse it)."""
+    q unrotated and this forward's k / v still to be rotated and stored (RopeKV; the decode may fuse it).
+    ``no_prefix`` (the caller knows no request has cached keys before its rows): with ``rope``, a full layer's
+    extend reads its keys from this forward's rows (``sink_attention_prefill``) instead of the cache."""
     if q.shape[0] == req_pool_indices.shape[0]:
         return sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
                                      window_left, scale, slot_map=slot_map, out=out, rope=rope)
     if rope is not None:
+        if no_prefix and prefill_applies(q, rope.k, rope.v, window_left):
+            k_roped = torch.empty(rope.k.shape, dtype=rope.k.dtype, device=rope.k.device)
+            q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc, k_out=k_roped)
+            return sink_attention_prefill(q, k_roped, rope.v, q_start, q_len, sinks, scale, out=out)
         q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
     return sink_attention_extend(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
                                  sinks, window_left, scale, slot_map=slot_map, out=out)

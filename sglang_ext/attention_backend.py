@@ -79,6 +79,7 @@ class SinkAttnBackend(AttentionBackend):
         self.device_batch: Optional[_DeviceBatch] = None
         self.swa_out_cache_loc: Optional[torch.Tensor] = None
         self.graph_swa_out_cache_loc: Optional[torch.Tensor] = None
+        self.no_prefix = False  # this forward is a prefill whose requests have no cached keys
 
     # -- metadata -------------------------------------------------------------
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
@@ -92,6 +93,10 @@ class SinkAttnBackend(AttentionBackend):
         if mode.is_idle():
             self.spans = []
             return
+        # a prefill with no cached prefix: the full layers' attention reads this forward's rows (kernel path)
+        prefix_lens = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+        self.no_prefix = (not mode.is_decode_or_idle() and prefix_lens is not None
+                          and not any(int(p) for p in prefix_lens))
         if self.kernel_path == "triton":
             self.device_batch = self._device_batch(forward_batch)
             return
@@ -167,10 +172,12 @@ class SinkAttnBackend(AttentionBackend):
                              kwargs.get("rope_cos_sin"))
 
     def _rope_and_write(self, q, k, v, layer, forward_batch, cos_sin, in_swa_pool, save_kv_cache):
-        """(q [T, Hq, D], roped k or None, RopeKV or None). Roped q and k for set_kv_buffer; or roped q
-        and None when k and v are already in the pool (one launch, `kernels/rope_kv.py`); or, at decode
-        on that path, q unrotated, None and the RopeKV that the decode launcher rotates and writes
-        (inside the one-shot kernel's launch where it runs, `kernels/sink_attention.py`)."""
+        """(q [T, Hq, D], roped k or None, RopeKV or None, rows or None). Roped q and k for set_kv_buffer;
+        or roped q and None when k and v are already in the pool (one launch, `kernels/rope_kv.py`), with
+        rows = (roped k, v) of this forward where a full layer's prefill reads its keys from them
+        (`sink_attention_prefill`); or, at decode on that path, q unrotated, None and the RopeKV that the
+        decode launcher rotates and writes (inside the one-shot kernel's launch where it runs,
+        `kernels/sink_attention.py`)."""
         from sglang_ext.layers.rope import apply_rope
 
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
@@ -185,13 +192,18 @@ class SinkAttnBackend(AttentionBackend):
                      and getattr(layer, "k_scale", None) is None and getattr(layer, "v_scale", None) is None)
             if plain:
                 from sglang_ext.kernels.rope_kv import rope_store_kv
-                from sglang_ext.kernels.sink_attention import RopeKV
+                from sglang_ext.kernels.sink_attention import RopeKV, prefill_applies
 
                 loc = self.swa_out_cache_loc if in_swa_pool else forward_batch.out_cache_loc
                 if self.device_batch.q_len is None:  # decode
-                    return q3, None, RopeKV(k3, v3, cos_sin, loc)
-                return rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc), None, None
-        return apply_rope(q3, cos_sin), apply_rope(k3, cos_sin), None
+                    return q3, None, RopeKV(k3, v3, cos_sin, loc), None
+                window_left = -1 if layer.sliding_window_size is None else int(layer.sliding_window_size)
+                if self.no_prefix and not in_swa_pool and prefill_applies(q3, k3, v3, window_left):
+                    k_roped = torch.empty(k3.shape, dtype=k3.dtype, device=k3.device)
+                    q3 = rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc, k_out=k_roped)
+                    return q3, None, None, (k_roped, v3)
+                return rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc), None, None, None
+        return apply_rope(q3, cos_sin), apply_rope(k3, cos_sin), None, None
 
     def _forward(
         self,
@@ -207,10 +219,10 @@ class SinkAttnBackend(AttentionBackend):
         if layer.is_cross_attention:
             raise NotImplementedError(f"{BACKEND_NAME} has no cross attention")
         in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
-        rope = None
+        rope = rows = None
         if rope_cos_sin is not None:
-            q, k, rope = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool,
-                                              save_kv_cache)
+            q, k, rope, rows = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool,
+                                                    save_kv_cache)
             if k is not None:  # not written yet: set_kv_buffer below (v: a strided view of the GEMM output)
                 v = v.contiguous()
         if save_kv_cache and k is not None and v is not None:
@@ -231,7 +243,7 @@ class SinkAttnBackend(AttentionBackend):
         req_to_token = self.req_to_token_pool.req_to_token
 
         if self.kernel_path == "triton":
-            self._forward_triton(q3, k_cache, v_cache, out, sinks, window_left, layer.scaling, in_swa_pool, rope)
+            self._forward_triton(q3, k_cache, v_cache, out, sinks, window_left, layer.scaling, in_swa_pool, rope, rows)
             return out.view(-1, num_heads * v_head_dim)
 
         for span in self.spans:
@@ -258,8 +270,10 @@ class SinkAttnBackend(AttentionBackend):
             )
         return out.view(-1, num_heads * v_head_dim)
 
-    def _forward_triton(self, q3, k_cache, v_cache, out, sinks, window_left, scale, in_swa_pool, rope=None):
-        from sglang_ext.kernels.sink_attention import sink_attention_decode, sink_attention_extend
+    def _forward_triton(self, q3, k_cache, v_cache, out, sinks, window_left, scale, in_swa_pool, rope=None,
+                        rows=None):
+        from sglang_ext.kernels.sink_attention import (sink_attention_decode, sink_attention_extend,
+                                                       sink_attention_prefill)
 
         batch = self.device_batch
         req_to_token = self.req_to_token_pool.req_to_token
@@ -267,7 +281,9 @@ class SinkAttnBackend(AttentionBackend):
         slot_map = self.token_to_kv_pool.full_to_swa_index_mapping if in_swa_pool else None
         if q3.stride(-1) != 1:
             q3 = q3.contiguous()
-        if batch.q_len is None:
+        if rows is not None:  # a prefill's full layer: keys from this forward's rows (_rope_and_write)
+            sink_attention_prefill(q3, rows[0], rows[1], batch.q_start, batch.q_len, sinks, scale, out=out)
+        elif batch.q_len is None:
             sink_attention_decode(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,
                                   sinks, window_left, scale, slot_map=slot_map, out=out, rope=rope)
         else:

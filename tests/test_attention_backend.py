@@ -73,10 +73,13 @@ def _layer(layer_id, num_heads, num_kv_heads, head_dim, window_left):
     )
 
 
-def _forward_batch(mode, req_pool_indices, seq_lens, extend_lens, out_cache_loc):
+def _forward_batch(mode, req_pool_indices, seq_lens, extend_lens, out_cache_loc, prefix_lens=None):
+    """prefix_lens (extend): SGLang's extend_prefix_lens_cpu, which the backend reads for a prefill with
+    no cached prefix; None leaves it out (the backend then takes every extend as one with a prefix)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     return types.SimpleNamespace(
+        extend_prefix_lens_cpu=None if prefix_lens is None else list(prefix_lens),
         forward_mode=ForwardMode.DECODE if mode == "decode" else ForwardMode.EXTEND,
         req_pool_indices=torch.tensor(req_pool_indices),
         seq_lens=torch.tensor(seq_lens),

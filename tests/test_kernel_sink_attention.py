@@ -789,6 +789,81 @@ def rope_case_inputs(case, slot_map, seed):
     return q, k, v, cos_sin, loc
 
 
+PREFILL_REQUESTS = ((1, 37, 64, 130), (200,), (16, 1, 95))
+PREFILL_TILES = (None, (32, 16, 4, 2), (16, 16, 1, 1), (64, 32, 4, 3))
+
+
+def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
+    """sink_attention_prefill (a prefill with no cached prefix: keys are this forward's rows) on ragged
+    batches, tiles, with and without sinks, against the reference on a cache holding those rows in
+    scrambled slots; then paged_attention's no_prefix path (RoPE + the KV write with k_out, then the prefill
+    kernel on strided k / v views of one GEMM-like output) against its extend path: the same cache bits, and
+    outputs within tolerance (their bits on a GPU: the gpu test); k_out equals the cache rows it wrote."""
+    from sglang_ext.kernels.rope_kv import rope_store_kv
+
+    mod = _kernel_module()
+    dtype = getattr(torch, dtype_name)
+    tol = TOL[dtype_name]
+    worst, cases = 0.0, 0
+    for i, lens in enumerate(PREFILL_REQUESTS):
+        case, extra = make_case([(0, n) for n in lens], dtype, seed=900 + i, device=device)
+        t = int(case["q_len"].sum())
+        # this forward's K/V as rows, and the same rows in the request's cache slots
+        g = torch.Generator().manual_seed(950 + i)
+        k_rows = torch.randn(t, HKV, D, generator=g).to(dtype).to(device)
+        v_rows = torch.randn(t, HKV, D, generator=g).to(dtype).to(device)
+        slots = torch.cat([case["req_to_token"][r, :n].long() for r, n in
+                           zip(case["req_pool_indices"].tolist(), case["q_len"].tolist())])
+        case["k_buffer"][slots] = k_rows
+        case["v_buffer"][slots] = v_rows
+        for sinks in (extra["sinks"], None):
+            want = mod.sink_attention_ref(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
+                                          case["req_pool_indices"], case["seq_lens"], case["q_start"],
+                                          case["q_len"], sinks, -1, 0.3).float()
+            scale_ref = max(1.0, want.abs().max().item())
+            for tile in PREFILL_TILES if dtype_name == "float32" else PREFILL_TILES[:2]:
+                got = mod.sink_attention_prefill(case["q"], k_rows, v_rows, case["q_start"], case["q_len"], sinks,
+                                                 0.3, tile=tile).float()
+                err = (got - want).abs().max().item() / scale_ref
+                if not err <= tol:
+                    raise AssertionError(f"prefill {dtype_name} {lens} sinks={sinks is not None} {tile}: err {err}")
+                worst, cases = max(worst, err), cases + 1
+    # paged_attention(no_prefix=True, rope=...) vs its extend path, k / v strided views of one qkv output
+    lens = (3, 50, 77)
+    case, extra = make_case([(0, n) for n in lens], dtype, seed=990, device=device)
+    t = sum(lens)
+    g = torch.Generator().manual_seed(991)
+    qkv = torch.randn(t, (HQ + 2 * HKV) * D, generator=g).to(dtype).to(device)
+    q = qkv[:, :HQ * D].view(t, HQ, D)
+    k = qkv[:, HQ * D:(HQ + HKV) * D].view(t, HKV, D)
+    v = qkv[:, (HQ + HKV) * D:].view(t, HKV, D)
+    ang = torch.rand(t, D // 2, generator=g) * 6.0
+    cos_sin = torch.cat([ang.cos(), ang.sin()], 1).to(device)
+    loc = torch.cat([case["req_to_token"][r, :n].long() for r, n in
+                     zip(case["req_pool_indices"].tolist(), case["q_len"].tolist())])
+    outs, caches = {}, {}
+    for no_prefix in (False, True):
+        kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
+        outs[no_prefix] = mod.paged_attention(q, kc, vc, case["req_to_token"], case["req_pool_indices"],
+                                              case["seq_lens"], case["q_start"], case["q_len"], extra["sinks"], -1,
+                                              0.3, rope=mod.RopeKV(k, v, cos_sin, loc), no_prefix=no_prefix).float()
+        caches[no_prefix] = (kc, vc)
+    for a, b in zip(caches[False], caches[True]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg="no_prefix changed the cache writes")
+    err = (outs[True] - outs[False]).abs().max().item() / max(1.0, outs[False].abs().max().item())
+    if not err <= tol:
+        raise AssertionError(f"paged_attention no_prefix {dtype_name}: err {err} against the extend path")
+    k_out = torch.empty(t, HKV, D, dtype=dtype, device=device)
+    kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
+    rope_store_kv(q, k, v, cos_sin, kc, vc, loc, k_out=k_out)
+    torch.testing.assert_close(k_out, kc[loc], rtol=0, atol=0, msg="k_out differs from the cache rows written")
+    with pytest.raises(ValueError, match="multiple of its"):
+        mod.sink_attention_prefill(q.contiguous(), k_out, v, case["q_start"], case["q_len"], None, 0.3,
+                                   tile=(16, 32, 4, 2))
+    assert not mod.prefill_applies(q, k, v, 127)  # a sliding layer keeps its window kernel
+    return {"dtype": dtype_name, "prefill_cases": cases, "paged_err": err, "max_err": worst}
+
+
 def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
     """sink_attention_decode(rope=RopeKV(...)) on the one-shot cases and split-loop configs: the cache and
     the output afterwards equal the unfused launches' (rope_store_kv, then the same decode config) bit for
@@ -879,6 +954,16 @@ def backend_parity() -> dict:
         ctypes.CDLL(str(build_libcuda_stub() / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
     import test_attention_backend as tab
 
+    from sglang_ext.kernels import sink_attention as sa
+
+    prefill_calls = []
+    prefill = sa.sink_attention_prefill
+
+    def counted_prefill(*args, **kwargs):
+        prefill_calls.append(1)
+        return prefill(*args, **kwargs)
+
+    sa.sink_attention_prefill = counted_prefill  # the backend imports it at each call
     results = []
     seq_lens, prefix_lens = tab.CASES[1]
     num_heads, num_kv_heads, head_dim, num_layers, size = 8, 2, 16, 2, 2048
@@ -968,6 +1053,22 @@ def backend_parity() -> dict:
                  torch.randn(len(rpis), num_kv_heads, head_dim).to(dtype),
                  torch.randn(len(rpis), num_kv_heads, head_dim).to(dtype), layer, fb,
                  rope_cos_sin=torch.cat([ang.cos(), ang.sin()], dim=1))
+            # A ragged prefill with no cached prefix, unrotated q / k and their RoPE rows, k / v strided views
+            # of one GEMM-like output (the model's call): the Triton path's full layer reads this forward's
+            # keys as rows (sink_attention_prefill, counted), the sliding layer keeps its kernel.
+            t = sum(seq_lens)
+            qkv = torch.randn(t, (num_heads + 2 * num_kv_heads) * head_dim).to(dtype)
+            kv_cols = num_heads * head_dim
+            k_rows = qkv[:, kv_cols:kv_cols + num_kv_heads * head_dim].view(t, num_kv_heads, head_dim)
+            v_rows = qkv[:, kv_cols + num_kv_heads * head_dim:].view(t, num_kv_heads, head_dim)
+            loc = torch.cat([req_to_token[r, :n].long() for r, n in zip(rpis, seq_lens)])
+            fb = tab._forward_batch("extend", rpis, seq_lens, seq_lens, loc, prefix_lens=[0] * len(rpis))
+            ang = torch.rand(t, head_dim // 2) * 6.0
+            before = len(prefill_calls)
+            both("extend", qkv[:, :kv_cols], k_rows, v_rows, layer, fb, rope_cos_sin=torch.cat([ang.cos(), ang.sin()], 1))
+            took = len(prefill_calls) - before
+            if took != (1 if window_left < 0 else 0):
+                raise AssertionError(f"swa={swa_pool} layer {layer_id}: sink_attention_prefill ran {took} times")
         results.append({"swa_pool": swa_pool, "dtype": str(dtype), "max_abs_err": worst})
     return {"backend_parity": results}
 
@@ -1005,6 +1106,14 @@ def test_oneshot_decode_matches_reference_interpreted():
     assert oneshot[0]["oneshot_cases"] == 10
     assert [r["dtype"] for r in rope] == ["float32", "float16"]
     assert rope[0]["rope_cases"] == 15
+
+
+def test_prefill_matches_reference_interpreted():
+    """The no-prefix prefill kernel: fp32 (every tile), fp16 (16-bit dots), bf16 (upcast at load)."""
+    results, _ = _run_interpreted(["--prefill", "float32,float16,bfloat16"], timeout=600)
+    assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
+    assert results[0]["prefill_cases"] == len(PREFILL_REQUESTS) * 2 * len(PREFILL_TILES)
+    assert results[1]["prefill_cases"] == len(PREFILL_REQUESTS) * 2 * 2
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
@@ -1073,6 +1182,33 @@ def gpu_full_shapes() -> dict:
     # merge is covered by the explicit configs above; the rule now always picks the merge kernel).
     res.update(gpu_decode_defaults(mod, hq, hkv, d, scale))
     res.update(gpu_oneshot(mod, hq, hkv, d, scale))
+    res.update(gpu_prefill(mod, hq, hkv, d, scale))
+    return res
+
+
+def gpu_prefill(mod, hq, hkv, d, scale) -> dict:
+    """The no-prefix prefill kernel at gpt-oss shapes, ragged (8192 + 1000 + 70 + 1 tokens), with sinks, every
+    tile of PREFILL_TILES and the default, against the reference and the key loop on the same rows (in scrambled
+    cache slots); prints whether its bits equal the key loop's (the prototype's were, diag_extend_fa.md)."""
+    res = {}
+    lens = (8192, 1000, 70, 1)
+    case, extra = make_case([(0, n) for n in lens], torch.bfloat16, seed=5, hq=hq, hkv=hkv, d=d, device="cuda")
+    t = sum(lens)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    k_rows = torch.randn(t, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
+    v_rows = torch.randn(t, hkv, d, device="cuda", generator=g).to(torch.bfloat16)
+    slots = torch.cat([case["req_to_token"][r, :n].long() for r, n in
+                       zip(case["req_pool_indices"].tolist(), case["q_len"].tolist())])
+    case["k_buffer"][slots] = k_rows
+    case["v_buffer"][slots] = v_rows
+    loop = mod.sink_attention_extend(**case, sinks=extra["sinks"], window_left=-1, scale=scale)
+    for tile in PREFILL_TILES:
+        got = mod.sink_attention_prefill(case["q"], k_rows, v_rows, case["q_start"], case["q_len"], extra["sinks"],
+                                         scale, tile=tile)
+        label = f"gpu prefill {tile}"
+        res[label] = _check(got, case, extra["sinks"], -1, scale, "bfloat16", label, with_loop=False)
+        print(json.dumps({"prefill_tile": str(tile), "bits_equal_key_loop": bool(torch.equal(got, loop)),
+                          "max_abs_diff_key_loop": (got.float() - loop.float()).abs().max().item()}), flush=True)
     return res
 
 
@@ -1178,6 +1314,7 @@ def _graph_check(mod, window_left, seq_lens, hq, hkv, d, scale, config=None) -> 
 @pytest.mark.gpu
 def test_kernels_compiled_full_shapes_and_graph():
     for name in ("float32", "bfloat16"):
+        prefill_sweep(name, device="cuda")
         sweep(name, device="cuda")
         oneshot_sweep(name, device="cuda")
         rope_sweep(name, device="cuda")
@@ -1188,11 +1325,19 @@ def test_kernels_compiled_full_shapes_and_graph():
 if __name__ == "__main__":
     # python tests/test_kernel_sink_attention.py --sweep DTYPE[,DTYPE...] [--device cuda]
     # python tests/test_kernel_sink_attention.py --oneshot DTYPE[,DTYPE...] [--rope DTYPE[,...]] [--device cuda]
+    # python tests/test_kernel_sink_attention.py --prefill DTYPE[,DTYPE...] [--device cuda]
     # python tests/test_kernel_sink_attention.py --backend          (interpreter: TRITON_INTERPRET=1)
     # python tests/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
     # python tests/test_kernel_sink_attention.py --gpu-full         (full shapes + graph only)
     argv = sys.argv[1:]
-    if "--oneshot" in argv or "--rope" in argv:
+    if "--prefill" in argv:
+        dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        for name in argv[argv.index("--prefill") + 1].split(","):
+            t0 = time.time()
+            res = prefill_sweep(name, device=dev)
+            res["seconds"] = round(time.time() - t0, 1)
+            print(json.dumps(res), flush=True)
+    elif "--oneshot" in argv or "--rope" in argv:
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
         for flag, run in (("--oneshot", oneshot_sweep), ("--rope", rope_sweep)):
             for name in (argv[argv.index(flag) + 1].split(",") if flag in argv else ()):
@@ -1206,6 +1351,7 @@ if __name__ == "__main__":
         print(json.dumps({"full_shapes": gpu_full_shapes()}), flush=True)
     elif "--gpu" in argv:
         for name in ("float32", "bfloat16"):
+            print(json.dumps(prefill_sweep(name, device="cuda")), flush=True)
             print(json.dumps(sweep(name, device="cuda")), flush=True)
             print(json.dumps(oneshot_sweep(name, device="cuda")), flush=True)
             print(json.dumps(rope_sweep(name, device="cuda")), flush=True)

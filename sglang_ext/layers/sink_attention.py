@@ -76,12 +76,15 @@ def paged_sink_attention(
     window_left: int,
     scale: float,
     rope=None,
+    no_prefix: bool = False,
 ) -> torch.Tensor:
     """Attention of flattened query rows over SGLang's paged KV layout, [T, Hq, D].
 
     ``rope`` (kernels/sink_attention.py's RopeKV: this forward's unrotated k / v rows, their cos_sin rows
     and cache slots): q is unrotated and k / v are rotated and written to the cache first (at decode the
     one-shot kernel does that in its own launch); without it, q is rotated and the cache already written.
+    ``no_prefix``: the caller knows no request has cached keys before its rows (the kernel path's full
+    layers then read this forward's keys as rows: ``sink_attention_prefill``; the same contract).
 
     Request b owns rows q_start[b] .. q_start[b]+q_len[b]-1, at the last q_len[b] of its
     seq_lens[b] positions; position p of request b lives in slot req_to_token[req_pool_indices[b], p]
@@ -95,7 +98,7 @@ def paged_sink_attention(
         from sglang_ext.kernels.sink_attention import paged_attention
 
         return paged_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
-                               sinks, window_left, scale, rope=rope)
+                               sinks, window_left, scale, rope=rope, no_prefix=no_prefix)
     if rope is not None:
         from sglang_ext.kernels.rope_kv import rope_store_kv_ref
 
