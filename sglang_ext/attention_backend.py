@@ -80,6 +80,7 @@ class SinkAttnBackend(AttentionBackend):
         self.swa_out_cache_loc: Optional[torch.Tensor] = None
         self.graph_swa_out_cache_loc: Optional[torch.Tensor] = None
         self.no_prefix = False  # this forward is a prefill whose requests have no cached keys
+        self.prefill_logged = False
 
     # -- metadata -------------------------------------------------------------
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
@@ -282,6 +283,10 @@ class SinkAttnBackend(AttentionBackend):
         if q3.stride(-1) != 1:
             q3 = q3.contiguous()
         if rows is not None:  # a prefill's full layer: keys from this forward's rows (_rope_and_write)
+            if not self.prefill_logged:
+                self.prefill_logged = True
+                logging.getLogger(__name__).info("sglang-ext: prefills without a cached prefix read their keys "
+                                                 "from the forward's rows (sink_attention_prefill)")
             sink_attention_prefill(q3, rows[0], rows[1], batch.q_start, batch.q_len, sinks, scale, out=out)
         elif batch.q_len is None:
             sink_attention_decode(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,

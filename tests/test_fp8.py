@@ -249,6 +249,7 @@ def test_served_fp8_model_through_the_triton_kernels_equals_the_torch_path(conve
         got = _logprob_request(srv.url, prompt, max_new_tokens=3)
         log = srv.log_tail(400)
     assert "ext_sinks attention on the triton path" in log, log
+    assert "read their keys from the forward's rows" in log, log  # the prompt's prefill: sink_attention_prefill
     assert "Scheduler hit an exception" not in log and "Received sigquit" not in log, log
     lp = lambda out: torch.tensor([x[0] for x in out["meta_info"]["input_token_logprobs"][1:]])  # noqa: E731
     top = lambda out: torch.tensor([t[0][1] for t in out["meta_info"]["input_top_logprobs"][1:]])  # noqa: E731
