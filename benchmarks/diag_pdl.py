@@ -274,50 +274,6 @@ def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check:
     return row
 
 
-def hquant_row(model_name: str, batch: int, context: int, rounds: int, check: int, table_width: int = 0) -> dict:
-    """The same model and inputs captured twice (PDL on): the MoE's one-shot rows (batch 1-4) with h quantised
-    by its own launch (the table before) vs by mlp1's last arrivers (MoeConfig.oneshot_quant_in_mlp1: one
-    launch fewer, mlp2 a dependent of mlp1); bits must be equal (the same quantisation of the same h); paired
-    rounds and (batch 1) the fused step's critical path."""
-    from dataclasses import replace
-
-    from model_step import MODELS, ModelStep, Sharding
-
-    from sglang_ext.kernels import moe
-    from sglang_ext.kernels.pdl import set_pdl
-
-    width = max(table_width, context)
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=width)
-    inputs = model.decode_inputs(context)
-    shipped = moe.H200_HIDDEN_2880_CONFIGS
-
-    def in_mlp1(on):
-        set_pdl(None if on is None else True)
-        moe.H200_HIDDEN_2880_CONFIGS = shipped if on is None else tuple(
-            (t, replace(c, oneshot_quant_in_mlp1=on) if c.oneshot else c) for t, c in shipped)
-
-    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, in_mlp1, rounds, check)
-    row = ab_row(model_name, batch, context, ("own_launch", "in_mlp1"), check, mismatches, timing, table_width=width)
-    if batch == 1:
-        row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
-    graphs.clear()
-    outs.clear()
-    model = None
-    torch.cuda.empty_cache()
-    return row
-
-
-def hquant_markdown(meta: dict, rows: list) -> str:
-    lines = ab_head(
-        "The MoE decode's h quantisation inside mlp1 (last arrivers) vs its own launch", meta,
-        "PDL on. Same model, inputs and kernels captured twice: the one-shot MoE rows (batch 1-4) with h's e4m3 "
-        "groups from `_quantize_h_kernel` (own launch) vs from the last of each (pair, 128-column group)'s mlp1 "
-        "programs (in mlp1: one launch fewer a layer). Paired rounds of 3 replays; diff = in_mlp1 - own_launch. "
-        "Bits: logits of the two graphs on every check replay.", rows, ("own launch", "own_launch"),
-        ("in mlp1", "in_mlp1"))
-    return "\n".join(lines + critical_path_sections(rows, "in-mlp1")) + "\n"
-
-
 def wide_tile_markdown(meta: dict, rows: list) -> str:
     lines = ab_head(
         "Dense FP8 GEMMs of 17..64 rows: the wide TMA tile in the decode step", meta,
@@ -442,9 +398,7 @@ def main():
                     "attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
     ap.add_argument("--wide-tile-ab", action="store_true", help="instead: the dense GEMMs of 17..64 rows on the "
                     "wide TMA tile vs the narrow split-K tile, written to diag_wide_tile.*")
-    ap.add_argument("--hquant-ab", action="store_true", help="instead: the MoE decode's h quantisation by mlp1's "
-                    "last arrivers vs its own launch (PDL on), written to diag_hquant.*")
-    ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab / --hquant-ab: KV table widths to run (0: the "
+    ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
@@ -464,15 +418,6 @@ def main():
                     print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
         bc.write_results(args.out, args.stem or "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))
-        return
-    if args.hquant_ab:
-        for width in (int(w) for w in args.table_widths.split(",")):
-            for m in args.models.split(","):
-                for b in (int(x) for x in args.batches.split(",")):
-                    rows.append(hquant_row(m, b, args.context, args.rounds, args.check, width))
-                    print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
-        bc.write_results(args.out, args.stem or "diag_hquant", meta, rows, hquant_markdown(meta, rows))
-        print(hquant_markdown(meta, rows))
         return
     if args.wide_tile_ab:
         for m in args.models.split(","):

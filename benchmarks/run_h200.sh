@@ -75,7 +75,6 @@
 #   bash benchmarks/run_h200.sh fa13      # (one GPU) wide tile gpu test, flash-attention prefill prototype, backend
 #                                         # table at 16..128 rows
 #   bash benchmarks/run_h200.sh prefill13 # (one GPU) the no-prefix prefill attention: gpu tests, TP1 prefill rows
-#   bash benchmarks/run_h200.sh hq13      # (one GPU) MoE decode: h quantised in mlp1 (gpu tests, in-step A/B)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -554,12 +553,6 @@ prefill13)  # one GPU: the no-prefix prefill kernel (sink_attention_prefill): it
     step gpu_test_sink_full 240 python tests/test_kernel_sink_attention.py --gpu-full
     step bench_prefill_tp1 200 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 1024,4096,8192 --profile 8192 --out "$R" --stem bench_prefill_tp1
-    ;;
-hq13)  # one GPU: the MoE decode's h quantisation by mlp1's last arrivers: the one-shot MoE gpu tests (bits equal
-       # to its own launch), the in-step A/B with the batch-1 critical path
-    step gpu_test_moe_decode 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
-    step diag_hquant 300 python benchmarks/diag_pdl.py --hquant-ab --models 120b,20b --batches 1,4 --rounds 30 \
-        --check 20 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -110,14 +110,10 @@ class OneshotConfig:
     mlp2_warps: int = 4
     quant_in_mlp2: bool = False
     mlp2_per_pair: bool = False  # mlp2 program (pair, rows) + last-arriver combine (`_mlp2_pair_oneshot_kernel`)
-    # h quantised by mlp1's programs: the last of a (pair, 128-column group)'s programs to arrive quantises the
-    # group (no step-2 launch; mlp2 depends on mlp1 directly)
-    quant_in_mlp1: bool = False
 
     def short(self) -> str:
         return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
-                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" hq-in-mlp1" if self.quant_in_mlp1 else "")
-                + (" per-pair" if self.mlp2_per_pair else ""))
+                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else ""))
 
     def slab_bytes_per_thread(self, hidden: int, inter: int, top_k: int = 4) -> tuple[int, int]:
         """(mlp1, mlp2) weight bytes in flight per thread: rows x padded K blocks x 128 / threads."""
@@ -173,9 +169,8 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
         if value < 1 or value & (value - 1):
             raise ValueError(f"OneshotConfig.{name} must be a power of two, got {value}")
     # a program's rows stay inside one 128-row scale block
-    if config.quant_in_mlp2 and (config.mlp2_per_pair or config.quant_in_mlp1):
-        raise ValueError("OneshotConfig: quant_in_mlp2 quantises h in mlp2; mlp2_per_pair and quant_in_mlp1 read "
-                         "h's e4m3 groups")
+    if config.mlp2_per_pair and config.quant_in_mlp2:
+        raise ValueError("OneshotConfig: mlp2_per_pair reads h's e4m3 groups; quant_in_mlp2 does not apply")
     if config.mlp1_block_n > 64 or config.mlp2_block_n > 128 or config.mlp1_warps > 16 or config.mlp2_warps > 16:
         raise ValueError("OneshotConfig: mlp1_block_n <= 64 (2x W1 rows), mlp2_block_n <= 128, warps <= 16")
     b1, b2 = config.slab_bytes_per_thread(hidden, inter, top_k)
@@ -195,7 +190,6 @@ def _mlp1_oneshot_kernel(
     TOPK_IDS,  # [T * TOP_K] global expert ids
     W1, W1S, B1,  # [E, 2I, H] e4m3 (gate/linear rows interleaved), [E, cdiv(2I, 128), cdiv(H, 128)] fp32, [E, 2I]
     HF,  # out: h fp32 [T * TOP_K, I]
-    HQ, HS, COUNTERS,  # QUANT_H: h e4m3 [P, I], scales [P, cdiv(I, 128)], int32 [P * cdiv(I, 128)] zeros
     hidden, inter, expert_offset, num_local, limit, alpha,
     stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
     TOP_K: tl.constexpr,
@@ -204,7 +198,6 @@ def _mlp1_oneshot_kernel(
     C2: tl.constexpr,  # K blocks of the second (a power of two, or 0), masked past H
     HAS_B1: tl.constexpr,
     USE_PDL: tl.constexpr,  # kernels/pdl.py: the expert ids are the previous launch's output: nothing before the wait
-    QUANT_H: tl.constexpr = False,  # the last program of each (pair, 128-column group) quantises it (`_quantize_h_kernel`)
 ):
     pdl_wait_then_release(USE_PDL)
     pair = tl.program_id(0)
@@ -254,43 +247,23 @@ def _mlp1_oneshot_kernel(
     h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(HF + pair.to(tl.int64) * inter + cols, h, mask=cols < inter)
-    if QUANT_H:
-        # the last of the group's programs to arrive (the stores above before its release) quantises it
-        g = (tile * BLOCK_N) // 128
-        group_tiles = tl.cdiv(tl.minimum(inter - g * 128, 128), BLOCK_N)
-        counter = COUNTERS + pair.to(tl.int64) * ((inter + 127) // 128) + g
-        tl.debug_barrier()
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == group_tiles - 1:
-            tl.store(counter, 0)  # for the next launch: no memset per call
-            _quantize_h_group(HF, HQ, HS, pair, g, inter, True)
-
-
-@triton.jit
-def _quantize_h_group(HF, HQ, HS, pair, g, inter, FROM_L2: tl.constexpr):
-    """One 1x128 group of h (pair, g) to e4m3 + its scale (`_quantize_e4m3`). FROM_L2: h's loads skip L1
-    (other programs wrote most of the group)."""
-    cols = g * 128 + tl.arange(0, 128)
-    ok = (cols < inter)[None, :]
-    offs = pair.to(tl.int64) * inter + cols[None, :]
-    if FROM_L2:
-        hv = tl.load(HF + offs, mask=ok, other=0.0, cache_modifier=".cg")
-    else:
-        hv = tl.load(HF + offs, mask=ok, other=0.0)
-    q, scale = _quantize_e4m3(hv, 1)  # [1, 128], [1]
-    tl.store(HQ + offs, q, mask=ok)
-    tl.store(HS + pair.to(tl.int64) * ((inter + 127) // 128) + g + tl.arange(0, 1), scale)
 
 
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
 def _quantize_h_kernel(HF, HQ, HS, TOPK_IDS, inter, expert_offset, num_local, USE_PDL: tl.constexpr):
-    """Program (pair, group): one 1x128 group of h to e4m3 + its scale (`_quantize_h_group`)."""
+    """Program (pair, group): one 1x128 group of h to e4m3 + its scale (`_quantize_e4m3`)."""
     pdl_wait_then_release(USE_PDL)
     pair = tl.program_id(0)
     g = tl.program_id(1)
     expert = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
     if (expert < 0) | (expert >= num_local):
         return
-    _quantize_h_group(HF, HQ, HS, pair, g, inter, False)
+    cols = g * 128 + tl.arange(0, 128)
+    ok = (cols < inter)[None, :]
+    offs = pair.to(tl.int64) * inter + cols[None, :]
+    q, scale = _quantize_e4m3(tl.load(HF + offs, mask=ok, other=0.0), 1)  # [1, 128], [1]
+    tl.store(HQ + offs, q, mask=ok)
+    tl.store(HS + pair.to(tl.int64) * ((inter + 127) // 128) + g + tl.arange(0, 1), scale)
 
 
 @triton.jit
@@ -579,41 +552,27 @@ def fused_moe_decode_oneshot(
                          "x_scale fp32 [T, cdiv(H, 128)]")
     ids = topk_ids.contiguous()
     hf = torch.empty((num_pairs, inter), dtype=torch.float32, device=x.device) if h_out is None else h_out
-    hq = hs = None
-    if config.quant_in_mlp1:
-        hq = torch.empty((num_pairs, inter), dtype=FP8, device=x.device)
-        hs = torch.empty((num_pairs, triton.cdiv(inter, QUANT_GROUP)), dtype=torch.float32, device=x.device)
-    launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, hf, limit, expert_offset, config, hq, hs)
-    if not (config.quant_in_mlp2 or config.quant_in_mlp1):
+    launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, hf, limit, expert_offset, config)
+    if config.quant_in_mlp2:
+        hq = hs = None
+    else:
         hq, hs = quantize_h(hf, ids, expert_offset, num_local)
     launch_mlp2_combine(hq, hs, hf, topk_weights.contiguous(), ids, w2, w2_scale_inv, b2, out, expert_offset, config,
                         pair_out)
     return out
 
 
-HQUANT_COUNTERS_OWNER = "moe_decode_mlp1_hquant"
-
-
-def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offset, config, hq=None, hs=None):
-    """Step 1 (checked operands): h fp32 [T * k, I] <- `_mlp1_oneshot_kernel`; with `config.quant_in_mlp1`
-    also h's e4m3 groups into hq [T * k, I] / hs [T * k, cdiv(I, 128)] (step 2 in the same launch)."""
+def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offset, config):
+    """Step 1 (checked operands): h fp32 [T * k, I] <- `_mlp1_oneshot_kernel`."""
     num_local, two_inter, hidden = w1.shape
     num_pairs, inter = h.shape
     c1, c2 = pow2_chunks(triton.cdiv(hidden, QUANT_GROUP))
-    counters = None
-    if config.quant_in_mlp1:
-        size = num_pairs * triton.cdiv(inter, QUANT_GROUP)
-        counters = arrival_counters(HQUANT_COUNTERS_OWNER, h.device, size)
-        if counters is None:  # first call inside a capture: the graph zeroes its own
-            counters = torch.zeros(size, dtype=torch.int32, device=h.device)
     _mlp1_oneshot_kernel[(num_pairs, triton.cdiv(inter, config.mlp1_block_n))](
         x_fp8, x_scale, ids, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv, h,
-        hq if hq is not None else h, hs if hs is not None else h, counters if counters is not None else h,
         hidden, inter, expert_offset, num_local, float(limit), SWIGLU_ALPHA,
         w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
         b1.stride(0) if b1 is not None else 0,
         TOP_K=ids.shape[-1], BLOCK_N=config.mlp1_block_n, C1=c1, C2=c2, HAS_B1=b1 is not None,
-        QUANT_H=config.quant_in_mlp1,
         num_warps=config.mlp1_warps, **pdl_launch_kwargs(h.device, num_pairs // ids.shape[-1]),
     )
 
