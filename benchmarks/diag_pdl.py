@@ -274,47 +274,6 @@ def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check:
     return row
 
 
-def moe_oneshot_row(field: str, model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
-    """The same model and inputs captured twice (PDL on): the MoE table's one-shot rows (batch 1-4) with the
-    boolean MoeConfig `field` off (the table) vs on; bits must be equal where the field moves work between
-    launches without changing its maths; paired rounds and (batch 1) the 'on' step's critical path."""
-    from dataclasses import replace
-
-    from model_step import MODELS, ModelStep, Sharding
-
-    from sglang_ext.kernels import moe
-    from sglang_ext.kernels.pdl import set_pdl
-
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
-    inputs = model.decode_inputs(context)
-    shipped = moe.H200_HIDDEN_2880_CONFIGS
-
-    def switch(on):
-        set_pdl(None if on is None else True)
-        moe.H200_HIDDEN_2880_CONFIGS = shipped if on is None else tuple(
-            (t, replace(c, **{field: on}) if c.oneshot else c) for t, c in shipped)
-
-    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, switch, rounds, check)
-    row = ab_row(model_name, batch, context, ("off", "on"), check, mismatches, timing, field=field)
-    if batch == 1:
-        row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
-    graphs.clear()
-    outs.clear()
-    model = None
-    torch.cuda.empty_cache()
-    return row
-
-
-def moe_oneshot_markdown(meta: dict, rows: list) -> str:
-    field = rows[0]["field"] if rows else "?"
-    lines = ab_head(
-        f"The MoE's one-shot decode rows with `{field}` off (the table) and on", meta,
-        f"PDL on. Same model, inputs and kernels captured twice: the MoE table's one-shot rows (batch 1-4) with "
-        f"MoeConfig.{field} off vs on. Paired rounds of 3 replays; diff = on - off. Bits: the two graphs' logits "
-        "on every check replay.", rows, ("off", "off"), ("on", "on"))
-    return "\n".join(lines + critical_path_sections(rows, "'on'")) + "\n"
-
-
 def wide_tile_markdown(meta: dict, rows: list) -> str:
     lines = ab_head(
         "Dense FP8 GEMMs of 17..64 rows: the wide TMA tile in the decode step", meta,
@@ -439,8 +398,6 @@ def main():
                     "attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
     ap.add_argument("--wide-tile-ab", action="store_true", help="instead: the dense GEMMs of 17..64 rows on the "
                     "wide TMA tile vs the narrow split-K tile, written to diag_wide_tile.*")
-    ap.add_argument("--moe-oneshot-ab", default="", help="instead: the MoE's one-shot rows with this boolean "
-                    "MoeConfig field off (the table) vs on (PDL on), written to diag_moe_oneshot_<field>.*")
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
@@ -461,15 +418,6 @@ def main():
                     print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
         bc.write_results(args.out, args.stem or "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))
-        return
-    if args.moe_oneshot_ab:
-        for m in args.models.split(","):
-            for b in (int(x) for x in args.batches.split(",")):
-                rows.append(moe_oneshot_row(args.moe_oneshot_ab, m, b, args.context, args.rounds, args.check))
-                print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
-        stem = args.stem or f"diag_moe_oneshot_{args.moe_oneshot_ab}"
-        bc.write_results(args.out, stem, meta, rows, moe_oneshot_markdown(meta, rows))
-        print(moe_oneshot_markdown(meta, rows))
         return
     if args.wide_tile_ab:
         for m in args.models.split(","):

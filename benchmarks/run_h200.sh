@@ -68,8 +68,6 @@
 #                                         # peers (carry .peers/deepgemm .peers/sglang_src)
 #   bash benchmarks/run_h200.sh round12   # (one GPU) how often each dense FP8 GEMM tile rounds its bf16 outputs
 #                                         # correctly (float64 oracle)
-#                                         # (session 13's h quantisation by mlp1's last arrivers ran as stage hq13
-#                                         # at 92361bc, reverted: results/history/diag_hquant_REVERTED.md)
 #                                         # (stages rows12b / rows12c ran the wide tile for 17..64 rows at 51b0490,
 #                                         # reverted: results/history/*wide_tile*_REVERTED.md)
 #   bash benchmarks/run_h200.sh dg13      # (one GPU) DeepGEMM as the dense FP8 backend: gpu test, backend table
@@ -77,7 +75,6 @@
 #   bash benchmarks/run_h200.sh fa13      # (one GPU) wide tile gpu test, flash-attention prefill prototype, backend
 #                                         # table at 16..128 rows
 #   bash benchmarks/run_h200.sh prefill13 # (one GPU) the no-prefix prefill attention: gpu tests, TP1 prefill rows
-#   bash benchmarks/run_h200.sh hq13b     # (one GPU) MoE decode: h quantised in the per-pair mlp2 (tests, A/B)
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -556,12 +553,6 @@ prefill13)  # one GPU: the no-prefix prefill kernel (sink_attention_prefill): it
     step gpu_test_sink_full 240 python tests/test_kernel_sink_attention.py --gpu-full
     step bench_prefill_tp1 200 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 1024,4096,8192 --profile 8192 --out "$R" --stem bench_prefill_tp1
-    ;;
-hq13b)  # one GPU: the MoE decode's h quantised inside the per-pair mlp2 (no step-2 launch, mlp2 a direct PDL
-        # dependent of mlp1): the one-shot MoE gpu tests (bits equal to the own launch), the in-step A/B
-    step gpu_test_moe_decode 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
-    step diag_moe_oneshot 300 python benchmarks/diag_pdl.py --moe-oneshot-ab oneshot_quant_in_mlp2 --models 120b,20b \
-        --batches 1,4 --rounds 30 --check 20 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

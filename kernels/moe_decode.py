@@ -169,7 +169,8 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
         if value < 1 or value & (value - 1):
             raise ValueError(f"OneshotConfig.{name} must be a power of two, got {value}")
     # a program's rows stay inside one 128-row scale block
-
+    if config.mlp2_per_pair and config.quant_in_mlp2:
+        raise ValueError("OneshotConfig: mlp2_per_pair reads h's e4m3 groups; quant_in_mlp2 does not apply")
     if config.mlp1_block_n > 64 or config.mlp2_block_n > 128 or config.mlp1_warps > 16 or config.mlp2_warps > 16:
         raise ValueError("OneshotConfig: mlp1_block_n <= 64 (2x W1 rows), mlp2_block_n <= 128, warps <= 16")
     b1, b2 = config.slab_bytes_per_thread(hidden, inter, top_k)
@@ -377,27 +378,6 @@ def _mlp2_combine_oneshot_kernel(
     tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=rows < hidden)
 
 
-@triton.jit
-def _mlp2_pair_h(HQ, HF, h_row, hs_row, k1, kb1, h_ok1, s_ok1, k2, kb2, h_ok2, s_ok2, C2: tl.constexpr,
-                 QUANT_H: tl.constexpr):
-    """One pair's h over both loads' K blocks as (codes, scales) x 2: loaded, or (QUANT_H) quantised here from
-    fp32 h per 1x128 group (`_quantize_e4m3`, as `_quantize_h_kernel`: masked groups all zero, scale 1);
-    C2 == 0: the second pair repeats the first (never used)."""
-    if QUANT_H:
-        hq1, hs1 = _quantize_e4m3(tl.load(HF + h_row + k1, mask=h_ok1, other=0.0), 1)
-    else:
-        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
-        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
-    hq2, hs2 = hq1, hs1
-    if C2 > 0:
-        if QUANT_H:
-            hq2, hs2 = _quantize_e4m3(tl.load(HF + h_row + k2, mask=h_ok2, other=0.0), 1)
-        else:
-            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
-            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
-    return hq1, hs1, hq2, hs2
-
-
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
 def _mlp2_pair_oneshot_kernel(
     HQ, HS,  # h e4m3 [P, I] and scales [P, cdiv(I, 128)]
@@ -406,7 +386,6 @@ def _mlp2_pair_oneshot_kernel(
     OUT,  # [T, H] (row stride stride_out)
     PAIR_Y,  # fp32 [P, H]: y per pair (b2 included; 0 for another rank's expert), then combined
     COUNTERS,  # int32 [T * cdiv(H, BLOCK_N)], zero between launches
-    HF,  # QUANT_H: h fp32 [P, I], quantised here (HQ / HS unused)
     hidden, inter, expert_offset, num_local, stride_out,
     stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
     TOP_K: tl.constexpr,
@@ -415,7 +394,6 @@ def _mlp2_pair_oneshot_kernel(
     C2: tl.constexpr,
     HAS_B2: tl.constexpr,
     USE_PDL: tl.constexpr,  # kernels/pdl.py: id (three launches back) and slab before the wait, h after
-    QUANT_H: tl.constexpr = False,  # the pair's fp32 h row quantised here, as `_quantize_h_kernel` does (no step 2)
 ):
     """mlp2 + combine with mlp1's work split (`OneshotConfig.mlp2_per_pair`): program (pair, tile)
     holds BLOCK_N rows x all of K of ONE pair's expert and that pair's h row, so h costs a
@@ -444,7 +422,11 @@ def _mlp2_pair_oneshot_kernel(
     h_row = pair * inter
     hs_row = HS + pair * num_kb
     if not USE_PDL:  # h first: its latency overlaps the slab's
-        hq1, hs1, hq2, hs2 = _mlp2_pair_h(HQ, HF, h_row, hs_row, k1, kb1, h_ok1, s_ok1, k2, kb2, h_ok2, s_ok2, C2, QUANT_H)
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
     ws_ptrs = W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n  # one 128-row block
     ws1 = tl.load(ws_ptrs + kb1, mask=s_ok1, other=0.0)
     if C2 > 0:
@@ -457,7 +439,11 @@ def _mlp2_pair_oneshot_kernel(
         w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=h_ok2[None, :, :], other=0.0)
     if USE_PDL:
         pdl_wait_then_release(USE_PDL)
-        hq1, hs1, hq2, hs2 = _mlp2_pair_h(HQ, HF, h_row, hs_row, k1, kb1, h_ok1, s_ok1, k2, kb2, h_ok2, s_ok2, C2, QUANT_H)
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
     # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks (mlp1's order)
     d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
     y = tl.sum(d1 * (hs1 * ws1)[None, :], axis=1)
@@ -609,13 +595,11 @@ def launch_mlp2_combine(hq, hs, h, weights, ids, w2, w2_scale_inv, b2, out, expe
         pair_y = pair_out if pair_out is not None else torch.empty(
             (num_tokens * top_k, hidden), dtype=torch.float32, device=out.device)
         _mlp2_pair_oneshot_kernel[(num_tokens * top_k, tiles)](
-            hq if hq is not None else h, hs if hs is not None else h, weights, ids, w2, w2_scale_inv,
-            b2 if b2 is not None else w2_scale_inv, out, pair_y, counters, h,
+            hq, hs, weights, ids, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv, out, pair_y, counters,
             hidden, inter, expert_offset, num_local, out.stride(0),
             w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
             b2.stride(0) if b2 is not None else 0,
             TOP_K=top_k, BLOCK_N=config.mlp2_block_n, C1=c1, C2=c2, HAS_B2=b2 is not None,
-            QUANT_H=config.quant_in_mlp2,
             num_warps=config.mlp2_warps, **pdl_launch_kwargs(out.device, num_tokens),
         )
         return
