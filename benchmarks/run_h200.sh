@@ -68,6 +68,10 @@
 #                                         # peers (carry .peers/deepgemm .peers/sglang_src)
 #   bash benchmarks/run_h200.sh round12   # (one GPU) how often each dense FP8 GEMM tile rounds its bf16 outputs
 #                                         # correctly (float64 oracle)
+#                                         # (session 13's h quantisation by mlp1's last arrivers ran as stage hq13
+#                                         # at 92361bc, and inside the per-pair mlp2 as stage hq13b at fdec0d1;
+#                                         # both reverted: results/history/diag_hquant_REVERTED.md,
+#                                         # diag_moe_oneshot_quant_in_mlp2_REVERTED.md)
 #                                         # (stages rows12b / rows12c ran the wide tile for 17..64 rows at 51b0490,
 #                                         # reverted: results/history/*wide_tile*_REVERTED.md)
 #   bash benchmarks/run_h200.sh dg13      # (one GPU) DeepGEMM as the dense FP8 backend: gpu test, backend table
