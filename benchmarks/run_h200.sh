@@ -79,6 +79,7 @@
 #   bash benchmarks/run_h200.sh fa13      # (one GPU) wide tile gpu test, flash-attention prefill prototype, backend
 #                                         # table at 16..128 rows
 #   bash benchmarks/run_h200.sh prefill13 # (one GPU) the no-prefix prefill attention: gpu tests, TP1 prefill rows
+#   bash benchmarks/run_h200.sh decode13  # (one GPU) TP1 decode rows at batch 1, 8, 32, 64
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -557,6 +558,10 @@ prefill13)  # one GPU: the no-prefix prefill kernel (sink_attention_prefill): it
     step gpu_test_sink_full 240 python tests/test_kernel_sink_attention.py --gpu-full
     step bench_prefill_tp1 200 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 1024,4096,8192 --profile 8192 --out "$R" --stem bench_prefill_tp1
+    ;;
+decode13)  # one GPU: TP1 decode rows with session 13's kernels (the wide tile at 17..64 rows), batch 1..64
+    step bench_decode_tp1 420 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,64 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --profile --out "$R" --stem bench_decode_tp1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
