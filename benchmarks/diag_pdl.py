@@ -274,6 +274,47 @@ def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check:
     return row
 
 
+def fp8_gemm_backend_row(mode: str, model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
+    """The same model and inputs captured twice: the dense FP8 layers on our kernel (SGLANG_EXT_FP8_GEMM unset)
+    vs under SGLANG_EXT_FP8_GEMM=`mode` (sglang_ext/layers/fp8_backend.py: DeepGEMM where that mode sends a GEMM);
+    paired rounds. DeepGEMM adds the bias after a bf16 rounding, so bits are compared for closeness only."""
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.layers import fp8_backend
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+
+    def switch(on):
+        if on:
+            os.environ[fp8_backend.ENV_VAR] = mode
+        else:
+            os.environ.pop(fp8_backend.ENV_VAR, None)
+
+    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, switch, rounds, check)
+    row = ab_row(model_name, batch, context, ("ours", mode), check, mismatches, timing)
+    graphs[True].replay()
+    torch.cuda.synchronize()
+    row["logits_max_abs_diff"] = (outs[True].float() - reference.float()).abs().max().item()
+    graphs.clear()
+    outs.clear()
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def fp8_gemm_backend_markdown(meta: dict, rows: list, mode: str) -> str:
+    lines = ab_head(
+        f"The dense FP8 layers on our kernel vs SGLANG_EXT_FP8_GEMM={mode} in the decode step", meta,
+        f"Same model and inputs captured twice: our FP8 GEMM for qkv and o vs the backend choice of "
+        f"SGLANG_EXT_FP8_GEMM={mode} (sglang_ext/layers/fp8_backend.py; DeepGEMM 1.x from .peers/deepgemm). Paired "
+        f"rounds of 3 replays; diff = {mode} - ours. DeepGEMM adds the bias after a bf16 rounding: bits are not "
+        "expected equal.", rows, ("ours", "ours"), (mode, mode))
+    lines += [bc.md_table(rows, [("model", "model", None), ("batch", "batch", None),
+                                 ("logits max abs diff", "logits_max_abs_diff", "{:.3g}")]), ""]
+    return "\n".join(lines) + "\n"
+
+
 def wide_tile_markdown(meta: dict, rows: list) -> str:
     lines = ab_head(
         "Dense FP8 GEMMs of 17..64 rows: the wide TMA tile in the decode step", meta,
@@ -398,6 +439,8 @@ def main():
                     "attention's launch vs its own launch (PDL on), written to diag_rope_fusion.*")
     ap.add_argument("--wide-tile-ab", action="store_true", help="instead: the dense GEMMs of 17..64 rows on the "
                     "wide TMA tile vs the narrow split-K tile, written to diag_wide_tile.*")
+    ap.add_argument("--fp8-gemm-ab", default="", help="instead: the dense FP8 layers on our kernel vs "
+                    "SGLANG_EXT_FP8_GEMM=<this mode>, written to diag_fp8_gemm_<mode>.*")
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
@@ -418,6 +461,15 @@ def main():
                     print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
         bc.write_results(args.out, args.stem or "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))
+        return
+    if args.fp8_gemm_ab:
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows.append(fp8_gemm_backend_row(args.fp8_gemm_ab, m, b, args.context, args.rounds, args.check))
+                print(rows[-1], flush=True)
+        md = fp8_gemm_backend_markdown(meta, rows, args.fp8_gemm_ab)
+        bc.write_results(args.out, args.stem or f"diag_fp8_gemm_{args.fp8_gemm_ab}", meta, rows, md)
+        print(md)
         return
     if args.wide_tile_ab:
         for m in args.models.split(","):

@@ -80,6 +80,7 @@
 #                                         # table at 16..128 rows
 #   bash benchmarks/run_h200.sh prefill13 # (one GPU) the no-prefix prefill attention: gpu tests, TP1 prefill rows
 #   bash benchmarks/run_h200.sh decode13  # (one GPU) TP1 decode rows at batch 1, 8, 32, 64
+#   bash benchmarks/run_h200.sh dgab13    # (one GPU) SGLANG_EXT_FP8_GEMM=auto vs ours in the decode step
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -562,6 +563,12 @@ prefill13)  # one GPU: the no-prefix prefill kernel (sink_attention_prefill): it
 decode13)  # one GPU: TP1 decode rows with session 13's kernels (the wide tile at 17..64 rows), batch 1..64
     step bench_decode_tp1 420 python benchmarks/bench_decode.py --models 120b,20b --batches 1,8,32,64 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --profile --out "$R" --stem bench_decode_tp1
+    ;;
+dgab13)  # one GPU: SGLANG_EXT_FP8_GEMM=auto (DeepGEMM for o at 48..128 rows) vs ours in the decode step
+    export DEEPGEMM_PEER_ROOT="$PWD/.peers/deepgemm" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+    export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    step diag_fp8_gemm_auto 240 python benchmarks/diag_pdl.py --fp8-gemm-ab auto --models 120b,20b --batches 64,128 \
+        --context 4096 --rounds 20 --check 3 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -199,7 +199,11 @@ class SinkAttnBackend(AttentionBackend):
                 if self.device_batch.q_len is None:  # decode
                     return q3, None, RopeKV(k3, v3, cos_sin, loc), None
                 window_left = -1 if layer.sliding_window_size is None else int(layer.sliding_window_size)
-                if self.no_prefix and not in_swa_pool and prefill_applies(q3, k3, v3, window_left):
+                # Not inside a captured graph: whether a batch has a cached prefix is a host fact of this
+                # batch, which a replay of another batch would not re-check (SGLang's default breakable
+                # prefill graphs run attention eagerly between their segments, so they still get it).
+                if (self.no_prefix and not in_swa_pool and prefill_applies(q3, k3, v3, window_left)
+                        and not (q3.is_cuda and torch.cuda.is_current_stream_capturing())):
                     k_roped = torch.empty(k3.shape, dtype=k3.dtype, device=k3.device)
                     q3 = rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc, k_out=k_roped)
                     return q3, None, None, (k_roped, v3)
