@@ -9,7 +9,9 @@ and on the same inputs, a textbook form beside it: one q head and BLOCK_M consec
 K/V read as contiguous rows of this forward's own K/V (no slot ids: a prefill without a cached prefix) by TMA
 descriptors, the causal range split into unmasked blocks and the masked diagonal, the sink joined as the
 running max's start. Output checked against the shipped kernel's. SDPA's flash kernel (no sinks, GQA
-expanded) runs beside as the peer. Nothing here is shipped; the result decides whether it is worth it.
+expanded) runs beside as the peer. The textbook kernel here is the prototype of the shipped
+`sink_attention_prefill` (kernels/sink_attention.py, session 13), which took its tile from this run's table
+(benchmarks/results/diag_extend_fa.md); it stays as the record of that choice.
 """
 
 from __future__ import annotations

@@ -1091,13 +1091,23 @@ def _prefill_views(q, k, v):
     return views
 
 
-def prefill_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_left: int) -> bool:
-    """Whether ``sink_attention_prefill`` runs these operands: a full-causal layer (the sliding ones have
-    their one-shot window kernel), 16-bit or fp32 q/k/v of one dtype, and rows the copy engine can tile."""
+# Head sizes the prefill kernel takes: those run on a GPU or in the tests (gpt-oss 64, the tiny model 16); a
+# wider head's tiles at the default stages may not fit in shared memory, so it keeps the key loop.
+PREFILL_HEAD_DIMS = (16, 32, 64)
+
+
+def _prefill_shapes_ok(q, k, v, window_left: int) -> bool:
     return (window_left < 0 and q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype == v.dtype
             and q.dtype in (torch.bfloat16, torch.float16, torch.float32) and k.shape == v.shape
-            and q.shape[2] == k.shape[2] and q.shape[2] in (16, 32, 64, 128, 256) and q.shape[1] % k.shape[1] == 0
-            and _prefill_views(q, k, v) is not None)
+            and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] and q.shape[2] in PREFILL_HEAD_DIMS
+            and q.shape[1] % k.shape[1] == 0)
+
+
+def prefill_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_left: int) -> bool:
+    """Whether ``sink_attention_prefill`` runs these operands: a full-causal layer (the sliding ones have
+    their one-shot window kernel), 16-bit or fp32 q/k/v of one dtype, a head size of PREFILL_HEAD_DIMS, and
+    non-empty rows the copy engine can tile."""
+    return _prefill_shapes_ok(q, k, v, window_left) and _prefill_views(q, k, v) is not None
 
 
 def sink_attention_prefill(
@@ -1120,9 +1130,10 @@ def sink_attention_prefill(
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     _check_scale(scale, "sink_attention_prefill")
-    if not prefill_applies(q, k, v, -1):
-        raise ValueError(f"sink_attention_prefill: q {tuple(q.shape)} {q.dtype} / k {tuple(k.shape)} / v "
-                         f"{tuple(v.shape)} are not TMA-tileable [T, heads, D] rows of one 16-bit or fp32 dtype")
+    bad = (f"sink_attention_prefill: q {tuple(q.shape)} {q.dtype} / k {tuple(k.shape)} / v {tuple(v.shape)} are "
+           f"not TMA-tileable [T, heads, D] rows of one 16-bit or fp32 dtype with D in {PREFILL_HEAD_DIMS}")
+    if not _prefill_shapes_ok(q, k, v, -1):
+        raise ValueError(bad)
     t, hq, d = q.shape
     bm, bn, warps, stages = tile or PREFILL_TILE
     if bm % bn:
@@ -1134,9 +1145,12 @@ def sink_attention_prefill(
     num_reqs = q_len.shape[0]
     if t == 0 or num_reqs == 0:
         return out
+    views = _prefill_views(q, k, v)
+    if views is None:
+        raise ValueError(bad)
+    q2, k2, v2 = views
     if q_start is None:
         q_start = torch.cumsum(q_len, 0) - q_len
-    q2, k2, v2 = _prefill_views(q, k, v)
     tile_end = torch.cumsum(torch.div(q_len + bm - 1, bm, rounding_mode="floor"), 0).to(torch.int32)
     _sink_prefill_kernel[(triton.cdiv(t, bm) + num_reqs, hq)](
         TensorDescriptor.from_tensor(q2, [bm, d]), TensorDescriptor.from_tensor(k2, [bn, d]),
@@ -1536,7 +1550,9 @@ def paged_attention(
         return sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
                                      window_left, scale, slot_map=slot_map, out=out, rope=rope)
     if rope is not None:
-        if no_prefix and prefill_applies(q, rope.k, rope.v, window_left):
+        # (the cache's own dtype: the key loop would read the keys as stored, e.g. quantised)
+        if (no_prefix and k_buffer.dtype == rope.k.dtype and v_buffer.dtype == rope.v.dtype
+                and prefill_applies(q, rope.k, rope.v, window_left)):
             k_roped = torch.empty(rope.k.shape, dtype=rope.k.dtype, device=rope.k.device)
             q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc, k_out=k_roped)
             return sink_attention_prefill(q, k_roped, rope.v, q_start, q_len, sinks, scale, out=out)

@@ -87,12 +87,35 @@ def test_choice_without_cuda_or_out_of_range_never_imports(backend, monkeypatch)
     assert "result" not in backend._loaded
 
 
+def _as_h200(backend, monkeypatch):
+    """CPU tensors pass for CUDA ones of an sm90 GPU in the backend's checks."""
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(backend, "_device_capability", lambda device: (9, 0))
+
+
+def test_missing_deep_gemm_raises_a_fresh_error_each_time(backend, monkeypatch):
+    """The outcome is cached as a reason, not as one exception raised again: that one's traceback would grow
+    with every call and keep each caller's frame (and its activations) alive."""
+    import traceback
+
+    monkeypatch.setitem(sys.modules, "deep_gemm", None)
+    errors = []
+    for _ in range(5):
+        try:
+            backend.load_deep_gemm()
+        except backend.DeepGemmUnavailable as e:
+            errors.append(e)
+    assert len({id(e) for e in errors}) == 5
+    assert all(len(traceback.extract_tb(e.__traceback__)) <= 2 for e in errors)
+
+
 def test_missing_deep_gemm(backend, monkeypatch, caplog):
     w, ws = _weights(256, 256)
     monkeypatch.setattr(backend, "DEEPGEMM_AUTO_ROWS", {(256, 256): (17, 128)})
     x = torch.randn(32, 256, dtype=torch.bfloat16)  # in auto's range
     monkeypatch.setitem(sys.modules, "deep_gemm", None)
     monkeypatch.setenv(backend.ENV_VAR, "auto")
+    _as_h200(backend, monkeypatch)
     with caplog.at_level(logging.WARNING, logger=backend.__name__):
         assert backend.choose(x, w, ws) == ("triton", None)
         assert backend.choose(x, w, ws) == ("triton", None)
@@ -112,7 +135,7 @@ def test_shape_rules(backend, monkeypatch):
     w, ws = _weights(2880, 2880)
     x = torch.empty(64, 2880, dtype=torch.bfloat16)
     assert backend.deepgemm_unsupported("v1", x, w, ws) == "x is not on a CUDA device"
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    _as_h200(backend, monkeypatch)
     assert backend.deepgemm_unsupported("v1", x, w, ws) is None
     assert "K % 128" in backend.deepgemm_unsupported("v2", x, w, ws)  # 2880 = 22.5 x 128: SGLang's rule
     w4, ws4 = _weights(2880, 4096)
@@ -120,12 +143,17 @@ def test_shape_rules(backend, monkeypatch):
     assert "bf16 only" in backend.deepgemm_unsupported("v1", x.float(), w, ws)
     wk, wsk = _weights(256, 200)
     assert "16 bytes" in backend.deepgemm_unsupported("v1", torch.empty(2, 200, dtype=torch.bfloat16), wk, wsk)
+    monkeypatch.setattr(backend, "_device_capability", lambda device: (8, 0))  # an A100: no DeepGEMM kernels
+    assert "sm8x" in backend.deepgemm_unsupported("v1", x, w, ws)
+    monkeypatch.setattr(backend, "_device_capability", lambda device: (10, 0))
+    assert "sm10x" in backend.deepgemm_unsupported("v1", x, w, ws)
+    assert backend.deepgemm_unsupported("v2", torch.empty(8, 4096, dtype=torch.bfloat16), w4, ws4) is None
 
 
 def test_auto_takes_deepgemm_in_range_only(backend, monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm("v1", calls))
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    _as_h200(backend, monkeypatch)
     monkeypatch.setenv(backend.ENV_VAR, "auto")
     w, ws = _weights(256, 256)
     monkeypatch.setattr(backend, "DEEPGEMM_AUTO_ROWS", {(256, 256): (17, 128)})
@@ -136,6 +164,9 @@ def test_auto_takes_deepgemm_in_range_only(backend, monkeypatch):
     assert backend.choose(torch.empty(32, 256, dtype=torch.bfloat16), w2, ws2)[0] == "triton"
     x3 = torch.empty(3, 7, 256, dtype=torch.bfloat16)  # rows = all leading dims: 21
     assert backend.choose(x3, w, ws)[0] == "deepgemm"
+    monkeypatch.setattr(backend, "_device_capability", lambda device: (10, 0))  # auto's rows are the H200's
+    assert backend.choose(x3, w, ws)[0] == "triton"
+    _as_h200(backend, monkeypatch)
     monkeypatch.setenv(backend.ENV_VAR, "deepgemm")
     assert backend.choose(torch.empty(1, 256, dtype=torch.bfloat16), w, ws)[0] == "deepgemm"
     assert backend.choose(torch.empty(1, 256), w, ws)[0] == "triton"  # fp32 x: ours (logged)

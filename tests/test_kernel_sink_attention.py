@@ -841,13 +841,26 @@ def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
     cos_sin = torch.cat([ang.cos(), ang.sin()], 1).to(device)
     loc = torch.cat([case["req_to_token"][r, :n].long() for r, n in
                      zip(case["req_pool_indices"].tolist(), case["q_len"].tolist())])
-    outs, caches = {}, {}
-    for no_prefix in (False, True):
-        kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
-        outs[no_prefix] = mod.paged_attention(q, kc, vc, case["req_to_token"], case["req_pool_indices"],
-                                              case["seq_lens"], case["q_start"], case["q_len"], extra["sinks"], -1,
-                                              0.3, rope=mod.RopeKV(k, v, cos_sin, loc), no_prefix=no_prefix).float()
-        caches[no_prefix] = (kc, vc)
+    outs, caches, ran = {}, {}, []
+    prefill = mod.sink_attention_prefill
+    mod.sink_attention_prefill = lambda *a, **kw: ran.append(1) or prefill(*a, **kw)  # counted: the path taken
+    try:
+        for no_prefix in (False, True):
+            kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
+            outs[no_prefix] = mod.paged_attention(q, kc, vc, case["req_to_token"], case["req_pool_indices"],
+                                                  case["seq_lens"], case["q_start"], case["q_len"], extra["sinks"],
+                                                  -1, 0.3, rope=mod.RopeKV(k, v, cos_sin, loc),
+                                                  no_prefix=no_prefix).float()
+            caches[no_prefix] = (kc, vc)
+            assert len(ran) == int(no_prefix), f"no_prefix={no_prefix}: the prefill kernel ran {len(ran)} times"
+        # a cache in another dtype than this forward's k / v keeps the key loop (it reads the keys as stored)
+        other = torch.float16 if dtype == torch.float32 else torch.float32
+        mod.paged_attention(q, case["k_buffer"].to(other), case["v_buffer"].to(other), case["req_to_token"],
+                            case["req_pool_indices"], case["seq_lens"], case["q_start"], case["q_len"],
+                            extra["sinks"], -1, 0.3, rope=mod.RopeKV(k, v, cos_sin, loc), no_prefix=True)
+        assert len(ran) == 1, "the prefill kernel ran beside a cache of another dtype"
+    finally:
+        mod.sink_attention_prefill = prefill
     for a, b in zip(caches[False], caches[True]):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg="no_prefix changed the cache writes")
     err = (outs[True] - outs[False]).abs().max().item() / max(1.0, outs[False].abs().max().item())
@@ -861,6 +874,10 @@ def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
         mod.sink_attention_prefill(q.contiguous(), k_out, v, case["q_start"], case["q_len"], None, 0.3,
                                    tile=(16, 32, 4, 2))
     assert not mod.prefill_applies(q, k, v, 127)  # a sliding layer keeps its window kernel
+    empty = torch.empty(0, HQ, D, dtype=dtype, device=device)
+    got = mod.sink_attention_prefill(empty, empty[:, :HKV], empty[:, :HKV], None,
+                                     torch.zeros(0, dtype=torch.int64, device=device), None, 0.3)
+    assert got.shape == (0, HQ, D)
     return {"dtype": dtype_name, "prefill_cases": cases, "paged_err": err, "max_err": worst}
 
 
@@ -1036,6 +1053,18 @@ def backend_parity() -> dict:
                          layer, fb)
             ext = [n - p for n, p in zip(seq_lens, prefix_lens)]
             loc = torch.cat([req_to_token[r, p:n].long() for r, n, p in zip(rpis, seq_lens, prefix_lens)])
+            # with SGLang's prefix lengths (some requests hit the cache), and RoPE as gpt-oss calls it: a batch
+            # with any prefix keeps the key loop
+            fb = tab._forward_batch("extend", rpis, seq_lens, ext, loc, prefix_lens=prefix_lens)
+            before = len(prefill_calls)
+            ang = torch.rand(sum(ext), head_dim // 2) * 6.0
+            both("extend", torch.randn(sum(ext), num_heads * head_dim).to(dtype),
+                 torch.randn(sum(ext), num_kv_heads, head_dim).to(dtype),
+                 torch.randn(sum(ext), num_kv_heads, head_dim).to(dtype), layer, fb,
+                 rope_cos_sin=torch.cat([ang.cos(), ang.sin()], 1))
+            if len(prefill_calls) != before:
+                raise AssertionError(f"swa={swa_pool} layer {layer_id}: a batch with cached prefixes took the "
+                                     "prefill kernel")
             fb = tab._forward_batch("extend", rpis, seq_lens, ext, loc)
             both("extend", torch.randn(sum(ext), num_heads * head_dim).to(dtype),
                  torch.cat([keys[r][p:n] for r, n, p in zip(rpis, seq_lens, prefix_lens)]),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -57,33 +58,47 @@ def backend_mode() -> str:
 _loaded: dict = {}
 
 
+def _import_deep_gemm():
+    """(module, api), or the reason (a string) it cannot be used."""
+    try:
+        import deep_gemm  # noqa: PLC0415  (optional; an import can fail inside its extension)
+    except Exception as e:  # ImportError, OSError from a torch extension built for another torch
+        return f"import deep_gemm failed: {type(e).__name__}: {e}"
+    if hasattr(deep_gemm, "fp8_gemm_nt"):
+        return deep_gemm, "v2"
+    if hasattr(deep_gemm, "gemm_fp8_fp8_bf16_nt"):
+        return deep_gemm, "v1"
+    return (f"{getattr(deep_gemm, '__file__', 'deep_gemm')} has neither fp8_gemm_nt (2.x) nor "
+            "gemm_fp8_fp8_bf16_nt (1.x)")
+
+
 def load_deep_gemm():
     """(module, api) of the importable `deep_gemm`, api "v1" (`gemm_fp8_fp8_bf16_nt`) or "v2"
-    (`fp8_gemm_nt`). Raises DeepGemmUnavailable with the import's own error; the outcome is cached."""
+    (`fp8_gemm_nt`). Raises DeepGemmUnavailable with the import's own error; the outcome is cached (as a
+    reason string: a cached exception raised again would grow its traceback, and with it the frames and
+    tensors of every caller, call after call)."""
     if "result" not in _loaded:
-        try:
-            import deep_gemm  # noqa: PLC0415  (optional; an import can fail inside its extension)
-        except Exception as e:  # ImportError, OSError from a torch extension built for another torch
-            _loaded["result"] = DeepGemmUnavailable(f"import deep_gemm failed: {type(e).__name__}: {e}")
-        else:
-            if hasattr(deep_gemm, "fp8_gemm_nt"):
-                _loaded["result"] = (deep_gemm, "v2")
-            elif hasattr(deep_gemm, "gemm_fp8_fp8_bf16_nt"):
-                _loaded["result"] = (deep_gemm, "v1")
-            else:
-                _loaded["result"] = DeepGemmUnavailable(
-                    f"{getattr(deep_gemm, '__file__', 'deep_gemm')} has neither fp8_gemm_nt (2.x) nor "
-                    "gemm_fp8_fp8_bf16_nt (1.x)")
+        _loaded["result"] = _import_deep_gemm()
     result = _loaded["result"]
-    if isinstance(result, Exception):
-        raise result
+    if isinstance(result, str):
+        raise DeepGemmUnavailable(result)
     return result
+
+
+@lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _device_capability(device: torch.device) -> tuple[int, int]:
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def reset() -> None:
     """Forget the import outcome and the once-logged fallbacks (tests; a newly installed deep_gemm)."""
     _loaded.clear()
     _logged.clear()
+    _capability.cache_clear()
 
 
 def deepgemm_unsupported(api: str, x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor) -> Optional[str]:
@@ -91,6 +106,9 @@ def deepgemm_unsupported(api: str, x: torch.Tensor, w_fp8: torch.Tensor, w_scale
     n, k = w_fp8.shape
     if not x.is_cuda:
         return "x is not on a CUDA device"
+    major = _device_capability(x.device)[0]
+    if major not in ((9,) if api == "v1" else (9, 10)):
+        return f"DeepGEMM {'1.x' if api == 'v1' else '2.x'} has no kernels for sm{major}x GPUs"
     if x.dtype != torch.bfloat16:
         return f"DeepGEMM writes bf16 only, x is {x.dtype}"
     if not (w_fp8.is_contiguous() and w_scale_inv.is_contiguous()):
@@ -132,6 +150,7 @@ def deepgemm_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Ten
         codes, scale = quantize_activation_group128(x2, out_scale=deepgemm_scale_buffer(m, k, x.device))
     else:
         codes, scale = _check_x_quant(x_quant, x, m, k)
+        codes = codes.contiguous()  # DeepGEMM's A descriptor takes rows of exactly K codes
         if not _in_deepgemm_layout(scale):
             scale = deepgemm_scale_buffer(m, k, x.device).copy_(scale)
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
@@ -168,9 +187,11 @@ def choose(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor, mode
         module, api = load_deep_gemm()
     except DeepGemmUnavailable as e:
         if mode == "deepgemm":
-            raise DeepGemmUnavailable(f"{ENV_VAR}=deepgemm: {e}") from e
+            raise DeepGemmUnavailable(f"{ENV_VAR}=deepgemm: {e}") from None
         _log_once("unavailable", f"{ENV_VAR}=auto: DeepGEMM unavailable, our FP8 GEMM runs ({e})")
         return "triton", None
+    if mode == "auto" and x.is_cuda and _device_capability(x.device) != (9, 0):
+        return "triton", None  # the auto rows were measured on an H200 (sm90) only
     reason = deepgemm_unsupported(api, x, w_fp8, w_scale_inv)
     if reason is not None:
         _log_once((tuple(w_fp8.shape), x.dtype, x.device.type),
