@@ -245,24 +245,15 @@ def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, chec
     return row
 
 
-def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
-    """The same model and inputs captured twice: the dense FP8 GEMMs of 17..64 rows on 32 x 64 tiles with
-    split-K (the table before session 12) vs the 64 x 128 TMA tile where N gives enough tiles
-    (kernels/fp8_gemm.py WIDE_TILE_MIN_PROGRAMS: qkv and the lm_head, not o); paired rounds. The two tiles
-    sum K in other orders, so the logits are compared for closeness, not bits."""
+def closeness_row(model_name: str, batch: int, context: int, stems: tuple, switch, rounds: int, check: int) -> dict:
+    """capture_ab on a fresh model with `switch`, as an ab_row plus how far the 'on' graph's logits land from
+    the 'off' graph's (max abs difference, argmax agreement): for A/Bs whose two sides sum in other orders."""
     from model_step import MODELS, ModelStep, Sharding
-
-    from sglang_ext.kernels import fp8_gemm
 
     model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
     inputs = model.decode_inputs(context)
-    shipped = fp8_gemm.WIDE_TILE_MIN_PROGRAMS
-
-    def wide(on):
-        fp8_gemm.WIDE_TILE_MIN_PROGRAMS = shipped if on in (None, True) else 1 << 30
-
-    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, wide, rounds, check)
-    row = ab_row(model_name, batch, context, ("narrow", "wide"), check, mismatches, timing)
+    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, switch, rounds, check)
+    row = ab_row(model_name, batch, context, stems, check, mismatches, timing)
     graphs[True].replay()
     torch.cuda.synchronize()
     row["logits_max_abs_diff"] = (outs[True].float() - reference.float()).abs().max().item()
@@ -274,16 +265,26 @@ def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check:
     return row
 
 
+def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
+    """The same model and inputs captured twice: the dense FP8 GEMMs of 17..64 rows on 32 x 64 tiles with
+    split-K (the table before session 12) vs the 64 x 128 TMA tile where N gives enough tiles
+    (kernels/fp8_gemm.py WIDE_TILE_MIN_PROGRAMS: qkv and the lm_head, not o); paired rounds. The two tiles
+    sum K in other orders, so the logits are compared for closeness, not bits."""
+    from sglang_ext.kernels import fp8_gemm
+
+    shipped = fp8_gemm.WIDE_TILE_MIN_PROGRAMS
+
+    def wide(on):
+        fp8_gemm.WIDE_TILE_MIN_PROGRAMS = shipped if on in (None, True) else 1 << 30
+
+    return closeness_row(model_name, batch, context, ("narrow", "wide"), wide, rounds, check)
+
+
 def fp8_gemm_backend_row(mode: str, model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
     """The same model and inputs captured twice: the dense FP8 layers on our kernel (SGLANG_EXT_FP8_GEMM unset)
     vs under SGLANG_EXT_FP8_GEMM=`mode` (sglang_ext/layers/fp8_backend.py: DeepGEMM where that mode sends a GEMM);
     paired rounds. DeepGEMM adds the bias after a bf16 rounding, so bits are compared for closeness only."""
-    from model_step import MODELS, ModelStep, Sharding
-
     from sglang_ext.layers import fp8_backend
-
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
-    inputs = model.decode_inputs(context)
 
     def switch(on):
         if on:
@@ -291,16 +292,7 @@ def fp8_gemm_backend_row(mode: str, model_name: str, batch: int, context: int, r
         else:
             os.environ.pop(fp8_backend.ENV_VAR, None)
 
-    graphs, outs, reference, mismatches, timing = capture_ab(model, inputs, switch, rounds, check)
-    row = ab_row(model_name, batch, context, ("ours", mode), check, mismatches, timing)
-    graphs[True].replay()
-    torch.cuda.synchronize()
-    row["logits_max_abs_diff"] = (outs[True].float() - reference.float()).abs().max().item()
-    graphs.clear()
-    outs.clear()
-    model = None
-    torch.cuda.empty_cache()
-    return row
+    return closeness_row(model_name, batch, context, ("ours", mode), switch, rounds, check)
 
 
 def fp8_gemm_backend_markdown(meta: dict, rows: list, mode: str) -> str:
@@ -310,9 +302,7 @@ def fp8_gemm_backend_markdown(meta: dict, rows: list, mode: str) -> str:
         f"SGLANG_EXT_FP8_GEMM={mode} (sglang_ext/layers/fp8_backend.py; DeepGEMM 1.x from .peers/deepgemm). Paired "
         f"rounds of 3 replays; diff = {mode} - ours. DeepGEMM adds the bias after a bf16 rounding: bits are not "
         "expected equal.", rows, ("ours", "ours"), (mode, mode))
-    lines += [bc.md_table(rows, [("model", "model", None), ("batch", "batch", None),
-                                 ("logits max abs diff", "logits_max_abs_diff", "{:.3g}")]), ""]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + closeness_table(rows)) + "\n"
 
 
 def wide_tile_markdown(meta: dict, rows: list) -> str:
@@ -323,10 +313,14 @@ def wide_tile_markdown(meta: dict, rows: list) -> str:
         "the lm_head; o keeps the narrow tile). Paired rounds of 3 replays; diff = wide - narrow. The tiles sum "
         "K in other orders: bits are not expected equal (see the closeness columns below).", rows,
         ("narrow", "narrow"), ("wide", "wide"))
-    lines += [bc.md_table(rows, [("model", "model", None), ("batch", "batch", None),
-                                 ("logits max abs diff", "logits_max_abs_diff", "{:.3g}"),
-                                 ("argmax equal", "argmax_equal", "{:.3f}")]), ""]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + closeness_table(rows)) + "\n"
+
+
+def closeness_table(rows: list) -> list:
+    """Markdown lines: closeness_row's columns (argmax agreement where the rows carry it)."""
+    argmax = [("argmax equal", "argmax_equal", "{:.3f}")] if all("argmax_equal" in r for r in rows) else []
+    return [bc.md_table(rows, [("model", "model", None), ("batch", "batch", None),
+                               ("logits max abs diff", "logits_max_abs_diff", "{:.3g}"), *argmax]), ""]
 
 
 # --rope-fusion-ab's picks for the batch-1 full layers at <= 8k, beside the table's own in the main row
