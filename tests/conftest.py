@@ -25,9 +25,9 @@ if not has_cuda_driver():
 FILE_SECONDS = {
     "test_probe_serving.py": 250,
     "test_faults.py": 232,
+    "test_kernel_sink_attention.py": 170,
     "test_served_parity.py": 164,
     "test_fp8.py": 104,
-    "test_kernel_sink_attention.py": 82,
     "test_kernel_moe.py": 67,
     "test_kernel_fp8_gemm.py": 45,
     "test_probe_serving_bf16.py": 40,

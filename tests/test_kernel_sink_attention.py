@@ -821,7 +821,7 @@ def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
                                           case["req_pool_indices"], case["seq_lens"], case["q_start"],
                                           case["q_len"], sinks, -1, 0.3).float()
             scale_ref = max(1.0, want.abs().max().item())
-            for tile in PREFILL_TILES if dtype_name == "float32" else PREFILL_TILES[:2]:
+            for tile in PREFILL_TILES if dtype_name == "float32" else PREFILL_TILES[:1]:  # tiles: dtype-free logic
                 got = mod.sink_attention_prefill(case["q"], k_rows, v_rows, case["q_start"], case["q_len"], sinks,
                                                  0.3, tile=tile).float()
                 err = (got - want).abs().max().item() / scale_ref
@@ -1142,7 +1142,7 @@ def test_prefill_matches_reference_interpreted():
     results, _ = _run_interpreted(["--prefill", "float32,float16,bfloat16"], timeout=600)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     assert results[0]["prefill_cases"] == len(PREFILL_REQUESTS) * 2 * len(PREFILL_TILES)
-    assert results[1]["prefill_cases"] == len(PREFILL_REQUESTS) * 2 * 2
+    assert results[1]["prefill_cases"] == results[2]["prefill_cases"] == len(PREFILL_REQUESTS) * 2
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
