@@ -3,8 +3,8 @@
 SGLang-free (the model-step harness runs the same layers). DeepGEMM (deepseek-ai; SGLang installs
 it as `sgl-deep-gemm`) is the Hopper FP8 block-scaled GEMM upstream SGLang serves with. It has no
 bias epilogue, so its path adds the bias to its bf16 output, y = bf16(bf16(x_q W^T) + b), where our
-kernel adds the bias to the fp32 accumulator and rounds once (the two are <= 1 bf16 ulp apart before
-DeepGEMM's own accumulation order, which is its wgmma's: see README, session 13).
+kernel adds the bias to the fp32 accumulator and rounds once: DeepGEMM's outputs carry about √2 of
+ours' rounding error (benchmarks/results/diag_fp8_backend.md).
 
   SGLANG_EXT_FP8_GEMM=triton    (default) our kernel for every dense FP8 GEMM
   SGLANG_EXT_FP8_GEMM=deepgemm  DeepGEMM for every dense FP8 GEMM on CUDA that it takes (bf16 x, its
