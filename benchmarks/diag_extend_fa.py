@@ -33,16 +33,32 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2,
-              BN: tl.constexpr, MASK: tl.constexpr):
-    k = k_desc.load([start, col])
-    v = v_desc.load([start, col])
-    s = tl.dot(q, tl.trans(k))
-    if MASK:
-        offs_n = start + tl.arange(0, BN)
-        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+def _exp2_poly(x):
+    """2^x for x <= 0 on the FMA pipe instead of the MUFU unit: 2^floor(x) from the exponent bits times a
+    degree-3 minimax polynomial of the fraction (relative error ~1e-4, below the bf16 rounding P takes for
+    P.V); 0 below 2^-126 (the masked -inf scores included)."""
+    xc = tl.maximum(x, -127.0)
+    n = tl.floor(xc)
+    f = xc - n
+    p = tl.fma(tl.fma(tl.fma(f, 0.07711908, 0.22756439), f, 0.69514614), f, 1.0)
+    bits = p.to(tl.int32, bitcast=True) + (n.to(tl.int32) << 23)
+    return tl.where(x < -126.0, 0.0, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _fa_probs(s, m_new, qk_scale_log2, BN: tl.constexpr, EXP_POLY: tl.constexpr):
+    x = s * qk_scale_log2 - m_new[:, None]
+    if EXP_POLY:  # half the columns on the FMA pipe: at D 64 the MUFU's exp2 keeps pace with the MMAs
+        BM: tl.constexpr = x.shape[0]
+        hw, poly = tl.split(tl.reshape(x, [BM, BN // 2, 2]))
+        return tl.reshape(tl.join(tl.exp2(hw), _exp2_poly(poly)), [BM, BN])
+    return tl.exp2(x)
+
+
+@triton.jit
+def _fa_update(acc, m_i, l_i, s, v, qk_scale_log2, BN: tl.constexpr, EXP_POLY: tl.constexpr):
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale_log2)
-    p = tl.exp2(s * qk_scale_log2 - m_new[:, None])
+    p = _fa_probs(s, m_new, qk_scale_log2, BN, EXP_POLY)
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -50,9 +66,23 @@ def _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log
 
 
 @triton.jit
+def _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2,
+              BN: tl.constexpr, MASK: tl.constexpr, EXP_POLY: tl.constexpr):
+    k = k_desc.load([start, col])
+    v = v_desc.load([start, col])
+    s = tl.dot(q, tl.trans(k))
+    if MASK:
+        offs_n = start + tl.arange(0, BN)
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    return _fa_update(acc, m_i, l_i, s, v, qk_scale_log2, BN, EXP_POLY)
+
+
+@triton.jit
 def _fa_causal_kernel(q_desc, k_desc, v_desc, OUT, SINKS, T, qk_scale_log2, stride_ot,
                       GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      STAGES: tl.constexpr):
+                      STAGES: tl.constexpr, EXP_POLY: tl.constexpr = False, ROTATE: tl.constexpr = False):
+    """ROTATE: the unmasked loop computes block j+1's scores before block j's softmax (a hand-rotated loop,
+    so the next QK^T can run on the tensor cores while the softmax runs on the other pipes)."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest rows first
     h = tl.program_id(1)
     col = (h // GROUP) * D
@@ -62,17 +92,28 @@ def _fa_causal_kernel(q_desc, k_desc, v_desc, OUT, SINKS, T, qk_scale_log2, stri
     m_i = tl.zeros([BM], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
     l_i = tl.full([BM], 1.0, dtype=tl.float32)
     acc = tl.zeros([BM, D], dtype=tl.float32)
-    for start in tl.range(0, m0, BN, num_stages=STAGES):
-        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, False)
+    if ROTATE:
+        if m0 > 0:
+            s = tl.dot(q, tl.trans(k_desc.load([0, col])))
+            for start in tl.range(0, m0 - BN, BN, num_stages=STAGES):
+                s_next = tl.dot(q, tl.trans(k_desc.load([start + BN, col])))
+                acc, m_i, l_i = _fa_update(acc, m_i, l_i, s, v_desc.load([start, col]), qk_scale_log2, BN, EXP_POLY)
+                s = s_next
+            acc, m_i, l_i = _fa_update(acc, m_i, l_i, s, v_desc.load([m0 - BN, col]), qk_scale_log2, BN, EXP_POLY)
+    else:
+        for start in tl.range(0, m0, BN, num_stages=STAGES):
+            acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN,
+                                      False, EXP_POLY)
     for start in tl.range(m0, tl.minimum(m0 + BM, T), BN, num_stages=STAGES):
-        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True)
+        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True,
+                                  EXP_POLY)
     out = acc / l_i[:, None]
     offs_d = tl.arange(0, D)
     tl.store(OUT + offs_m[:, None] * stride_ot + h * D + offs_d[None, :], out.to(OUT.dtype.element_ty),
              mask=offs_m[:, None] < T)
 
 
-def fa_causal(q, k, v, sinks, scale, bm, bn, warps, stages):
+def fa_causal(q, k, v, sinks, scale, bm, bn, warps, stages, exp_poly=False, rotate=False):
     """q [T, Hq, D], k/v [T, Hkv, D] contiguous (this forward's rows), causal, sinks."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -85,18 +126,24 @@ def fa_causal(q, k, v, sinks, scale, bm, bn, warps, stages):
     vd = TensorDescriptor.from_tensor(v2, [bn, d])
     _fa_causal_kernel[(triton.cdiv(t, bm), hq)](qd, kd, vd, out, sinks, t, scale * LOG2E, out.stride(0),
                                                  GROUP=hq // hkv, D=d, BM=bm, BN=bn, STAGES=stages,
-                                                 num_warps=warps)
+                                                 EXP_POLY=exp_poly, ROTATE=rotate, num_warps=warps)
     return out
 
 
 CONFIGS = ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3),
            (64, 64, 4, 3), (64, 32, 4, 4), (256, 64, 8, 3), (128, 64, 4, 4))
+# --variants (not yet run on a GPU): the two best tiles with half the exp2s on the FMA pipe (EXP_POLY) and/or
+# the hand-rotated unmasked loop (ROTATE): (bm, bn, warps, stages, exp_poly, rotate)
+VARIANTS = ((64, 64, 4, 3, True, False), (64, 64, 4, 3, False, True), (64, 64, 4, 3, True, True),
+            (128, 64, 8, 3, True, False), (128, 64, 8, 3, False, True), (128, 64, 8, 3, True, True))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--variants", action="store_true", help="also the VARIANTS rows (exp2 polynomial, rotated loop)")
+    ap.add_argument("--stem", default="diag_extend_fa")
     args = ap.parse_args()
     bc.import_project()
     from sglang_ext.kernels.sink_attention import sink_attention_extend
@@ -138,6 +185,9 @@ def main():
     row("shipped _sink_extend_kernel (slot ids, 16 pos x 8 heads, 128 x 64, w4 s3)", shipped)
     for bm, bn, w, s in CONFIGS:
         row(f"textbook TMA bm{bm} bn{bn} w{w} s{s}", lambda bm=bm, bn=bn, w=w, s=s: fa_causal(q, k, v, sinks, scale, bm, bn, w, s))
+    for bm, bn, w, s, poly, rot in VARIANTS if args.variants else ():
+        row(f"textbook TMA bm{bm} bn{bn} w{w} s{s}" + (" exp2-poly" if poly else "") + (" rotated" if rot else ""),
+            lambda bm=bm, bn=bn, w=w, s=s, poly=poly, rot=rot: fa_causal(q, k, v, sinks, scale, bm, bn, w, s, poly, rot))
     qe, ke, ve = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     ke, ve = (x.repeat_interleave(hq // hkv, dim=1) for x in (ke, ve))
 
@@ -152,7 +202,7 @@ def main():
           "of 3 calls, median. TFLOP/s: 4 H D T(T+1)/2 / time. diff: max |out - shipped| (bf16 outputs).", "",
           bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
                              ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
-    bc.write_results(args.out, "diag_extend_fa", meta, rows, "\n".join(md))
+    bc.write_results(args.out, args.stem, meta, rows, "\n".join(md))
     print("\n".join(md))
 
 

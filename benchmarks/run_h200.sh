@@ -81,6 +81,7 @@
 #   bash benchmarks/run_h200.sh prefill13 # (one GPU) the no-prefix prefill attention: gpu tests, TP1 prefill rows
 #   bash benchmarks/run_h200.sh decode13  # (one GPU) TP1 decode rows at batch 1, 8, 32, 64
 #   bash benchmarks/run_h200.sh dgab13    # (one GPU) SGLANG_EXT_FP8_GEMM=auto vs ours in the decode step
+#   bash benchmarks/run_h200.sh fa14      # (one GPU) prefill attention variants: exp2 polynomial, rotated loop
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -569,6 +570,10 @@ dgab13)  # one GPU: SGLANG_EXT_FP8_GEMM=auto (DeepGEMM for o at 48..128 rows) vs
     export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
     step diag_fp8_gemm_auto 240 python benchmarks/diag_pdl.py --fp8-gemm-ab auto --models 120b,20b --batches 64,128 \
         --context 4096 --rounds 20 --check 3 --out "$R"
+    ;;
+fa14)  # one GPU (prepared in session 13, not yet run): the prefill attention prototype's variants, half the
+       # exp2s on the FMA pipe and the hand-rotated key loop, beside the shipped tile
+    step diag_extend_fa 200 python benchmarks/diag_extend_fa.py --variants --out "$R" --stem diag_extend_fa_variants
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
