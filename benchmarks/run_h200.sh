@@ -81,6 +81,7 @@
 #   bash benchmarks/run_h200.sh prefill13 # (one GPU) the no-prefix prefill attention: gpu tests, TP1 prefill rows
 #   bash benchmarks/run_h200.sh decode13  # (one GPU) TP1 decode rows at batch 1, 8, 32, 64
 #   bash benchmarks/run_h200.sh dgab13    # (one GPU) SGLANG_EXT_FP8_GEMM=auto vs ours in the decode step
+#   bash benchmarks/run_h200.sh check14   # (one GPU) gpu tests of session 13's post-GPU review mends
 #   bash benchmarks/run_h200.sh fa14      # (one GPU) prefill attention variants: exp2 polynomial, rotated loop
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
@@ -570,6 +571,15 @@ dgab13)  # one GPU: SGLANG_EXT_FP8_GEMM=auto (DeepGEMM for o at 48..128 rows) vs
     export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
     step diag_fp8_gemm_auto 240 python benchmarks/diag_pdl.py --fp8-gemm-ab auto --models 120b,20b --batches 64,128 \
         --context 4096 --rounds 20 --check 3 --out "$R"
+    ;;
+check14)  # one GPU (prepared in session 13, not yet run): the gpu tests of code changed after session 13's last
+          # GPU call (the review mends: DeepGEMM's architecture gate and contiguous codes, the prefill kernel's
+          # head sizes / empty batch / one operand check), with the DeepGEMM peer
+    export DEEPGEMM_PEER_ROOT="$PWD/.peers/deepgemm" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+    export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    step gpu_test_fp8_backend 180 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_backend.py
+    step gpu_test_prefill 120 python tests/test_kernel_sink_attention.py --prefill float32,bfloat16 --device cuda
+    step gpu_test_sink_full 240 python tests/test_kernel_sink_attention.py --gpu-full
     ;;
 fa14)  # one GPU (prepared in session 13, not yet run): the prefill attention prototype's variants, half the
        # exp2s on the FMA pipe and the hand-rotated key loop, beside the shipped tile
