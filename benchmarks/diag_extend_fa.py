@@ -113,6 +113,59 @@ def _fa_causal_kernel(q_desc, k_desc, v_desc, OUT, SINKS, T, qk_scale_log2, stri
              mask=offs_m[:, None] < T)
 
 
+@triton.jit
+def _fa_prefix_kernel(q_desc, k_desc, v_desc, K_CACHE, V_CACHE, TOK, OUT, SINKS, T, P, qk_scale_log2, stride_ot,
+                      stride_kc, stride_vc, GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, STAGES: tl.constexpr):
+    """--prefix: one request of P cached keys (slot ids TOK[0..P-1] into K_CACHE / V_CACHE [slots, Hkv * D]) and
+    T new rows (q, k, v by TMA, positions P..P+T-1): the cached keys by gathered rows, unmasked but for the
+    last partial block, then the new rows as _fa_causal_kernel."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.program_id(1)
+    col = (h // GROUP) * D
+    m0 = pid_m * BM
+    offs_m = m0 + tl.arange(0, BM)
+    q = q_desc.load([m0, h * D])
+    m_i = tl.zeros([BM], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+    l_i = tl.full([BM], 1.0, dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    for key0 in tl.range(0, P, BN, num_stages=STAGES):
+        key_ok = key0 + offs_n < P
+        slot = tl.load(TOK + key0 + offs_n, mask=key_ok, other=0).to(tl.int64)
+        k = tl.load(K_CACHE + slot[:, None] * stride_kc + col + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(V_CACHE + slot[:, None] * stride_vc + col + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        s = tl.where(key_ok[None, :], tl.dot(q, tl.trans(k)), float("-inf"))
+        acc, m_i, l_i = _fa_update(acc, m_i, l_i, s, v, qk_scale_log2, BN, False)
+    for start in tl.range(0, m0, BN, num_stages=STAGES):
+        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN,
+                                  False, False)
+    for start in tl.range(m0, tl.minimum(m0 + BM, T), BN, num_stages=STAGES):
+        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True,
+                                  False)
+    out = acc / l_i[:, None]
+    tl.store(OUT + offs_m[:, None] * stride_ot + h * D + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=offs_m[:, None] < T)
+
+
+def fa_prefix(q, k, v, k_cache, v_cache, tok, prefix, sinks, scale, bm, bn, warps, stages):
+    """q / k / v [T, H, D] this forward's rows (positions prefix..prefix+T-1), the cached keys' slot ids
+    tok[0..prefix-1] into k_cache / v_cache [slots, Hkv, D]; causal, sinks."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t, hq, d = q.shape
+    hkv = k.shape[1]
+    out = torch.empty_like(q)
+    q2, k2, v2 = q.view(t, hq * d), k.view(t, hkv * d), v.view(t, hkv * d)
+    _fa_prefix_kernel[(triton.cdiv(t, bm), hq)](
+        TensorDescriptor.from_tensor(q2, [bm, d]), TensorDescriptor.from_tensor(k2, [bn, d]),
+        TensorDescriptor.from_tensor(v2, [bn, d]), k_cache, v_cache, tok, out, sinks, t, prefix, scale * LOG2E,
+        out.stride(0), k_cache.stride(0), v_cache.stride(0),
+        GROUP=hq // hkv, D=d, BM=bm, BN=bn, STAGES=stages, num_warps=warps)
+    return out
+
+
 def fa_causal(q, k, v, sinks, scale, bm, bn, warps, stages, exp_poly=False, rotate=False):
     """q [T, Hq, D], k/v [T, Hkv, D] contiguous (this forward's rows), causal, sinks."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -144,7 +197,14 @@ def main():
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--variants", action="store_true", help="also the VARIANTS rows (exp2 polynomial, rotated loop)")
     ap.add_argument("--stem", default="diag_extend_fa")
+    ap.add_argument("--prefix", type=int, default=0, help="instead: one request with this many cached keys (random "
+                    "slots) before --tokens new ones (a later chunk or a radix hit): the shipped key loop vs "
+                    "PREFIX_CONFIGS of the prototype that gathers the cached keys and reads the new rows by TMA")
+    ap.add_argument("--device", default="cuda", help="--prefix: cpu checks this script under TRITON_INTERPRET=1 "
+                    "(fp32, small sizes)")
     args = ap.parse_args()
+    if args.prefix:
+        return prefix_main(args)
     bc.import_project()
     from sglang_ext.kernels.sink_attention import sink_attention_extend
 
@@ -203,6 +263,61 @@ def main():
           bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
                              ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
     bc.write_results(args.out, args.stem, meta, rows, "\n".join(md))
+    print("\n".join(md))
+
+
+PREFIX_CONFIGS = ((64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 4))
+
+
+def prefix_main(args):
+    """--prefix: the extend of a request with a cached prefix, shipped key loop vs fa_prefix, CUDA graphs."""
+    bc.import_project()
+    from sglang_ext.kernels.sink_attention import sink_attention_extend
+
+    meta = bc.run_meta("python benchmarks/diag_extend_fa.py " + " ".join(sys.argv[1:]))
+    dev = torch.device(args.device)
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the interpreter computes bf16 wrongly
+    p, t, hq, hkv, d = args.prefix, args.tokens, 64, 8, 64
+    g = torch.Generator(device=dev).manual_seed(0)
+    slots = (torch.randperm(p + t + 64, device=dev, generator=g)[: p + t] + 1).to(torch.int32)
+    k_cache = torch.randn(p + t + 66, hkv, d, device=dev, generator=g).to(dt)
+    v_cache = torch.randn(p + t + 66, hkv, d, device=dev, generator=g).to(dt)
+    q = torch.randn(t, hq, d, device=dev, generator=g).to(dt)
+    k, v = k_cache[slots[p:].long()].contiguous(), v_cache[slots[p:].long()].contiguous()  # this forward's rows
+    sinks = torch.randn(hq, device=dev, generator=g)
+    scale = 1.0 / math.sqrt(d)
+    flops = 4 * hq * d * (t * p + t * (t + 1) / 2)
+    common = dict(req_pool_indices=torch.zeros(1, device=dev, dtype=torch.int64),
+                  seq_lens=torch.tensor([p + t], device=dev, dtype=torch.int64), q_start=None,
+                  q_len=torch.tensor([t], device=dev, dtype=torch.int64), sinks=sinks, window_left=-1, scale=scale)
+    shipped = lambda: sink_attention_extend(q, k_cache, v_cache, slots.view(1, -1), **common)  # noqa: E731
+    ref = shipped().float()
+    kc2, vc2 = k_cache.view(k_cache.shape[0], -1), v_cache.view(v_cache.shape[0], -1)
+    rows = []
+    for name, fn in [("shipped _sink_extend_kernel (slot ids for every key)", shipped)] + [
+            (f"prototype: prefix gathered, new rows by TMA, bm{bm} bn{bn} w{w} s{st}",
+             lambda bm=bm, bn=bn, w=w, st=st: fa_prefix(q, k, v, kc2, vc2, slots[:p].contiguous(), p, sinks, scale,
+                                                        bm, bn, w, st))
+            for bm, bn, w, st in PREFIX_CONFIGS]:
+        try:
+            out = fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            us = bc.graph_time_calls([fn] * 3, iters=10, device=dev) * 1e6
+            rows.append({"kernel": name, "us": us, "TFLOPs": flops / us / 1e6,
+                         "max_abs_diff_vs_shipped": (out.float() - ref).abs().max().item()})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+        print(rows[-1], flush=True)
+    md = [f"# Extend with a cached prefix: the key loop vs a gather + TMA prototype ({meta.get('gpu', 'GPU')})", "",
+          f"`{meta['command']}` — {meta.get('date', '')}", "",
+          f"One request: {p} cached keys in random slots, then {t} new tokens (their K/V also in their slots, and as "
+          "rows for the prototype); 64 q / 8 kv heads, D 64, bf16, causal with sinks. us: per call, CUDA graph of 3 "
+          "calls, median. TFLOP/s: 4 H D (T P + T(T+1)/2) / time.", "",
+          bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
+                             ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
+    bc.write_results(args.out, args.stem if args.stem != "diag_extend_fa" else "diag_extend_prefix", meta, rows,
+                     "\n".join(md))
     print("\n".join(md))
 
 

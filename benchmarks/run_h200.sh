@@ -82,7 +82,8 @@
 #   bash benchmarks/run_h200.sh decode13  # (one GPU) TP1 decode rows at batch 1, 8, 32, 64
 #   bash benchmarks/run_h200.sh dgab13    # (one GPU) SGLANG_EXT_FP8_GEMM=auto vs ours in the decode step
 #   bash benchmarks/run_h200.sh check14   # (one GPU) gpu tests of session 13's post-GPU review mends
-#   bash benchmarks/run_h200.sh fa14      # (one GPU) prefill attention variants: exp2 polynomial, rotated loop
+#   bash benchmarks/run_h200.sh fa14      # (one GPU) prefill attention variants: exp2 polynomial, rotated loop;
+#                                         # extend with an 8k cached prefix: key loop vs a gather + TMA prototype
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -584,6 +585,7 @@ check14)  # one GPU (prepared in session 13, not yet run): the gpu tests of code
 fa14)  # one GPU (prepared in session 13, not yet run): the prefill attention prototype's variants, half the
        # exp2s on the FMA pipe and the hand-rotated key loop, beside the shipped tile
     step diag_extend_fa 200 python benchmarks/diag_extend_fa.py --variants --out "$R" --stem diag_extend_fa_variants
+    step diag_extend_prefix 150 python benchmarks/diag_extend_fa.py --prefix 8192 --tokens 8192 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
