@@ -78,20 +78,32 @@ def _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log
 
 
 @triton.jit
+def _fa_tile_start(q_desc, SINKS, GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr):
+    """Program (tile, q head), tiles longest first: its head, kv column, first row, rows, q tile, and the
+    softmax state before any key (the sink as the running max with weight 1)."""
+    h = tl.program_id(1)
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM
+    offs_m = m0 + tl.arange(0, BM)
+    m_i = tl.zeros([BM], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+    return (h, (h // GROUP) * D, m0, offs_m, q_desc.load([m0, h * D]), m_i, tl.full([BM], 1.0, dtype=tl.float32),
+            tl.zeros([BM, D], dtype=tl.float32))
+
+
+@triton.jit
+def _fa_tile_store(OUT, acc, l_i, offs_m, h, T, stride_ot, D: tl.constexpr):
+    offs_d = tl.arange(0, D)
+    out = acc / l_i[:, None]
+    tl.store(OUT + offs_m[:, None] * stride_ot + h * D + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=offs_m[:, None] < T)
+
+
+@triton.jit
 def _fa_causal_kernel(q_desc, k_desc, v_desc, OUT, SINKS, T, qk_scale_log2, stride_ot,
                       GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                       STAGES: tl.constexpr, EXP_POLY: tl.constexpr = False, ROTATE: tl.constexpr = False):
     """ROTATE: the unmasked loop computes block j+1's scores before block j's softmax (a hand-rotated loop,
     so the next QK^T can run on the tensor cores while the softmax runs on the other pipes)."""
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest rows first
-    h = tl.program_id(1)
-    col = (h // GROUP) * D
-    m0 = pid_m * BM
-    offs_m = m0 + tl.arange(0, BM)
-    q = q_desc.load([m0, h * D])
-    m_i = tl.zeros([BM], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
-    l_i = tl.full([BM], 1.0, dtype=tl.float32)
-    acc = tl.zeros([BM, D], dtype=tl.float32)
+    h, col, m0, offs_m, q, m_i, l_i, acc = _fa_tile_start(q_desc, SINKS, GROUP, D, BM)
     if ROTATE:
         if m0 > 0:
             s = tl.dot(q, tl.trans(k_desc.load([0, col])))
@@ -107,10 +119,7 @@ def _fa_causal_kernel(q_desc, k_desc, v_desc, OUT, SINKS, T, qk_scale_log2, stri
     for start in tl.range(m0, tl.minimum(m0 + BM, T), BN, num_stages=STAGES):
         acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True,
                                   EXP_POLY)
-    out = acc / l_i[:, None]
-    offs_d = tl.arange(0, D)
-    tl.store(OUT + offs_m[:, None] * stride_ot + h * D + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=offs_m[:, None] < T)
+    _fa_tile_store(OUT, acc, l_i, offs_m, h, T, stride_ot, D)
 
 
 @triton.jit
@@ -120,15 +129,7 @@ def _fa_prefix_kernel(q_desc, k_desc, v_desc, K_CACHE, V_CACHE, TOK, OUT, SINKS,
     """--prefix: one request of P cached keys (slot ids TOK[0..P-1] into K_CACHE / V_CACHE [slots, Hkv * D]) and
     T new rows (q, k, v by TMA, positions P..P+T-1): the cached keys by gathered rows, unmasked but for the
     last partial block, then the new rows as _fa_causal_kernel."""
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
-    col = (h // GROUP) * D
-    m0 = pid_m * BM
-    offs_m = m0 + tl.arange(0, BM)
-    q = q_desc.load([m0, h * D])
-    m_i = tl.zeros([BM], dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
-    l_i = tl.full([BM], 1.0, dtype=tl.float32)
-    acc = tl.zeros([BM, D], dtype=tl.float32)
+    h, col, m0, offs_m, q, m_i, l_i, acc = _fa_tile_start(q_desc, SINKS, GROUP, D, BM)
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     for key0 in tl.range(0, P, BN, num_stages=STAGES):
@@ -144,9 +145,7 @@ def _fa_prefix_kernel(q_desc, k_desc, v_desc, K_CACHE, V_CACHE, TOK, OUT, SINKS,
     for start in tl.range(m0, tl.minimum(m0 + BM, T), BN, num_stages=STAGES):
         acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True,
                                   False)
-    out = acc / l_i[:, None]
-    tl.store(OUT + offs_m[:, None] * stride_ot + h * D + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=offs_m[:, None] < T)
+    _fa_tile_store(OUT, acc, l_i, offs_m, h, T, stride_ot, D)
 
 
 def fa_prefix(q, k, v, k_cache, v_cache, tok, prefix, sinks, scale, bm, bn, warps, stages):
