@@ -12,13 +12,13 @@ v3.8 headers it includes.
                            $DG_JIT_CACHE_DIR, default `<root>/jit_cache`). Raises
                            `DeepGemmUnavailable` with the reason when it can't.
   deepgemm_version()       "DeepGEMM 03d0be3 ... CUTLASS ... nvcc X.Y" (loads it).
-  quantize_for_deepgemm(x) our Triton 1x128 quantiser (`quantize_activation_group128`, the same
-                           codes and scales as our GEMM's), with the scales written straight into
-                           DeepGEMM's TMA-aligned MN-major layout ([M, KB], strides (1, align4(M))),
-                           so DeepGEMM's `get_col_major_tma_aligned_tensor` is a no-op.
+  deepgemm_scale_buffer(m, k)   DeepGEMM's TMA-aligned MN-major scale layout ([M, KB], strides
+                           (1, align4(M))), as the project's backend (sglang_ext/layers/fp8_backend.py) makes
+                           it, so DeepGEMM's `get_col_major_tma_aligned_tensor` is a no-op.
   deepgemm_gemm(a, a_s, w, w_s, out)   DeepGEMM's `gemm_fp8_fp8_bf16_nt` only (pre-quantised A).
-  deepgemm_linear(x, w, w_s, bias)     quantise x + DeepGEMM GEMM into bf16 [M, N] + bias added
-                           after (DeepGEMM has no bias epilogue): y = bf16(bf16(x_q W^T) + b).
+  deepgemm_linear(x, w, w_s, bias)     the project's backend on this peer: quantise x + DeepGEMM GEMM
+                           into bf16 [M, N] + bias added after (DeepGEMM has no bias epilogue):
+                           y = bf16(bf16(x_q W^T) + b).
 
 Weights: our layout as is: W [N, K] e4m3, weight_scale_inv fp32 [ceil(N/128), ceil(K/128)]
 (row-major, ragged last blocks allowed: DeepGEMM rounds K up to 128 and TMA zero-fills past K).
@@ -135,17 +135,19 @@ def deepgemm_version(root: str | os.PathLike | None = DEFAULT_ROOT) -> str:
             f"headers {get_deep_gemm_version()}, nvcc {nvcc}")
 
 
-def _project_quantizer():
-    """Our Triton `quantize_activation_group128` (imports the project's kernels lazily)."""
+def _backend():
+    """The project's DeepGEMM adapter (`sglang_ext/layers/fp8_backend.py`: the scale layout, our quantiser,
+    the bias after), imported lazily: the same code path the served layers take with
+    SGLANG_EXT_FP8_GEMM=deepgemm."""
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:
         sys.path.insert(0, here)
     import bench_common
 
     bench_common.import_project()
-    from sglang_ext.kernels.fp8_gemm import quantize_activation_group128
+    from sglang_ext.layers import fp8_backend
 
-    return quantize_activation_group128
+    return fp8_backend
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -154,18 +156,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def deepgemm_scale_buffer(m: int, k: int, device) -> torch.Tensor:
     """fp32 [m, ceil(k/128)] with strides (1, align4(m)): DeepGEMM's TMA-aligned MN-major layout."""
-    aligned_m = _cdiv(m, 4) * 4  # TMA wants 16-byte aligned columns of fp32
-    return torch.empty((_cdiv(k, GROUP), aligned_m), dtype=torch.float32, device=device).t()[:m]
-
-
-def quantize_for_deepgemm(x: torch.Tensor, out: Optional[torch.Tensor] = None,
-                          out_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 [M, K], fp32 scales [M, ceil(K/128)]) exactly as our
-    `quantize_activation_group128` (it is that function), scales in DeepGEMM's layout."""
-    m, k = x.shape
-    if out_scale is None:
-        out_scale = deepgemm_scale_buffer(m, k, x.device)
-    return _project_quantizer()(x, out=out, out_scale=out_scale)
+    return _backend().deepgemm_scale_buffer(m, k, device)
 
 
 def _check_weight(w_fp8: torch.Tensor, w_scale_inv: torch.Tensor, k: int) -> int:
@@ -186,7 +177,7 @@ def _check_weight(w_fp8: torch.Tensor, w_scale_inv: torch.Tensor, k: int) -> int
 def deepgemm_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor,
                   w_scale_inv: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """bf16 [M, N] = dequant(a) dequant(w)^T by DeepGEMM alone. a_scale in any layout (DeepGEMM
-    copies it into its layout if needed: use `quantize_for_deepgemm` to avoid that copy)."""
+    copies it into its layout if needed: `deepgemm_scale_buffer` gives that layout)."""
     dg = load_deepgemm()
     m, k = a_fp8.shape
     n = _check_weight(w_fp8, w_scale_inv, k)
@@ -198,22 +189,14 @@ def deepgemm_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tenso
 
 
 def deepgemm_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
-                    bias: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """y [..., N] bf16 = x W^T + b: x [..., K] quantised per 1x128 group by our Triton quantiser,
-    DeepGEMM's FP8 GEMM into bf16, then the bias added in place (a separate elementwise kernel)."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
-    n = _check_weight(w_fp8, w_scale_inv, k)
-    load_deepgemm()
-    a_fp8, a_scale = quantize_for_deepgemm(x2)
-    y = deepgemm_gemm(a_fp8, a_scale, w_fp8, w_scale_inv,
-                      out=out.view(-1, n) if out is not None else None)
-    if bias is not None:
-        y.add_(bias)
-    return y.view(*lead, n)
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y [..., N] bf16 = x W^T + b: the backend's `deepgemm_linear` on this peer (x quantised by our Triton
+    quantiser into DeepGEMM's scale layout, DeepGEMM's GEMM into bf16, the bias added after)."""
+    _check_weight(w_fp8, w_scale_inv, x.shape[-1])
+    return _backend().deepgemm_linear(x, w_fp8, w_scale_inv, bias, module=load_deepgemm(), api="v1")
 
 
 __all__ = [
     "DEFAULT_ROOT", "DeepGemmUnavailable", "load_deepgemm", "deepgemm_version",
-    "deepgemm_scale_buffer", "quantize_for_deepgemm", "deepgemm_gemm", "deepgemm_linear",
+    "deepgemm_scale_buffer", "deepgemm_gemm", "deepgemm_linear",
 ]

@@ -78,6 +78,17 @@ def _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log
 
 
 @triton.jit
+def _fa_rows(acc, m_i, l_i, q, k_desc, v_desc, col, lo, hi, offs_m, qk_scale_log2, BN: tl.constexpr,
+             STAGES: tl.constexpr, MASK: tl.constexpr, EXP_POLY: tl.constexpr):
+    """Keys lo..hi-1 of this forward's rows, BN at a time: the blocks before the tile (MASK False) or its
+    diagonal (MASK True)."""
+    for start in tl.range(lo, hi, BN, num_stages=STAGES):
+        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, MASK,
+                                  EXP_POLY)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _fa_tile_start(q_desc, SINKS, GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr):
     """Program (tile, q head), tiles longest first: its head, kv column, first row, rows, q tile, and the
     softmax state before any key (the sink as the running max with weight 1)."""
@@ -113,12 +124,10 @@ def _fa_causal_kernel(q_desc, k_desc, v_desc, OUT, SINKS, T, qk_scale_log2, stri
                 s = s_next
             acc, m_i, l_i = _fa_update(acc, m_i, l_i, s, v_desc.load([m0 - BN, col]), qk_scale_log2, BN, EXP_POLY)
     else:
-        for start in tl.range(0, m0, BN, num_stages=STAGES):
-            acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN,
-                                      False, EXP_POLY)
-    for start in tl.range(m0, tl.minimum(m0 + BM, T), BN, num_stages=STAGES):
-        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True,
-                                  EXP_POLY)
+        acc, m_i, l_i = _fa_rows(acc, m_i, l_i, q, k_desc, v_desc, col, 0, m0, offs_m, qk_scale_log2, BN, STAGES,
+                                 False, EXP_POLY)
+    acc, m_i, l_i = _fa_rows(acc, m_i, l_i, q, k_desc, v_desc, col, m0, tl.minimum(m0 + BM, T), offs_m, qk_scale_log2,
+                             BN, STAGES, True, EXP_POLY)
     _fa_tile_store(OUT, acc, l_i, offs_m, h, T, stride_ot, D)
 
 
@@ -139,12 +148,10 @@ def _fa_prefix_kernel(q_desc, k_desc, v_desc, K_CACHE, V_CACHE, TOK, OUT, SINKS,
         v = tl.load(V_CACHE + slot[:, None] * stride_vc + col + offs_d[None, :], mask=key_ok[:, None], other=0.0)
         s = tl.where(key_ok[None, :], tl.dot(q, tl.trans(k)), float("-inf"))
         acc, m_i, l_i = _fa_update(acc, m_i, l_i, s, v, qk_scale_log2, BN, False)
-    for start in tl.range(0, m0, BN, num_stages=STAGES):
-        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN,
-                                  False, False)
-    for start in tl.range(m0, tl.minimum(m0 + BM, T), BN, num_stages=STAGES):
-        acc, m_i, l_i = _fa_block(acc, m_i, l_i, q, k_desc, v_desc, start, col, offs_m, qk_scale_log2, BN, True,
-                                  False)
+    acc, m_i, l_i = _fa_rows(acc, m_i, l_i, q, k_desc, v_desc, col, 0, m0, offs_m, qk_scale_log2, BN, STAGES,
+                             False, False)
+    acc, m_i, l_i = _fa_rows(acc, m_i, l_i, q, k_desc, v_desc, col, m0, tl.minimum(m0 + BM, T), offs_m, qk_scale_log2,
+                             BN, STAGES, True, False)
     _fa_tile_store(OUT, acc, l_i, offs_m, h, T, stride_ot, D)
 
 

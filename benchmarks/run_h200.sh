@@ -578,6 +578,7 @@ check14)  # one GPU (prepared in session 13, not yet run): the gpu tests of code
           # head sizes / empty batch / one operand check), with the DeepGEMM peer
     export DEEPGEMM_PEER_ROOT="$PWD/.peers/deepgemm" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
     export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    step deepgemm_smoke 120 bash benchmarks/build_deepgemm_peer.sh  # its deepgemm_linear is the backend's now
     step gpu_test_fp8_backend 180 python -m pytest -q -p no:cacheprovider -m gpu tests/test_fp8_backend.py
     step gpu_test_prefill 120 python tests/test_kernel_sink_attention.py --prefill float32,bfloat16 --device cuda
     step gpu_test_sink_full 240 python tests/test_kernel_sink_attention.py --gpu-full

@@ -25,8 +25,9 @@ a CUDA graph:
     the tile sees in one load each, no key loop (1.3x the loop on an H200).
   - prefill (``sink_attention_prefill``, a full-causal layer whose requests have no cached prefix): keys are
     this forward's own rows, so a program (BM positions of one request, one q head) reads K/V by TMA with no
-    slot ids, the blocks before its diagonal unmasked; 1.38x the extend key loop at 8k on an H200, the same
-    bits at the default tile. ``paged_attention(no_prefix=True)`` and the SGLang backend take it.
+    slot ids, the blocks before its diagonal unmasked; on an H200 at 8k, 1253 vs the key loop's 1735 us a full
+    layer in its prototype (benchmarks/results/diag_extend_fa.md) and 25.5 vs 33.5 ms over the 18 full layers
+    of the 120b prefill (bench_prefill_tp1.md), the same bits at the default tile. ``paged_attention(no_prefix=True)`` and the SGLang backend take it.
   - decode: flash-decoding; one program per (request, kv head, split) serves the kv head's whole GQA
     group. The grid's split count is a host constant (from the batch and req_to_token's width, so
     CUDA-graph safe); how many splits a request uses, each at least a few key blocks, is decided on the

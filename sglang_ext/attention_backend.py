@@ -172,7 +172,7 @@ class SinkAttnBackend(AttentionBackend):
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"),
                              kwargs.get("rope_cos_sin"))
 
-    def _rope_and_write(self, q, k, v, layer, forward_batch, cos_sin, in_swa_pool, save_kv_cache):
+    def _rope_and_write(self, q, k, v, layer, forward_batch, cos_sin, in_swa_pool, save_kv_cache, window_left):
         """(q [T, Hq, D], roped k or None, RopeKV or None, rows or None). Roped q and k for set_kv_buffer;
         or roped q and None when k and v are already in the pool (one launch, `kernels/rope_kv.py`), with
         rows = (roped k, v) of this forward where a full layer's prefill reads its keys from them
@@ -198,7 +198,6 @@ class SinkAttnBackend(AttentionBackend):
                 loc = self.swa_out_cache_loc if in_swa_pool else forward_batch.out_cache_loc
                 if self.device_batch.q_len is None:  # decode
                     return q3, None, RopeKV(k3, v3, cos_sin, loc), None
-                window_left = -1 if layer.sliding_window_size is None else int(layer.sliding_window_size)
                 # Not inside a captured graph: whether a batch has a cached prefix is a host fact of this
                 # batch, which a replay of another batch would not re-check (SGLang's default breakable
                 # prefill graphs run attention eagerly between their segments, so they still get it).
@@ -224,10 +223,11 @@ class SinkAttnBackend(AttentionBackend):
         if layer.is_cross_attention:
             raise NotImplementedError(f"{BACKEND_NAME} has no cross attention")
         in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+        window_left = -1 if layer.sliding_window_size is None else int(layer.sliding_window_size)
         rope = rows = None
         if rope_cos_sin is not None:
             q, k, rope, rows = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool,
-                                                    save_kv_cache)
+                                                    save_kv_cache, window_left)
             if k is not None:  # not written yet: set_kv_buffer below (v: a strided view of the GEMM output)
                 v = v.contiguous()
         if save_kv_cache and k is not None and v is not None:
@@ -243,8 +243,6 @@ class SinkAttnBackend(AttentionBackend):
 
         k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_cache = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        window_left = layer.sliding_window_size
-        window_left = -1 if window_left is None else int(window_left)
         req_to_token = self.req_to_token_pool.req_to_token
 
         if self.kernel_path == "triton":

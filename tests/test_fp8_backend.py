@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 import types
 
@@ -214,11 +213,9 @@ def adapter_sweep() -> dict:
 
 
 def test_adapter_matches_both_apis_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--adapter"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"interpreted adapter sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    from interpreted import run_interpreted
+
+    result = run_interpreted(__file__, ["--adapter"])[-1]
     assert result["adapter_cases"] == 32, result
 
 

@@ -21,7 +21,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -509,21 +508,17 @@ def oneshot_sweep(device: str = "cpu") -> dict:
 
 
 def test_oneshot_gemv_matches_oracle_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--oneshot"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"interpreted one-shot sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    from interpreted import run_interpreted
+
+    result = run_interpreted(__file__, ["--oneshot"])[-1]
     assert result["oneshot_cases"] == len(_oneshot_cases()) + 2 + 5, result
     assert result["max_error_over_bound"] <= 1, result
 
 
 def test_kernels_match_oracle_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--sweep"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    result = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    from interpreted import run_interpreted
+
+    result = run_interpreted(__file__, ["--sweep"])[-1]
     n_expected = len(M_VALUES) * len(SMALL_SHAPES) * 4 + 2 * (10 + 4 + 8) + 3 + len(_gemv_cases()) + 2
     assert result["cases"] == n_expected, result
     assert result["max_error_over_bound"] <= 1, result

@@ -39,7 +39,6 @@ import functools
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -764,11 +763,9 @@ def sweep(device: str = "cpu") -> dict:
 
 def test_kernels_interpreted():
     """Routing, sort, and the whole MoE on ragged small dims, in one interpreter process."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--sweep"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"interpreted sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-    results = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
+    from interpreted import run_interpreted
+
+    results = run_interpreted(__file__, ["--sweep"])
     assert len(results) == 1 and results[0]["routing_cases"] == 3 and results[0]["align_cases"] == 7
     assert results[0]["fused_sort_cases"] == len(fused_sort_cases("cpu"))
     assert results[0]["decode_front_cases"] == len(decode_front_cases(_kernel_module()))
@@ -778,11 +775,9 @@ def test_kernels_interpreted():
 
 def test_mlp1_one_dot_interpreted():
     """mlp1's one-dot variant (`one_dot_cases`) vs `moe_ref` and the two-dot default, interpreted."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--one-dot"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, f"interpreted one-dot check failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-    results = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
+    from interpreted import run_interpreted
+
+    results = run_interpreted(__file__, ["--one-dot"])
     assert len(results) == 1 and len(results[0]["one_dot"]) == len(one_dot_cases(_kernel_module()))
     assert all(r["equal_to_two_dot"] == 1.0 for r in results[0]["one_dot"])
 

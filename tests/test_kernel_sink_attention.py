@@ -19,7 +19,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -1103,13 +1102,10 @@ def backend_parity() -> dict:
 
 
 def _run_interpreted(args, timeout):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    from interpreted import run_interpreted
+
     t0 = time.time()
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), *args], env=env, capture_output=True, text=True,
-                       timeout=timeout)
-    assert p.returncode == 0, f"interpreted run {args} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    lines = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
-    return lines, time.time() - t0
+    return run_interpreted(__file__, args, timeout), time.time() - t0
 
 
 def test_kernels_match_reference_interpreted():
@@ -1359,16 +1355,9 @@ if __name__ == "__main__":
     # python tests/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
     # python tests/test_kernel_sink_attention.py --gpu-full         (full shapes + graph only)
     argv = sys.argv[1:]
-    if "--prefill" in argv:
+    if "--prefill" in argv or "--oneshot" in argv or "--rope" in argv:
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
-        for name in argv[argv.index("--prefill") + 1].split(","):
-            t0 = time.time()
-            res = prefill_sweep(name, device=dev)
-            res["seconds"] = round(time.time() - t0, 1)
-            print(json.dumps(res), flush=True)
-    elif "--oneshot" in argv or "--rope" in argv:
-        dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
-        for flag, run in (("--oneshot", oneshot_sweep), ("--rope", rope_sweep)):
+        for flag, run in (("--prefill", prefill_sweep), ("--oneshot", oneshot_sweep), ("--rope", rope_sweep)):
             for name in (argv[argv.index(flag) + 1].split(",") if flag in argv else ()):
                 t0 = time.time()
                 res = run(name, device=dev)

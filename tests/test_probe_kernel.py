@@ -13,7 +13,6 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -209,13 +208,9 @@ def _graph_check(mod, dtype, device, splits) -> float:
 
 def test_kernel_matches_reference_interpreted():
     """fp32, fp16 and bf16 inputs (upcast at load) in one interpreter process (imports cost ~3 s)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    p = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--sweep", "float32,float16,bfloat16"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert p.returncode == 0, f"interpreted kernel sweep failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    results = [json.loads(line) for line in p.stdout.strip().splitlines() if line.startswith("{")]
+    from interpreted import run_interpreted
+
+    results = run_interpreted(__file__, ["--sweep", "float32,float16,bfloat16"], timeout=300)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     n = len(ROW_COUNTS) * len(WINDOWS)
     assert [r["cases"] for r in results] == [3 * n, n, n]

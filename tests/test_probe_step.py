@@ -11,8 +11,6 @@ test runs them compiled at the 120b probe's dims and inside a CUDA graph.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -209,11 +207,9 @@ def graph_check(dims=FULL, device="cuda"):
 
 
 def test_probe_step_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--cpu"], env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    results = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    from interpreted import run_interpreted
+
+    results = run_interpreted(__file__, ["--cpu"], timeout=300)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
 
 
