@@ -573,9 +573,9 @@ dgab13)  # one GPU: SGLANG_EXT_FP8_GEMM=auto (DeepGEMM for o at 48..128 rows) vs
     step diag_fp8_gemm_auto 240 python benchmarks/diag_pdl.py --fp8-gemm-ab auto --models 120b,20b --batches 64,128 \
         --context 4096 --rounds 20 --check 3 --out "$R"
     ;;
-check14)  # one GPU (prepared in session 13, not yet run): the gpu tests of code changed after session 13's last
-          # GPU call (the review mends: DeepGEMM's architecture gate and contiguous codes, the prefill kernel's
-          # head sizes / empty batch / one operand check), with the DeepGEMM peer
+check14)  # one GPU: the gpu tests of code changed after session 13's last GPU call (the review mends: DeepGEMM's
+          # architecture gate and contiguous codes, the prefill kernel's head sizes / empty batch / one operand
+          # check), with the DeepGEMM peer. Session 14: all passed (logs/h200_session14_check14.log)
     export DEEPGEMM_PEER_ROOT="$PWD/.peers/deepgemm" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
     export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
     step deepgemm_smoke 120 bash benchmarks/build_deepgemm_peer.sh  # its deepgemm_linear is the backend's now
@@ -583,8 +583,10 @@ check14)  # one GPU (prepared in session 13, not yet run): the gpu tests of code
     step gpu_test_prefill 120 python tests/test_kernel_sink_attention.py --prefill float32,bfloat16 --device cuda
     step gpu_test_sink_full 240 python tests/test_kernel_sink_attention.py --gpu-full
     ;;
-fa14)  # one GPU (prepared in session 13, not yet run): the prefill attention prototype's variants, half the
-       # exp2s on the FMA pipe and the hand-rotated key loop, beside the shipped tile
+fa14)  # one GPU: the prefill attention prototype's variants, half the exp2s on the FMA pipe and the hand-rotated
+       # key loop, beside the shipped tile. Session 14: both slower (bm64: 1251 us shipped tile, rotated 1316,
+       # polynomial 1590; diag_extend_fa_variants.md): not ported. Gather-prefix + TMA rows at an 8k prefix:
+       # 4426 us (bm128 w8) vs the key loop's 4575, -3 % (diag_extend_prefix.md): not ported either
     step diag_extend_fa 200 python benchmarks/diag_extend_fa.py --variants --out "$R" --stem diag_extend_fa_variants
     step diag_extend_prefix 150 python benchmarks/diag_extend_fa.py --prefix 8192 --tokens 8192 --out "$R"
     ;;
