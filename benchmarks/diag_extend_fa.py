@@ -208,9 +208,13 @@ def main():
                     "PREFIX_CONFIGS of the prototype that gathers the cached keys and reads the new rows by TMA")
     ap.add_argument("--device", default="cuda", help="--prefix: cpu checks this script under TRITON_INTERPRET=1 "
                     "(fp32, small sizes)")
+    ap.add_argument("--window", type=int, default=-1, help="instead: a sliding layer's prefill (window_left, 127 "
+                    "for gpt-oss): the shipped one-shot window kernel vs sink_attention_prefill's WINDOW_TILES")
     args = ap.parse_args()
     if args.prefix:
         return prefix_main(args)
+    if args.window >= 0:
+        return window_main(args)
     bc.import_project()
     from sglang_ext.kernels.sink_attention import sink_attention_extend
 
@@ -323,6 +327,60 @@ def prefix_main(args):
           bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
                              ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
     bc.write_results(args.out, args.stem if args.stem != "diag_extend_fa" else "diag_extend_prefix", meta, rows,
+                     "\n".join(md))
+    print("\n".join(md))
+
+
+WINDOW_TILES = ((64, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 2), (32, 32, 4, 3), (128, 128, 8, 2))
+
+
+def window_main(args):
+    """--window W: a sliding layer's prefill with no cached prefix, the shipped window kernel (slot ids) vs
+    sink_attention_prefill(window_left=W) (rows by TMA) at WINDOW_TILES, CUDA graphs."""
+    bc.import_project()
+    from sglang_ext.kernels.sink_attention import sink_attention_extend, sink_attention_prefill
+
+    meta = bc.run_meta("python benchmarks/diag_extend_fa.py " + " ".join(sys.argv[1:]))
+    dev = torch.device(args.device)
+    dt = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the interpreter computes bf16 wrongly
+    t, w, hq, hkv, d = args.tokens, args.window, 64, 8, 64
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(t, hq, d, device=dev, generator=g).to(dt)
+    k = torch.randn(t, hkv, d, device=dev, generator=g).to(dt)
+    v = torch.randn(t, hkv, d, device=dev, generator=g).to(dt)
+    sinks = torch.randn(hq, device=dev, generator=g)
+    scale = 1.0 / math.sqrt(d)
+    keys = sum(min(i, w) + 1 for i in range(t))  # visible (query, key) pairs
+    flops = 4 * hq * d * keys
+    q_len = torch.tensor([t], device=dev, dtype=torch.int64)
+    req_to_token = torch.arange(t, device=dev, dtype=torch.int32).view(1, t)  # the cache's slots: these rows
+    req_pool_indices = torch.zeros(1, device=dev, dtype=torch.int64)
+    shipped = lambda: sink_attention_extend(q, k, v, req_to_token, req_pool_indices, q_len, None,  # noqa: E731
+                                            q_len, sinks, w, scale)
+    want = shipped().float()
+    rows = []
+    for name, fn in [("shipped _sink_extend_window_kernel (slot ids, one shot)", shipped)] + [
+            (f"sink_attention_prefill bm{bm} bn{bn} w{wa} s{st}",
+             lambda tile=(bm, bn, wa, st): sink_attention_prefill(q, k, v, None, q_len, sinks, scale, window_left=w,
+                                                                  tile=tile))
+            for bm, bn, wa, st in WINDOW_TILES]:
+        try:
+            out = fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            us = bc.graph_time_calls([fn] * 3, iters=10, device=dev) * 1e6
+            rows.append({"kernel": name, "us": us, "TFLOPs": flops / us / 1e6,
+                         "max_abs_diff_vs_shipped": (out.float() - want).abs().max().item()})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+        print(rows[-1], flush=True)
+    md = [f"# Sliding-layer prefill: the window kernel vs the prefill kernel with a window ({meta.get('gpu', 'GPU')})",
+          "", f"`{meta['command']}` — {meta.get('date', '')}", "",
+          f"One request of {t} tokens, no cached prefix, window_left {w}; 64 q / 8 kv heads, D 64, {str(dt)[6:]}, "
+          "sinks. us: per call, CUDA graph of 3 calls, median. TFLOP/s: 4 H D (visible query-key pairs) / time.", "",
+          bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.1f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
+                             ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
+    bc.write_results(args.out, args.stem if args.stem != "diag_extend_fa" else "diag_extend_window", meta, rows,
                      "\n".join(md))
     print("\n".join(md))
 

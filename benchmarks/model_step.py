@@ -305,7 +305,7 @@ class ModelStep:
         """One forward over the flattened query rows of `batch_local` requests.
 
         token_ids/positions/out_* : [T]; seq_lens, q_start, q_len: [B] (keys after the write).
-        no_prefix: no request has cached keys before its rows (a prefill: the full layers' attention reads
+        no_prefix: no request has cached keys before its rows (a prefill: every layer's attention reads
         this forward's keys as rows, as a server's prefill does). Returns the logits of each request's last
         row, [B, vocab_local].
         """

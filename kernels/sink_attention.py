@@ -23,11 +23,14 @@ a CUDA graph:
     accumulates into the rescaled accumulator. A sliding layer whose window fits one chunk of keys
     (gpt-oss: 128) runs the same tiles one-shot (_sink_extend_window_kernel): every slot id, K and V
     the tile sees in one load each, no key loop (1.3x the loop on an H200).
-  - prefill (``sink_attention_prefill``, a full-causal layer whose requests have no cached prefix): keys are
-    this forward's own rows, so a program (BM positions of one request, one q head) reads K/V by TMA with no
+  - prefill (``sink_attention_prefill``, a layer whose requests have no cached prefix): keys are this
+    forward's own rows, so a program (BM positions of one request, one q head) reads K/V by TMA with no
     slot ids, the blocks before its diagonal unmasked; on an H200 at 8k, 1253 vs the key loop's 1735 us a full
     layer in its prototype (benchmarks/results/diag_extend_fa.md) and 25.5 vs 33.5 ms over the 18 full layers
-    of the 120b prefill (bench_prefill_tp1.md), the same bits at the default tile. ``paged_attention(no_prefix=True)`` and the SGLang backend take it.
+    of the 120b prefill (bench_prefill_tp1.md), the same bits at the default tile. A sliding layer's tile
+    reads only the blocks from its window's far edge on, masked there: 123.5 vs the window kernel's 131.3 us
+    (diag_extend_window.md), one path for every no-prefix prefill. ``paged_attention(no_prefix=True)`` and
+    the SGLang backend take it.
   - decode: flash-decoding; one program per (request, kv head, split) serves the kv head's whole GQA
     group. The grid's split count is a host constant (from the batch and req_to_token's width, so
     CUDA-graph safe); how many splits a request uses, each at least a few key blocks, is decided on the
@@ -324,10 +327,11 @@ def _sink_extend_window_kernel(
 
 
 @triton.jit
-def _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row, col, key0, offs_m, qk_scale_log2,
-                   BN: tl.constexpr, MASK: tl.constexpr, DOTS_16BIT: tl.constexpr):
+def _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row, col, key0, offs_m, qk_scale_log2, window_left,
+                   BN: tl.constexpr, MASK: tl.constexpr, WINDOW: tl.constexpr, DOTS_16BIT: tl.constexpr):
     """One block of BN keys (rows row..row+BN-1 of this forward's K/V, positions key0..key0+BN-1)
-    into the running softmax of a prefill tile (as _attend_key_range: raw scores, one FMA to the exponent)."""
+    into the running softmax of a prefill tile (as _attend_key_range: raw scores, one FMA to the exponent).
+    WINDOW: keys older than window_left positions before the query's are masked too."""
     k = k_desc.load([row, col])
     v = v_desc.load([row, col])
     if DOTS_16BIT:
@@ -338,6 +342,8 @@ def _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row, col, key0, offs_m, qk_
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     if MASK:  # the diagonal: key position <= query position
         s = tl.where((key0 + tl.arange(0, BN))[None, :] <= offs_m[:, None], s, float("-inf"))
+    if WINDOW:  # the window's far edge: key position >= query position - window_left
+        s = tl.where((key0 + tl.arange(0, BN))[None, :] >= offs_m[:, None] - window_left, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale_log2)
     p = tl.exp2(s * qk_scale_log2 - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
@@ -352,14 +358,15 @@ def _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row, col, key0, offs_m, qk_
 @triton.jit
 def _sink_prefill_kernel(
     q_desc, k_desc, v_desc,  # this forward's rows: q [T, Hq*D], k / v [T, Hkv*D] (strided views allowed)
-    OUT, SINKS, Q_START, Q_LEN, TILE_END, num_reqs, qk_scale_log2, stride_ot, stride_oh,
+    OUT, SINKS, Q_START, Q_LEN, TILE_END, num_reqs, qk_scale_log2, stride_ot, stride_oh, window_left,
     GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-    HAS_SINKS: tl.constexpr, DOTS_16BIT: tl.constexpr,
+    HAS_SINKS: tl.constexpr, WINDOW: tl.constexpr, DOTS_16BIT: tl.constexpr,
 ):
-    """Prefill without a cached prefix, full causal (``sink_attention_prefill``): program (tile, q head) owns
+    """Prefill without a cached prefix, causal (``sink_attention_prefill``): program (tile, q head) owns
     BM consecutive positions of one request and one q head; its keys are the request's own rows of this
     forward's K/V, read by TMA (no slot ids), the blocks before the tile unmasked, the diagonal masked; the
-    sink starts the running max with weight 1. Tiles are numbered longest first (_extend_tile_request)."""
+    sink starts the running max with weight 1. Tiles are numbered longest first (_extend_tile_request).
+    WINDOW (a sliding layer): only the blocks from the window's far edge on, masked at that edge."""
     tile, req = _extend_tile_request(TILE_END, num_reqs)
     if req >= num_reqs:
         return
@@ -379,12 +386,15 @@ def _sink_prefill_kernel(
         m_i = tl.full([BM], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, D], dtype=tl.float32)
-    for key0 in tl.range(0, m0, BN, num_stages=STAGES):
+    key_lo = 0
+    if WINDOW:
+        key_lo = tl.maximum(m0 - window_left, 0) // BN * BN
+    for key0 in tl.range(key_lo, m0, BN, num_stages=STAGES):
         acc, m_i, l_i = _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row0 + key0, col, key0, offs_m,
-                                       qk_scale_log2, BN, False, DOTS_16BIT)
+                                       qk_scale_log2, window_left, BN, False, WINDOW, DOTS_16BIT)
     for key0 in tl.range(m0, tl.minimum(m0 + BM, q_len), BN, num_stages=STAGES):
         acc, m_i, l_i = _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row0 + key0, col, key0, offs_m,
-                                       qk_scale_log2, BN, True, DOTS_16BIT)
+                                       qk_scale_log2, window_left, BN, True, WINDOW, DOTS_16BIT)
     out = acc / l_i[:, None]  # every real row sees its own key: l_i > 0
     offs_d = tl.arange(0, D)
     o_ptr = OUT + (row0 + offs_m).to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
@@ -1075,6 +1085,10 @@ def sink_attention_extend(
 # configs on an H200 (8192 tokens, full layer: 1253 us against the key loop's 1735, 439 vs 317 TFLOP/s,
 # benchmarks/results/diag_extend_fa.md); BM must be a multiple of BN (whole blocks before the diagonal).
 PREFILL_TILE = (64, 64, 4, 3)
+# A sliding layer's (window_left 127): each tile reads 3 blocks of 64 keys, a latency-bound launch; two stages
+# measured 123.5 us against 134.1 at three and the one-shot window kernel's 131.3 (8192 tokens, H200,
+# benchmarks/results/diag_extend_window.md).
+PREFILL_WINDOW_TILE = (64, 64, 4, 2)
 
 
 def _prefill_views(q, k, v):
@@ -1097,18 +1111,17 @@ def _prefill_views(q, k, v):
 PREFILL_HEAD_DIMS = (16, 32, 64)
 
 
-def _prefill_shapes_ok(q, k, v, window_left: int) -> bool:
-    return (window_left < 0 and q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype == v.dtype
+def _prefill_shapes_ok(q, k, v) -> bool:
+    return (q.dim() == 3 and k.dim() == 3 and q.dtype == k.dtype == v.dtype
             and q.dtype in (torch.bfloat16, torch.float16, torch.float32) and k.shape == v.shape
             and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] and q.shape[2] in PREFILL_HEAD_DIMS
             and q.shape[1] % k.shape[1] == 0)
 
 
-def prefill_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_left: int) -> bool:
-    """Whether ``sink_attention_prefill`` runs these operands: a full-causal layer (the sliding ones have
-    their one-shot window kernel), 16-bit or fp32 q/k/v of one dtype, a head size of PREFILL_HEAD_DIMS, and
-    non-empty rows the copy engine can tile."""
-    return _prefill_shapes_ok(q, k, v, window_left) and _prefill_views(q, k, v) is not None
+def prefill_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``sink_attention_prefill`` runs these operands: 16-bit or fp32 q/k/v of one dtype, a head size
+    of PREFILL_HEAD_DIMS, and non-empty rows the copy engine can tile; full-causal and sliding layers alike."""
+    return _prefill_shapes_ok(q, k, v) and _prefill_views(q, k, v) is not None
 
 
 def sink_attention_prefill(
@@ -1120,23 +1133,26 @@ def sink_attention_prefill(
     sinks: Optional[torch.Tensor],
     scale: float,
     *,
+    window_left: int = -1,
     out: Optional[torch.Tensor] = None,
     tile: Optional[tuple] = None,
 ) -> torch.Tensor:
-    """Full-causal attention of a ragged batch of prefills with no cached prefix, in one launch: request b's
+    """Causal attention of a ragged batch of prefills with no cached prefix, in one launch: request b's
     queries and keys are rows q_start[b] .. q_start[b] + q_len[b] - 1 of q [T, Hq, D] and of this forward's
     roped k / v [T, Hkv, D] (strided views allowed, `prefill_applies`), so no slot ids are read and K/V come
     by TMA. The same contract as ``sink_attention_extend`` on a cache holding those rows (its bits on an
-    H200, diag_extend_fa.md). ``tile`` = (BM, BN, warps, stages), PREFILL_TILE by default."""
+    H200 for full layers, diag_extend_fa.md), ``window_left`` >= 0 included (a sliding layer: each tile reads
+    the blocks from its window's far edge on). ``tile`` = (BM, BN, warps, stages), PREFILL_TILE by default
+    (PREFILL_WINDOW_TILE with a window)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     _check_scale(scale, "sink_attention_prefill")
     bad = (f"sink_attention_prefill: q {tuple(q.shape)} {q.dtype} / k {tuple(k.shape)} / v {tuple(v.shape)} are "
            f"not TMA-tileable [T, heads, D] rows of one 16-bit or fp32 dtype with D in {PREFILL_HEAD_DIMS}")
-    if not _prefill_shapes_ok(q, k, v, -1):
+    if not _prefill_shapes_ok(q, k, v):
         raise ValueError(bad)
     t, hq, d = q.shape
-    bm, bn, warps, stages = tile or PREFILL_TILE
+    bm, bn, warps, stages = tile or (PREFILL_WINDOW_TILE if window_left >= 0 else PREFILL_TILE)
     if bm % bn:
         raise ValueError(f"sink_attention_prefill: the tile's {bm} positions must be a multiple of its {bn} keys")
     if out is None:
@@ -1157,9 +1173,9 @@ def sink_attention_prefill(
         TensorDescriptor.from_tensor(q2, [bm, d]), TensorDescriptor.from_tensor(k2, [bn, d]),
         TensorDescriptor.from_tensor(v2, [bn, d]),
         out, sinks if sinks is not None else q, q_start, q_len, tile_end, num_reqs, float(scale) * LOG2E,
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), max(int(window_left), 0),
         GROUP=hq // k.shape[1], D=d, BM=bm, BN=bn, STAGES=stages, HAS_SINKS=sinks is not None,
-        DOTS_16BIT=_use_16bit_dots(q.dtype, k.dtype), num_warps=warps,
+        WINDOW=window_left >= 0, DOTS_16BIT=_use_16bit_dots(q.dtype, k.dtype), num_warps=warps,
     )
     return out
 
@@ -1545,18 +1561,19 @@ def paged_attention(
     """Extend or decode, chosen from shapes alone. Contract (SGLang's): every request has at least one
     query row, so T == B means one row per request, i.e. decode, with rows in request order. ``rope``:
     q unrotated and this forward's k / v still to be rotated and stored (RopeKV; the decode may fuse it).
-    ``no_prefix`` (the caller knows no request has cached keys before its rows): with ``rope``, a full layer's
-    extend reads its keys from this forward's rows (``sink_attention_prefill``) instead of the cache."""
+    ``no_prefix`` (the caller knows no request has cached keys before its rows): with ``rope``, the extend
+    reads its keys from this forward's rows (``sink_attention_prefill``) instead of the cache."""
     if q.shape[0] == req_pool_indices.shape[0]:
         return sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
                                      window_left, scale, slot_map=slot_map, out=out, rope=rope)
     if rope is not None:
         # (the cache's own dtype: the key loop would read the keys as stored, e.g. quantised)
         if (no_prefix and k_buffer.dtype == rope.k.dtype and v_buffer.dtype == rope.v.dtype
-                and prefill_applies(q, rope.k, rope.v, window_left)):
+                and prefill_applies(q, rope.k, rope.v)):
             k_roped = torch.empty(rope.k.shape, dtype=rope.k.dtype, device=rope.k.device)
             q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc, k_out=k_roped)
-            return sink_attention_prefill(q, k_roped, rope.v, q_start, q_len, sinks, scale, out=out)
+            return sink_attention_prefill(q, k_roped, rope.v, q_start, q_len, sinks, scale,
+                                          window_left=window_left, out=out)
         q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
     return sink_attention_extend(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
                                  sinks, window_left, scale, slot_map=slot_map, out=out)

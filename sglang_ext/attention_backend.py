@@ -94,7 +94,7 @@ class SinkAttnBackend(AttentionBackend):
         if mode.is_idle():
             self.spans = []
             return
-        # a prefill with no cached prefix: the full layers' attention reads this forward's rows (kernel path)
+        # a prefill with no cached prefix: every layer's attention reads this forward's rows (kernel path)
         prefix_lens = getattr(forward_batch, "extend_prefix_lens_cpu", None)
         self.no_prefix = (not mode.is_decode_or_idle() and prefix_lens is not None
                           and not any(int(p) for p in prefix_lens))
@@ -175,7 +175,7 @@ class SinkAttnBackend(AttentionBackend):
     def _rope_and_write(self, q, k, v, layer, forward_batch, cos_sin, in_swa_pool, save_kv_cache, window_left):
         """(q [T, Hq, D], roped k or None, RopeKV or None, rows or None). Roped q and k for set_kv_buffer;
         or roped q and None when k and v are already in the pool (one launch, `kernels/rope_kv.py`), with
-        rows = (roped k, v) of this forward where a full layer's prefill reads its keys from them
+        rows = (roped k, v) of this forward where a prefill with no cached prefix reads its keys from them
         (`sink_attention_prefill`); or, at decode on that path, q unrotated, None and the RopeKV that the
         decode launcher rotates and writes (inside the one-shot kernel's launch where it runs,
         `kernels/sink_attention.py`)."""
@@ -201,7 +201,7 @@ class SinkAttnBackend(AttentionBackend):
                 # Not inside a captured graph: whether a batch has a cached prefix is a host fact of this
                 # batch, which a replay of another batch would not re-check (SGLang's default breakable
                 # prefill graphs run attention eagerly between their segments, so they still get it).
-                if (self.no_prefix and not in_swa_pool and prefill_applies(q3, k3, v3, window_left)
+                if (self.no_prefix and prefill_applies(q3, k3, v3)
                         and not (q3.is_cuda and torch.cuda.is_current_stream_capturing())):
                     k_roped = torch.empty(k3.shape, dtype=k3.dtype, device=k3.device)
                     q3 = rope_store_kv(q3, k3, v3, cos_sin, k_cache, v_cache, loc, k_out=k_roped)
@@ -284,12 +284,13 @@ class SinkAttnBackend(AttentionBackend):
         slot_map = self.token_to_kv_pool.full_to_swa_index_mapping if in_swa_pool else None
         if q3.stride(-1) != 1:
             q3 = q3.contiguous()
-        if rows is not None:  # a prefill's full layer: keys from this forward's rows (_rope_and_write)
+        if rows is not None:  # a no-prefix prefill: keys from this forward's rows (_rope_and_write)
             if not self.prefill_logged:
                 self.prefill_logged = True
                 logging.getLogger(__name__).info("sglang-ext: prefills without a cached prefix read their keys "
                                                  "from the forward's rows (sink_attention_prefill)")
-            sink_attention_prefill(q3, rows[0], rows[1], batch.q_start, batch.q_len, sinks, scale, out=out)
+            sink_attention_prefill(q3, rows[0], rows[1], batch.q_start, batch.q_len, sinks, scale,
+                                   window_left=window_left, out=out)
         elif batch.q_len is None:
             sink_attention_decode(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,
                                   sinks, window_left, scale, slot_map=slot_map, out=out, rope=rope)

@@ -790,6 +790,9 @@ def rope_case_inputs(case, slot_map, seed):
 
 PREFILL_REQUESTS = ((1, 37, 64, 130), (200,), (16, 1, 95))
 PREFILL_TILES = (None, (32, 16, 4, 2), (16, 16, 1, 1), (64, 32, 4, 3))
+# A sliding window per PREFILL_REQUESTS entry: far edges inside a block, on a block boundary (64: every tile's
+# first block starts exactly at the edge), and narrower than a block.
+PREFILL_WINDOWS = (37, 64, 5)
 
 
 def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
@@ -815,17 +818,18 @@ def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
                            zip(case["req_pool_indices"].tolist(), case["q_len"].tolist())])
         case["k_buffer"][slots] = k_rows
         case["v_buffer"][slots] = v_rows
-        for sinks in (extra["sinks"], None):
+        for sinks, window_left in ((extra["sinks"], -1), (None, -1), (extra["sinks"], PREFILL_WINDOWS[i])):
             want = mod.sink_attention_ref(case["q"], case["k_buffer"], case["v_buffer"], case["req_to_token"],
                                           case["req_pool_indices"], case["seq_lens"], case["q_start"],
-                                          case["q_len"], sinks, -1, 0.3).float()
+                                          case["q_len"], sinks, window_left, 0.3).float()
             scale_ref = max(1.0, want.abs().max().item())
             for tile in PREFILL_TILES if dtype_name == "float32" else PREFILL_TILES[:1]:  # tiles: dtype-free logic
                 got = mod.sink_attention_prefill(case["q"], k_rows, v_rows, case["q_start"], case["q_len"], sinks,
-                                                 0.3, tile=tile).float()
+                                                 0.3, window_left=window_left, tile=tile).float()
                 err = (got - want).abs().max().item() / scale_ref
                 if not err <= tol:
-                    raise AssertionError(f"prefill {dtype_name} {lens} sinks={sinks is not None} {tile}: err {err}")
+                    raise AssertionError(f"prefill {dtype_name} {lens} sinks={sinks is not None} "
+                                         f"window_left={window_left} {tile}: err {err}")
                 worst, cases = max(worst, err), cases + 1
     # paged_attention(no_prefix=True, rope=...) vs its extend path, k / v strided views of one qkv output
     lens = (3, 50, 77)
@@ -844,27 +848,33 @@ def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
     prefill = mod.sink_attention_prefill
     mod.sink_attention_prefill = lambda *a, **kw: ran.append(1) or prefill(*a, **kw)  # counted: the path taken
     try:
-        for no_prefix in (False, True):
-            kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
-            outs[no_prefix] = mod.paged_attention(q, kc, vc, case["req_to_token"], case["req_pool_indices"],
-                                                  case["seq_lens"], case["q_start"], case["q_len"], extra["sinks"],
-                                                  -1, 0.3, rope=mod.RopeKV(k, v, cos_sin, loc),
-                                                  no_prefix=no_prefix).float()
-            caches[no_prefix] = (kc, vc)
-            assert len(ran) == int(no_prefix), f"no_prefix={no_prefix}: the prefill kernel ran {len(ran)} times"
+        for window_left in (-1, 20):  # a full layer, a sliding one
+            for no_prefix in (False, True):
+                kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
+                outs[window_left, no_prefix] = mod.paged_attention(
+                    q, kc, vc, case["req_to_token"], case["req_pool_indices"], case["seq_lens"], case["q_start"],
+                    case["q_len"], extra["sinks"], window_left, 0.3, rope=mod.RopeKV(k, v, cos_sin, loc),
+                    no_prefix=no_prefix).float()
+                caches[window_left, no_prefix] = (kc, vc)
+                assert len(ran) == int(no_prefix), f"no_prefix={no_prefix}: the prefill kernel ran {len(ran)} times"
+                ran.clear()
         # a cache in another dtype than this forward's k / v keeps the key loop (it reads the keys as stored)
         other = torch.float16 if dtype == torch.float32 else torch.float32
         mod.paged_attention(q, case["k_buffer"].to(other), case["v_buffer"].to(other), case["req_to_token"],
                             case["req_pool_indices"], case["seq_lens"], case["q_start"], case["q_len"],
                             extra["sinks"], -1, 0.3, rope=mod.RopeKV(k, v, cos_sin, loc), no_prefix=True)
-        assert len(ran) == 1, "the prefill kernel ran beside a cache of another dtype"
+        assert not ran, "the prefill kernel ran beside a cache of another dtype"
     finally:
         mod.sink_attention_prefill = prefill
-    for a, b in zip(caches[False], caches[True]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg="no_prefix changed the cache writes")
-    err = (outs[True] - outs[False]).abs().max().item() / max(1.0, outs[False].abs().max().item())
-    if not err <= tol:
-        raise AssertionError(f"paged_attention no_prefix {dtype_name}: err {err} against the extend path")
+    err = 0.0
+    for window_left in (-1, 20):
+        for a, b in zip(caches[window_left, False], caches[window_left, True]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg="no_prefix changed the cache writes")
+        keyloop, rows = outs[window_left, False], outs[window_left, True]
+        err = max(err, (rows - keyloop).abs().max().item() / max(1.0, keyloop.abs().max().item()))
+        if not err <= tol:
+            raise AssertionError(f"paged_attention no_prefix {dtype_name} window_left={window_left}: err {err} "
+                                 "against the extend path")
     k_out = torch.empty(t, HKV, D, dtype=dtype, device=device)
     kc, vc = case["k_buffer"].clone(), case["v_buffer"].clone()
     rope_store_kv(q, k, v, cos_sin, kc, vc, loc, k_out=k_out)
@@ -872,7 +882,6 @@ def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
     with pytest.raises(ValueError, match="multiple of its"):
         mod.sink_attention_prefill(q.contiguous(), k_out, v, case["q_start"], case["q_len"], None, 0.3,
                                    tile=(16, 32, 4, 2))
-    assert not mod.prefill_applies(q, k, v, 127)  # a sliding layer keeps its window kernel
     empty = torch.empty(0, HQ, D, dtype=dtype, device=device)
     got = mod.sink_attention_prefill(empty, empty[:, :HKV], empty[:, :HKV], None,
                                      torch.zeros(0, dtype=torch.int64, device=device), None, 0.3)
@@ -1082,8 +1091,8 @@ def backend_parity() -> dict:
                  torch.randn(len(rpis), num_kv_heads, head_dim).to(dtype), layer, fb,
                  rope_cos_sin=torch.cat([ang.cos(), ang.sin()], dim=1))
             # A ragged prefill with no cached prefix, unrotated q / k and their RoPE rows, k / v strided views
-            # of one GEMM-like output (the model's call): the Triton path's full layer reads this forward's
-            # keys as rows (sink_attention_prefill, counted), the sliding layer keeps its kernel.
+            # of one GEMM-like output (the model's call): the Triton path's layers, full and sliding (in the
+            # sliding sub-pool too), read this forward's keys as rows (sink_attention_prefill, counted).
             t = sum(seq_lens)
             qkv = torch.randn(t, (num_heads + 2 * num_kv_heads) * head_dim).to(dtype)
             kv_cols = num_heads * head_dim
@@ -1095,7 +1104,7 @@ def backend_parity() -> dict:
             before = len(prefill_calls)
             both("extend", qkv[:, :kv_cols], k_rows, v_rows, layer, fb, rope_cos_sin=torch.cat([ang.cos(), ang.sin()], 1))
             took = len(prefill_calls) - before
-            if took != (1 if window_left < 0 else 0):
+            if took != 1:
                 raise AssertionError(f"swa={swa_pool} layer {layer_id}: sink_attention_prefill ran {took} times")
         results.append({"swa_pool": swa_pool, "dtype": str(dtype), "max_abs_err": worst})
     return {"backend_parity": results}
@@ -1137,8 +1146,8 @@ def test_prefill_matches_reference_interpreted():
     """The no-prefix prefill kernel: fp32 (every tile), fp16 (16-bit dots), bf16 (upcast at load)."""
     results, _ = _run_interpreted(["--prefill", "float32,float16,bfloat16"], timeout=600)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
-    assert results[0]["prefill_cases"] == len(PREFILL_REQUESTS) * 2 * len(PREFILL_TILES)
-    assert results[1]["prefill_cases"] == results[2]["prefill_cases"] == len(PREFILL_REQUESTS) * 2
+    assert results[0]["prefill_cases"] == len(PREFILL_REQUESTS) * 3 * len(PREFILL_TILES)  # sinks, none, window
+    assert results[1]["prefill_cases"] == results[2]["prefill_cases"] == len(PREFILL_REQUESTS) * 3
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():

@@ -83,8 +83,8 @@ def paged_sink_attention(
     ``rope`` (kernels/sink_attention.py's RopeKV: this forward's unrotated k / v rows, their cos_sin rows
     and cache slots): q is unrotated and k / v are rotated and written to the cache first (at decode the
     one-shot kernel does that in its own launch); without it, q is rotated and the cache already written.
-    ``no_prefix``: the caller knows no request has cached keys before its rows (the kernel path's full
-    layers then read this forward's keys as rows: ``sink_attention_prefill``; the same contract).
+    ``no_prefix``: the caller knows no request has cached keys before its rows (the kernel path then
+    reads this forward's keys as rows, sliding layers too: ``sink_attention_prefill``; the same contract).
 
     Request b owns rows q_start[b] .. q_start[b]+q_len[b]-1, at the last q_len[b] of its
     seq_lens[b] positions; position p of request b lives in slot req_to_token[req_pool_indices[b], p]
