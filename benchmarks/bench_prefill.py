@@ -74,6 +74,13 @@ def run(rank: int, world: int, args):
                     "tflops_per_gpu": flops / t / 1e12,
                     "pct_fp8_peak": 100 * flops / t / ceilings["fp8_matmul_flops"] if "fp8_matmul_flops" in ceilings else None,
                 })
+                if args.graph and cuda and not emulate:
+                    # the same forward captured whole: what launch gaps cost the eager call (SGLang's breakable
+                    # prefill graphs capture all but attention)
+                    try:
+                        row["graph_ms"] = bc.graph_time_calls([lambda: model.forward(**inputs)], iters=args.iters) * 1e3
+                    except Exception as exc:  # noqa: BLE001  (a capture failure is reported, the row stays)
+                        row["graph_error"] = repr(exc)[:300]
                 rows.append(row)
                 if rank == 0:
                     print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
@@ -109,7 +116,10 @@ def markdown(meta: dict, rows: list) -> str:
             ("input tokens", "length", None), ("latency ms", "latency_ms", "{:.1f}"), ("tok/s", "tok_s", "{:.0f}"),
             ("$/M input", "dollars_per_M_input", "{:.4f}"), ("TFLOP/s/GPU", "tflops_per_gpu", "{:.0f}"),
             ("% FP8 rate", "pct_fp8_peak", "{:.0f}")]
-    lines.append(bc.md_table([r for r in rows if "latency_ms" in r], cols))
+    timed = [r for r in rows if "latency_ms" in r]
+    if any("graph_ms" in r or "graph_error" in r for r in timed):
+        cols += [("one CUDA graph ms", "graph_ms", "{:.1f}"), ("graph error", "graph_error", None)]
+    lines.append(bc.md_table(timed, cols))
     for r in rows:
         if "kernel_breakdown" in r:
             lines += ["", f"Kernel breakdown, {r['model']} {r['config']} prefill of {r['profile_length']} tokens "
@@ -136,6 +146,7 @@ def main():
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--nccl", default=os.path.join(os.path.dirname(__file__), "results", "nccl_collectives.json"))
+    ap.add_argument("--graph", action="store_true", help="also time each measured prefill captured in one CUDA graph")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--port", type=int, default=29537)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))

@@ -84,6 +84,10 @@
 #   bash benchmarks/run_h200.sh check14   # (one GPU) gpu tests of session 13's post-GPU review mends
 #   bash benchmarks/run_h200.sh fa14      # (one GPU) prefill attention variants: exp2 polynomial, rotated loop;
 #                                         # extend with an 8k cached prefix: key loop vs a gather + TMA prototype
+#   bash benchmarks/run_h200.sh win14     # (one GPU) sliding-layer prefill by the prefill kernel: diag, tests, TP1 prefill
+#   bash benchmarks/run_h200.sh graph14   # (one GPU) window diag; TP1 prefill eager vs one CUDA graph
+#   bash benchmarks/run_h200.sh small14   # (one GPU) prefill's small kernels by launch choice (diag_prefill_small)
+#   bash benchmarks/run_h200.sh sort14    # (one GPU) MoE gpu tests + TP1 prefill (eager, graph, profile) after the sort chunk
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -589,6 +593,34 @@ fa14)  # one GPU: the prefill attention prototype's variants, half the exp2s on 
        # 4426 us (bm128 w8) vs the key loop's 4575, -3 % (diag_extend_prefix.md): not ported either
     step diag_extend_fa 200 python benchmarks/diag_extend_fa.py --variants --out "$R" --stem diag_extend_fa_variants
     step diag_extend_prefix 150 python benchmarks/diag_extend_fa.py --prefix 8192 --tokens 8192 --out "$R"
+    ;;
+win14)  # one GPU: sliding layers' prefill through sink_attention_prefill(window_left=...): the window kernel vs
+        # the prefill kernel's tiles, its gpu tests, TP1 prefill rows with the profile. Session 14: tests passed
+        # (logs/h200_session14_gpu_test_prefill_window.log); the diag's shipped row failed to capture (a host tensor
+        # in its lambda: fixed, re-run in graph14); its bench_prefill_tp1 was replaced by sort14's
+    step diag_extend_window 120 python benchmarks/diag_extend_fa.py --window 127 --tokens 8192 --out "$R"
+    step gpu_test_prefill 120 python tests/test_kernel_sink_attention.py --prefill float32,bfloat16 --device cuda
+    step bench_prefill_tp1 200 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,4096,8192 --profile 8192 --out "$R" --stem bench_prefill_tp1
+    ;;
+graph14)  # one GPU: the window diag again (its shipped row could not be captured in win14: fixed), and the TP1
+          # prefill rows eager and captured whole in one CUDA graph (what the eager call's launch gaps cost).
+          # Session 14: diag_extend_window.md (prefill tile 64x64 s2 123.5 us vs the window kernel's 131.3); the
+          # graph rows were superseded by sort14's bench_prefill_tp1.md (same --graph column)
+    step diag_extend_window 120 python benchmarks/diag_extend_fa.py --window 127 --tokens 8192 --out "$R"
+    step bench_prefill_tp1_graph 300 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,4096,8192 --graph --out "$R" --stem bench_prefill_tp1_graph
+    ;;
+small14)  # one GPU: the prefill's small kernels (MoE front, pair sort, o's activation quantisation) by launch choice.
+          # Session 14: diag_prefill_small.md (sort chunk 256: 53.5 -> 29.7 us, taken; front and quant already best)
+    step diag_prefill_small 200 python benchmarks/diag_prefill_small.py --out "$R"
+    ;;
+sort14)  # one GPU: the prefill row's pair sort in chunks of 256 (diag_prefill_small): the MoE gpu tests, then the TP1
+         # prefill rows eager and as one graph, with the profile (the window tile of session 14 included).
+         # Session 14: 49 gpu tests passed; 120b 8k 164.3 ms eager / 161.9 graph (bench_prefill_tp1.md)
+    step gpu_test_moe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    step bench_prefill_tp1 300 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,4096,8192 --graph --profile 8192 --out "$R" --stem bench_prefill_tp1
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -255,6 +255,9 @@ class MoeConfig:
 #   tokens, same bits (benchmarks/results/diag_tma.md), shipped -> TMA: 120b mlp1 2105 -> 1879 us
 #   (3 stages 2031, 2 stages 3025), mlp2 1013 -> 904 (4 stages 997, 8 warps 1085); 20b 1862 ->
 #   1716, 862 -> 785; 120b TP4 (I 720, against its two-dot row) 797 -> 578, 450 -> 451.
+# - T > 128 (session 14): the pair sort (count + align) in chunks of 256 pairs, not 128: 8192 tokens, 120b's
+#   128 experts, 64-row blocks, same bits (benchmarks/results/diag_prefill_small.md): 53.5 -> 29.7 us a layer;
+#   512 needs 256 KB of shared memory (does not compile on an H200). Not measured below 8192 tokens.
 _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                        mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2)
 #
@@ -289,7 +292,7 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
                     mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)),
     (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                         mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4, mlp1_one_dot=True, mlp1_passes=2,
-                        tma=True)),
+                        tma=True, align_chunk=256)),
 )
 
 
