@@ -88,6 +88,7 @@
 #   bash benchmarks/run_h200.sh graph14   # (one GPU) window diag; TP1 prefill eager vs one CUDA graph
 #   bash benchmarks/run_h200.sh small14   # (one GPU) prefill's small kernels by launch choice (diag_prefill_small)
 #   bash benchmarks/run_h200.sh sort14    # (one GPU) MoE gpu tests + TP1 prefill (eager, graph, profile) after the sort chunk
+#   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -621,6 +622,15 @@ sort14)  # one GPU: the prefill row's pair sort in chunks of 256 (diag_prefill_s
     step gpu_test_moe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
     step bench_prefill_tp1 300 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 1024,4096,8192 --graph --profile 8192 --out "$R" --stem bench_prefill_tp1
+    ;;
+oq14)  # one GPU: the prefill attention writes o's FP8 input groups from its own launch (out_quant): its gpu test
+       # (bits against quantize_activation_group128 of the output), then the 8k TP1 prefill rows with the profile.
+       # Session 14: bits equal (4 quant cases per dtype) but slower, REVERTED: the prefill attention 27.8 ->
+       # 36.1 ms (two heads a program, half the programs), the quantisation launch's 1.5 ms gone; 120b 8k
+       # 164.3 -> 168.8 ms (history/bench_prefill_tp1_oquant_REVERTED.md). The stage no longer applies
+    step gpu_test_prefill 150 python tests/test_kernel_sink_attention.py --prefill float32,bfloat16 --device cuda
+    step bench_prefill_tp1 240 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 8192 --graph --profile 8192 --out "$R" --stem bench_prefill_tp1_oquant
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
