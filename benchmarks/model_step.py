@@ -45,7 +45,6 @@ from sglang_ext.layers.norm import residual_rms_norm, rms_norm  # noqa: E402
 from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
 from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
 from sglang_ext.kernel_select import use_triton  # noqa: E402
-from sglang_ext.kernels.fp8_gemm import empty_activation_quant  # noqa: E402
 from sglang_ext.kernels.sink_attention import RopeKV  # noqa: E402
 
 
@@ -346,13 +345,11 @@ class ModelStep:
                 q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
                 k_buf[loc.long()] = k
                 v_buf[loc.long()] = v
-            # As the server: a prefill's attention also writes o's FP8 input groups (from its own launch)
-            o_quant = empty_activation_quant(tokens, self.num_heads * hd, h.device) if no_prefix and quantize else None
             o = paged_sink_attention(
                 q, k_buf, v_buf, self.req_to_token_swa if sliding else self.req_to_token_full, req_idx,
                 seq_lens, q_start, q_len, lw.sinks, d.sliding_window - 1 if sliding else -1, hd ** -0.5,
-                rope=rope, no_prefix=no_prefix, out_quant=o_quant)
-            o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1, x_quant=o_quant)
+                rope=rope, no_prefix=no_prefix)
+            o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
             if s.attn_tp > 1:
                 o = self._all_reduce(o) + lw.o.bias
             h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)

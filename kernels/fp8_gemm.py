@@ -1120,13 +1120,6 @@ def _check_weight(w_fp8: torch.Tensor, w_scale_inv: torch.Tensor, k: int) -> int
     return n
 
 
-def empty_activation_quant(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Buffers for an activation's 1x128 groups as `quantize_activation_group128` lays them out: e4m3 codes
-    [M, K] and fp32 scales [M, ceil(K/128)] stored MN-major (what the GEMMs read)."""
-    codes = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=device)
-    return codes, torch.empty((triton.cdiv(k, GROUP), m), dtype=torch.float32, device=device).t()
-
-
 def quantize_activation_group128(x: torch.Tensor, out: Optional[torch.Tensor] = None,
                                  out_scale: Optional[torch.Tensor] = None,
                                  block_rows: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1138,9 +1131,9 @@ def quantize_activation_group128(x: torch.Tensor, out: Optional[torch.Tensor] = 
         raise ValueError(f"quantize_activation_group128: x must be [M, K], got {tuple(x.shape)}")
     m, k = x.shape
     k_blocks = triton.cdiv(k, GROUP)
-    fresh = empty_activation_quant(m, k, x.device) if out is None or out_scale is None else (None, None)
-    q = out if out is not None else fresh[0]
-    scale = out_scale if out_scale is not None else fresh[1]
+    q = out if out is not None else torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = out_scale if out_scale is not None else torch.empty((k_blocks, m), dtype=torch.float32,
+                                                                device=x.device).t()
     if q.shape != (m, k) or q.dtype != torch.float8_e4m3fn or scale.shape != (m, k_blocks):
         raise ValueError("quantize_activation_group128: bad out/out_scale")
     if m == 0 or k == 0:

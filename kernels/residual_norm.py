@@ -22,8 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_gemm import (GROUP, _interpreted, _quantize_tile, _round_to_bf16_grid, empty_activation_quant,
-                       quantize_activation_group128_ref)
+from .fp8_gemm import GROUP, _interpreted, _quantize_tile, _round_to_bf16_grid, quantize_activation_group128_ref
 from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
@@ -109,6 +108,13 @@ def _check(h, delta, weight, tap):
 SLICED_MAX_ROWS = 16  # quantising norms of at most this many rows: one program per (row, 128 columns)
 
 
+def _quant_buffers(t: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 codes [T, C] and fp32 scales [T, ceil(C/128)] stored MN-major, as
+    `fp8_gemm.quantize_activation_group128` lays them out."""
+    codes = torch.empty((t, c), dtype=torch.float8_e4m3fn, device=device)
+    return codes, torch.empty((triton.cdiv(c, GROUP), t), dtype=torch.float32, device=device).t()
+
+
 def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
                       tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False):
     """(h + delta rounded to h's dtype, rms_norm of it with `weight`), both [T, C] in h's dtype.
@@ -122,7 +128,7 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
     t, c = h.shape
     h_out = torch.empty_like(h) if delta is not None else h
     x_out = torch.empty_like(h)
-    quant = empty_activation_quant(t, c, h.device) if quantize else None
+    quant = _quant_buffers(t, c, h.device) if quantize else None
     if t == 0:
         return (h_out, x_out, quant) if quantize else (h_out, x_out)
     for name, x in (("h", h), ("delta", delta), ("features", tap[0] if tap else None)):

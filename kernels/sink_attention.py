@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
-from sglang_ext.kernels.fp8_gemm import _quantize_tile, _round_to_bf16_grid
+from sglang_ext.kernels.fp8_gemm import _round_to_bf16_grid
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.kernels.rope_kv import check_rope_kv, rope_first_half, rope_second_half, rope_store_kv
 
@@ -356,11 +356,26 @@ def _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row, col, key0, offs_m, qk_
 
 
 @triton.jit
-def _prefill_head(q_desc, k_desc, v_desc, SINKS, h, row0, m0, offs_m, q_len, window_left, qk_scale_log2,
-                  GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-                  HAS_SINKS: tl.constexpr, WINDOW: tl.constexpr, DOTS_16BIT: tl.constexpr):
-    """One q head's output rows [BM, D] (fp32, normalised) of a prefill tile (_sink_prefill_kernel)."""
+def _sink_prefill_kernel(
+    q_desc, k_desc, v_desc,  # this forward's rows: q [T, Hq*D], k / v [T, Hkv*D] (strided views allowed)
+    OUT, SINKS, Q_START, Q_LEN, TILE_END, num_reqs, qk_scale_log2, stride_ot, stride_oh, window_left,
+    GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
+    HAS_SINKS: tl.constexpr, WINDOW: tl.constexpr, DOTS_16BIT: tl.constexpr,
+):
+    """Prefill without a cached prefix, causal (``sink_attention_prefill``): program (tile, q head) owns
+    BM consecutive positions of one request and one q head; its keys are the request's own rows of this
+    forward's K/V, read by TMA (no slot ids), the blocks before the tile unmasked, the diagonal masked; the
+    sink starts the running max with weight 1. Tiles are numbered longest first (_extend_tile_request).
+    WINDOW (a sliding layer): only the blocks from the window's far edge on, masked at that edge."""
+    tile, req = _extend_tile_request(TILE_END, num_reqs)
+    if req >= num_reqs:
+        return
+    h = tl.program_id(1)
     col = (h // GROUP) * D
+    q_len = tl.load(Q_LEN + req).to(tl.int32)
+    row0 = tl.load(Q_START + req).to(tl.int32)
+    m0 = (tile - (tl.load(TILE_END + req).to(tl.int32) - tl.cdiv(q_len, BM))) * BM
+    offs_m = m0 + tl.arange(0, BM)
     q = q_desc.load([row0 + m0, h * D])
     if not DOTS_16BIT:
         q = q.to(tl.float32)
@@ -380,56 +395,10 @@ def _prefill_head(q_desc, k_desc, v_desc, SINKS, h, row0, m0, offs_m, q_len, win
     for key0 in tl.range(m0, tl.minimum(m0 + BM, q_len), BN, num_stages=STAGES):
         acc, m_i, l_i = _prefill_block(acc, m_i, l_i, q, k_desc, v_desc, row0 + key0, col, key0, offs_m,
                                        qk_scale_log2, window_left, BN, True, WINDOW, DOTS_16BIT)
-    return acc / l_i[:, None]  # every real row sees its own key: l_i > 0
-
-
-@triton.jit
-def _sink_prefill_kernel(
-    q_desc, k_desc, v_desc,  # this forward's rows: q [T, Hq*D], k / v [T, Hkv*D] (strided views allowed)
-    OUT, SINKS, Q_START, Q_LEN, TILE_END, num_reqs, qk_scale_log2, stride_ot, stride_oh, window_left,
-    CODES, SCALES, stride_ct, stride_st, stride_sg,  # QUANT: out's e4m3 groups [T, Hq*D], scales [T, Hq*D/128]
-    GROUP: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-    HAS_SINKS: tl.constexpr, WINDOW: tl.constexpr, QUANT: tl.constexpr, DOTS_16BIT: tl.constexpr,
-):
-    """Prefill without a cached prefix, causal (``sink_attention_prefill``): program (tile, q head) owns
-    BM consecutive positions of one request and one q head; its keys are the request's own rows of this
-    forward's K/V, read by TMA (no slot ids), the blocks before the tile unmasked, the diagonal masked; the
-    sink starts the running max with weight 1. Tiles are numbered longest first (_extend_tile_request).
-    WINDOW (a sliding layer): only the blocks from the window's far edge on, masked at that edge.
-    QUANT (D 64): a program owns two adjacent q heads, one 128-column group of the output rows, and also
-    writes that group's e4m3 codes and scale from the rounded output (the o projection's input, as
-    `fp8_gemm.quantize_activation_group128` would make them from OUT, the same helper)."""
-    tile, req = _extend_tile_request(TILE_END, num_reqs)
-    if req >= num_reqs:
-        return
-    q_len = tl.load(Q_LEN + req).to(tl.int32)
-    row0 = tl.load(Q_START + req).to(tl.int32)
-    m0 = (tile - (tl.load(TILE_END + req).to(tl.int32) - tl.cdiv(q_len, BM))) * BM
-    offs_m = m0 + tl.arange(0, BM)
+    out = acc / l_i[:, None]  # every real row sees its own key: l_i > 0
     offs_d = tl.arange(0, D)
-    rows = (row0 + offs_m).to(tl.int64)
-    row_ok = offs_m < q_len
-    if QUANT:
-        h0 = tl.program_id(1) * 2
-        o0 = _prefill_head(q_desc, k_desc, v_desc, SINKS, h0, row0, m0, offs_m, q_len, window_left, qk_scale_log2,
-                           GROUP, D, BM, BN, STAGES, HAS_SINKS, WINDOW, DOTS_16BIT).to(OUT.dtype.element_ty)
-        tl.store(OUT + rows[:, None] * stride_ot + h0 * stride_oh + offs_d[None, :], o0, mask=row_ok[:, None])
-        o1 = _prefill_head(q_desc, k_desc, v_desc, SINKS, h0 + 1, row0, m0, offs_m, q_len, window_left,
-                           qk_scale_log2, GROUP, D, BM, BN, STAGES, HAS_SINKS, WINDOW,
-                           DOTS_16BIT).to(OUT.dtype.element_ty)
-        tl.store(OUT + rows[:, None] * stride_ot + (h0 + 1) * stride_oh + offs_d[None, :], o1, mask=row_ok[:, None])
-        # [BM, 2D] row-major: column j * D + d is head h0 + j's d
-        group = tl.reshape(tl.permute(tl.join(o0.to(tl.float32), o1.to(tl.float32)), (0, 2, 1)), (BM, 2 * D))
-        codes, scale = _quantize_tile(group, False)
-        cols = h0 * D + tl.arange(0, 2 * D)
-        tl.store(CODES + rows[:, None] * stride_ct + cols[None, :], codes, mask=row_ok[:, None])
-        tl.store(SCALES + rows * stride_st + (h0 // 2) * stride_sg, scale, mask=row_ok)
-    else:
-        h = tl.program_id(1)
-        out = _prefill_head(q_desc, k_desc, v_desc, SINKS, h, row0, m0, offs_m, q_len, window_left, qk_scale_log2,
-                            GROUP, D, BM, BN, STAGES, HAS_SINKS, WINDOW, DOTS_16BIT)
-        tl.store(OUT + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=row_ok[:, None])
+    o_ptr = OUT + (row0 + offs_m).to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=(offs_m < q_len)[:, None])
 
 
 @triton.jit
@@ -1155,16 +1124,6 @@ def prefill_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return _prefill_shapes_ok(q, k, v) and _prefill_views(q, k, v) is not None
 
 
-# out_quant (the o projection's input groups from the prefill's launch): two heads of 64 make one 128-column group
-QUANT_HEAD_DIM = 64
-QUANT_GROUP_COLS = 128
-
-
-def prefill_quant_applies(q: torch.Tensor) -> bool:
-    """Whether ``sink_attention_prefill`` can also write out's e4m3 groups (``out_quant``) for q [T, Hq, D]."""
-    return q.dim() == 3 and q.shape[2] == QUANT_HEAD_DIM and q.shape[1] % 2 == 0
-
-
 def sink_attention_prefill(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1176,7 +1135,6 @@ def sink_attention_prefill(
     *,
     window_left: int = -1,
     out: Optional[torch.Tensor] = None,
-    out_quant: Optional[tuple] = None,
     tile: Optional[tuple] = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged batch of prefills with no cached prefix, in one launch: request b's
@@ -1185,9 +1143,7 @@ def sink_attention_prefill(
     by TMA. The same contract as ``sink_attention_extend`` on a cache holding those rows (its bits on an
     H200 for full layers, diag_extend_fa.md), ``window_left`` >= 0 included (a sliding layer: each tile reads
     the blocks from its window's far edge on). ``tile`` = (BM, BN, warps, stages), PREFILL_TILE by default
-    (PREFILL_WINDOW_TILE with a window). ``out_quant`` = (e4m3 codes [T, Hq*D], fp32 scales [T, Hq*D/128], any
-    strides with a unit last one for the codes; `prefill_quant_applies`): also out's 1x128 e4m3 groups, equal to
-    `quantize_activation_group128(out)`'s, from the same launch (two q heads a program)."""
+    (PREFILL_WINDOW_TILE with a window)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     _check_scale(scale, "sink_attention_prefill")
@@ -1203,18 +1159,6 @@ def sink_attention_prefill(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"sink_attention_prefill: out must be {tuple(q.shape)} with a unit last stride")
-    codes = scales = None
-    if out_quant is not None:
-        codes, scales = out_quant
-        groups = hq * d // QUANT_GROUP_COLS
-        if not prefill_quant_applies(q):
-            raise ValueError(f"sink_attention_prefill: out_quant needs D {QUANT_HEAD_DIM} and an even head count, "
-                             f"got q {tuple(q.shape)}")
-        if (codes.shape != (t, hq * d) or codes.dtype != torch.float8_e4m3fn or codes.stride(-1) != 1
-                or scales.shape != (t, groups) or scales.dtype != torch.float32):
-            raise ValueError(f"sink_attention_prefill: out_quant must be e4m3 codes {(t, hq * d)} (unit last stride) "
-                             f"and fp32 scales {(t, groups)}, got {codes.dtype} {tuple(codes.shape)} / "
-                             f"{scales.dtype} {tuple(scales.shape)}")
     num_reqs = q_len.shape[0]
     if t == 0 or num_reqs == 0:
         return out
@@ -1225,16 +1169,13 @@ def sink_attention_prefill(
     if q_start is None:
         q_start = torch.cumsum(q_len, 0) - q_len
     tile_end = torch.cumsum(torch.div(q_len + bm - 1, bm, rounding_mode="floor"), 0).to(torch.int32)
-    quant = codes is not None
-    _sink_prefill_kernel[(triton.cdiv(t, bm) + num_reqs, hq // 2 if quant else hq)](
+    _sink_prefill_kernel[(triton.cdiv(t, bm) + num_reqs, hq)](
         TensorDescriptor.from_tensor(q2, [bm, d]), TensorDescriptor.from_tensor(k2, [bn, d]),
         TensorDescriptor.from_tensor(v2, [bn, d]),
         out, sinks if sinks is not None else q, q_start, q_len, tile_end, num_reqs, float(scale) * LOG2E,
         out.stride(0), out.stride(1), max(int(window_left), 0),
-        codes if quant else out, scales if quant else out, codes.stride(0) if quant else 0,
-        scales.stride(0) if quant else 0, scales.stride(1) if quant else 0,
         GROUP=hq // k.shape[1], D=d, BM=bm, BN=bn, STAGES=stages, HAS_SINKS=sinks is not None,
-        WINDOW=window_left >= 0, QUANT=quant, DOTS_16BIT=_use_16bit_dots(q.dtype, k.dtype), num_warps=warps,
+        WINDOW=window_left >= 0, DOTS_16BIT=_use_16bit_dots(q.dtype, k.dtype), num_warps=warps,
     )
     return out
 
@@ -1616,43 +1557,26 @@ def paged_attention(
     out: Optional[torch.Tensor] = None,
     rope: Optional[RopeKV] = None,
     no_prefix: bool = False,
-    out_quant: Optional[tuple] = None,
 ) -> torch.Tensor:
     """Extend or decode, chosen from shapes alone. Contract (SGLang's): every request has at least one
     query row, so T == B means one row per request, i.e. decode, with rows in request order. ``rope``:
     q unrotated and this forward's k / v still to be rotated and stored (RopeKV; the decode may fuse it).
     ``no_prefix`` (the caller knows no request has cached keys before its rows): with ``rope``, the extend
-    reads its keys from this forward's rows (``sink_attention_prefill``) instead of the cache.
-    ``out_quant`` = (e4m3 codes [T, Hq*D], fp32 scales [T, ceil(Hq*D/128)]): on return they hold
-    `quantize_activation_group128(out)`, written by the prefill's own launch where it runs and
-    `prefill_quant_applies`, else by that quantisation's launch."""
+    reads its keys from this forward's rows (``sink_attention_prefill``) instead of the cache."""
     if q.shape[0] == req_pool_indices.shape[0]:
-        out = sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
-                                    window_left, scale, slot_map=slot_map, out=out, rope=rope)
-        return _quantize_out(out, out_quant)
+        return sink_attention_decode(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks,
+                                     window_left, scale, slot_map=slot_map, out=out, rope=rope)
     if rope is not None:
         # (the cache's own dtype: the key loop would read the keys as stored, e.g. quantised)
         if (no_prefix and k_buffer.dtype == rope.k.dtype and v_buffer.dtype == rope.v.dtype
                 and prefill_applies(q, rope.k, rope.v)):
             k_roped = torch.empty(rope.k.shape, dtype=rope.k.dtype, device=rope.k.device)
             q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc, k_out=k_roped)
-            fused = out_quant if out_quant is not None and prefill_quant_applies(q) else None
-            out = sink_attention_prefill(q, k_roped, rope.v, q_start, q_len, sinks, scale,
-                                         window_left=window_left, out=out, out_quant=fused)
-            return out if fused is not None else _quantize_out(out, out_quant)
+            return sink_attention_prefill(q, k_roped, rope.v, q_start, q_len, sinks, scale,
+                                          window_left=window_left, out=out)
         q = rope_store_kv(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
-    out = sink_attention_extend(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
-                                sinks, window_left, scale, slot_map=slot_map, out=out)
-    return _quantize_out(out, out_quant)
-
-
-def _quantize_out(out: torch.Tensor, out_quant: Optional[tuple]) -> torch.Tensor:
-    """paged_attention's ``out_quant`` where no kernel of it wrote the groups: their own launch."""
-    if out_quant is not None:
-        from sglang_ext.kernels.fp8_gemm import quantize_activation_group128
-
-        quantize_activation_group128(out.reshape(out.shape[0], -1), out=out_quant[0], out_scale=out_quant[1])
-    return out
+    return sink_attention_extend(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
+                                 sinks, window_left, scale, slot_map=slot_map, out=out)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -81,7 +81,6 @@ class SinkAttnBackend(AttentionBackend):
         self.graph_swa_out_cache_loc: Optional[torch.Tensor] = None
         self.no_prefix = False  # this forward is a prefill whose requests have no cached keys
         self.prefill_logged = False
-        self.out_quant = None  # (out, codes, scales) of the last prefill launch that wrote o's groups (take_out_quant)
 
     # -- metadata -------------------------------------------------------------
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
@@ -247,8 +246,7 @@ class SinkAttnBackend(AttentionBackend):
         req_to_token = self.req_to_token_pool.req_to_token
 
         if self.kernel_path == "triton":
-            self._forward_triton(q3, k_cache, v_cache, out, sinks, window_left, layer.scaling, in_swa_pool, rope, rows,
-                                 want_quant=getattr(layer, "ext_out_quant", False))
+            self._forward_triton(q3, k_cache, v_cache, out, sinks, window_left, layer.scaling, in_swa_pool, rope, rows)
             return out.view(-1, num_heads * v_head_dim)
 
         for span in self.spans:
@@ -275,23 +273,10 @@ class SinkAttnBackend(AttentionBackend):
             )
         return out.view(-1, num_heads * v_head_dim)
 
-    def take_out_quant(self, o: torch.Tensor):
-        """(e4m3 codes, scales) of attention output `o` [T, Hq*D] when this backend's last prefill launch wrote
-        them with it (layers with ``ext_out_quant``), else None; either way they are handed out once."""
-        held, self.out_quant = self.out_quant, None
-        if held is None or held[0].data_ptr() != o.data_ptr() or held[0].numel() != o.numel() or o.dim() != 2:
-            return None
-        # Never into a captured graph's o projection: a replay would read this call's buffers, not the
-        # eager attention's next ones (the prefill path does not run under capture either).
-        if o.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        return held[1], held[2]
-
     def _forward_triton(self, q3, k_cache, v_cache, out, sinks, window_left, scale, in_swa_pool, rope=None,
-                        rows=None, want_quant=False):
-        from sglang_ext.kernels.fp8_gemm import empty_activation_quant
-        from sglang_ext.kernels.sink_attention import (prefill_quant_applies, sink_attention_decode,
-                                                       sink_attention_extend, sink_attention_prefill)
+                        rows=None):
+        from sglang_ext.kernels.sink_attention import (sink_attention_decode, sink_attention_extend,
+                                                       sink_attention_prefill)
 
         batch = self.device_batch
         req_to_token = self.req_to_token_pool.req_to_token
@@ -304,13 +289,8 @@ class SinkAttnBackend(AttentionBackend):
                 self.prefill_logged = True
                 logging.getLogger(__name__).info("sglang-ext: prefills without a cached prefix read their keys "
                                                  "from the forward's rows (sink_attention_prefill)")
-            # the layer's FP8 o projection reads the output's e4m3 groups: written by this launch (take_out_quant)
-            quant = (empty_activation_quant(q3.shape[0], q3.shape[1] * q3.shape[2], q3.device)
-                     if want_quant and prefill_quant_applies(q3) else None)
             sink_attention_prefill(q3, rows[0], rows[1], batch.q_start, batch.q_len, sinks, scale,
-                                   window_left=window_left, out=out, out_quant=quant)
-            if quant is not None:
-                self.out_quant = (out, *quant)
+                                   window_left=window_left, out=out)
         elif batch.q_len is None:
             sink_attention_decode(q3, k_cache, v_cache, req_to_token, batch.req_pool_indices, batch.seq_lens,
                                   sinks, window_left, scale, slot_map=slot_map, out=out, rope=rope)

@@ -886,61 +886,7 @@ def prefill_sweep(dtype_name: str, device: str = "cpu") -> dict:
     got = mod.sink_attention_prefill(empty, empty[:, :HKV], empty[:, :HKV], None,
                                      torch.zeros(0, dtype=torch.int64, device=device), None, 0.3)
     assert got.shape == (0, HQ, D)
-    quant_cases = prefill_quant_checks(mod, dtype, device)
-    return {"dtype": dtype_name, "prefill_cases": cases, "paged_err": err, "max_err": worst,
-            "quant_cases": quant_cases}
-
-
-def prefill_quant_checks(mod, dtype, device) -> int:
-    """out_quant (o's FP8 input from the prefill's launch, D 64: two heads a program): the output bits equal
-    the plain launch's, the codes and scales equal quantize_activation_group128 of that output, full and
-    sliding; paged_attention's out_quant holds the same groups on its other paths (extend, decode: their
-    own quantisation launch); bad buffers and head sizes are refused by name."""
-    from sglang_ext.kernels.fp8_gemm import empty_activation_quant, quantize_activation_group128
-
-    hq, hkv, d = 8, 2, 64
-    lens = (1, 37, 70)
-    case, extra = make_case([(0, n) for n in lens], dtype, seed=1200, hq=hq, hkv=hkv, d=d, device=device)
-    t = sum(lens)
-    g = torch.Generator().manual_seed(1201)
-    k_rows = torch.randn(t, hkv, d, generator=g).to(dtype).to(device)
-    v_rows = torch.randn(t, hkv, d, generator=g).to(dtype).to(device)
-    checked = 0
-
-    def same_groups(out, quant, label):
-        codes, scales = quantize_activation_group128(out.reshape(t, -1))
-        assert torch.equal(quant[0].view(torch.uint8), codes.view(torch.uint8)), f"{label}: codes differ"
-        assert torch.equal(quant[1], scales), f"{label}: scales differ"
-
-    for window_left in (-1, 20):
-        plain = mod.sink_attention_prefill(case["q"], k_rows, v_rows, case["q_start"], case["q_len"], extra["sinks"],
-                                           0.3, window_left=window_left)
-        quant = empty_activation_quant(t, hq * d, device)
-        got = mod.sink_attention_prefill(case["q"], k_rows, v_rows, case["q_start"], case["q_len"], extra["sinks"],
-                                         0.3, window_left=window_left, out_quant=quant)
-        assert torch.equal(got, plain), f"out_quant changed the output (window_left={window_left})"
-        same_groups(got, quant, f"prefill window_left={window_left}")
-        checked += 1
-    # paged_attention: the extend (a cached prefix) and the decode quantise in their own launch
-    for requests in ([(5, 9), (0, 30)], [(12, 1), (40, 1)]):
-        case2, extra2 = make_case(requests, dtype, seed=1210 + checked, hq=hq, hkv=hkv, d=d, device=device)
-        rows = case2["q"].shape[0]
-        quant = empty_activation_quant(rows, hq * d, device)
-        out = mod.paged_attention(case2["q"], case2["k_buffer"], case2["v_buffer"], case2["req_to_token"],
-                                  case2["req_pool_indices"], case2["seq_lens"], case2["q_start"], case2["q_len"],
-                                  extra2["sinks"], -1, 0.3, out_quant=quant)
-        codes, scales = quantize_activation_group128(out.reshape(rows, -1))
-        assert torch.equal(quant[0].view(torch.uint8), codes.view(torch.uint8)) and torch.equal(quant[1], scales)
-        checked += 1
-    with pytest.raises(ValueError, match="out_quant needs D 64"):
-        q16 = torch.zeros(4, HQ, D, dtype=dtype, device=device)
-        mod.sink_attention_prefill(q16, q16[:, :HKV], q16[:, :HKV], None, torch.tensor([4], device=device), None,
-                                   0.3, out_quant=empty_activation_quant(4, HQ * D, device))
-    with pytest.raises(ValueError, match="out_quant must be e4m3 codes"):
-        mod.sink_attention_prefill(case["q"], k_rows, v_rows, case["q_start"], case["q_len"], None, 0.3,
-                                   out_quant=empty_activation_quant(t, hq * d + 128, device))
-    assert not mod.prefill_quant_applies(torch.zeros(2, 3, 64)) and mod.prefill_quant_applies(torch.zeros(2, 4, 64))
-    return checked
+    return {"dtype": dtype_name, "prefill_cases": cases, "paged_err": err, "max_err": worst}
 
 
 def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
@@ -1202,69 +1148,12 @@ def test_prefill_matches_reference_interpreted():
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
     assert results[0]["prefill_cases"] == len(PREFILL_REQUESTS) * 3 * len(PREFILL_TILES)  # sinks, none, window
     assert results[1]["prefill_cases"] == results[2]["prefill_cases"] == len(PREFILL_REQUESTS) * 3
-    assert all(r["quant_cases"] == 4 for r in results)  # prefill full + sliding, paged extend + decode
 
 
 def test_backend_triton_path_matches_torch_path_interpreted():
     results, _ = _run_interpreted(["--backend"], timeout=900)
     parity = results[0]["backend_parity"]
     assert len(parity) == 2
-    assert results[1] == {"out_quant_checks": 3}
-
-
-def backend_out_quant() -> dict:
-    """The served path's o-projection input (gpt-oss's model sets ``ext_out_quant`` on its FP8 layers): a
-    no-prefix prefill through the Triton backend on a D-64 layer that asks leaves e4m3 groups equal to
-    quantize_activation_group128 of its output, handed out once and only against that output; a layer that
-    does not ask leaves none. (The tiny model's D 16 keeps the served end-to-end runs off this path.)"""
-    sys.path.insert(0, HERE)
-    import test_attention_backend as tab
-
-    from sglang_ext.kernels.fp8_gemm import quantize_activation_group128
-
-    num_heads, num_kv_heads, head_dim, size = 4, 1, 64, 256
-    seq_lens, rpis = [5, 20], [1, 0]
-    torch.manual_seed(3)
-    pools = tab._Pools(swa=False, dtype=torch.float32, num_kv_heads=num_kv_heads, head_dim=head_dim, num_layers=1,
-                       size=size)
-    req_to_token = torch.zeros((4, 64), dtype=torch.int32)
-    slots = torch.randperm(size - 1)[: sum(seq_lens)] + 1
-    off = 0
-    for rpi, n in zip(rpis, seq_lens):
-        req_to_token[rpi, :n] = slots[off: off + n].int()
-        off += n
-    os.environ["SGLANG_EXT_KERNELS"] = "triton"
-    backend = tab._make_backend(pools, req_to_token)
-    layer = tab._layer(0, num_heads, num_kv_heads, head_dim, -1)
-    t = sum(seq_lens)
-    loc = torch.cat([req_to_token[r, :n].long() for r, n in zip(rpis, seq_lens)])
-    fb = tab._forward_batch("extend", rpis, seq_lens, seq_lens, loc, prefix_lens=[0] * len(rpis))
-    qkv = torch.randn(t, (num_heads + 2 * num_kv_heads) * head_dim)
-    kv0 = num_heads * head_dim
-    k = qkv[:, kv0:kv0 + num_kv_heads * head_dim].view(t, num_kv_heads, head_dim)
-    v = qkv[:, kv0 + num_kv_heads * head_dim:].view(t, num_kv_heads, head_dim)
-    ang = torch.rand(t, head_dim // 2) * 6.0
-    cos_sin = torch.cat([ang.cos(), ang.sin()], 1)
-    sinks = torch.randn(num_heads)
-    checks = 0
-    for wants in (False, True):
-        layer.ext_out_quant = wants
-        backend.init_forward_metadata(fb)
-        out = backend.forward_extend(qkv[:, :kv0], k, v, layer, fb, sinks=sinks, rope_cos_sin=cos_sin)
-        if not wants:
-            assert backend.take_out_quant(out) is None, "groups for a layer that did not ask"
-            checks += 1
-            continue
-        assert backend.take_out_quant(out.clone()) is None, "groups handed to another tensor"
-        backend.init_forward_metadata(fb)
-        out = backend.forward_extend(qkv[:, :kv0], k, v, layer, fb, sinks=sinks, rope_cos_sin=cos_sin)
-        got = backend.take_out_quant(out)
-        codes, scales = quantize_activation_group128(out)
-        assert got is not None and torch.equal(got[0].view(torch.uint8), codes.view(torch.uint8)), "codes differ"
-        assert torch.equal(got[1], scales), "scales differ"
-        assert backend.take_out_quant(out) is None, "the groups were handed out twice"
-        checks += 2
-    return {"out_quant_checks": checks}
 
 
 # --- full shapes on a GPU ------------------------------------------------------------------------------------
@@ -1485,7 +1374,6 @@ if __name__ == "__main__":
                 print(json.dumps(res), flush=True)
     elif "--backend" in argv:
         print(json.dumps(backend_parity()), flush=True)
-        print(json.dumps(backend_out_quant()), flush=True)
     elif "--gpu-full" in argv:
         print(json.dumps({"full_shapes": gpu_full_shapes()}), flush=True)
     elif "--gpu" in argv:

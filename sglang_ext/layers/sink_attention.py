@@ -77,7 +77,6 @@ def paged_sink_attention(
     scale: float,
     rope=None,
     no_prefix: bool = False,
-    out_quant: tuple | None = None,
 ) -> torch.Tensor:
     """Attention of flattened query rows over SGLang's paged KV layout, [T, Hq, D].
 
@@ -86,8 +85,6 @@ def paged_sink_attention(
     one-shot kernel does that in its own launch); without it, q is rotated and the cache already written.
     ``no_prefix``: the caller knows no request has cached keys before its rows (the kernel path then
     reads this forward's keys as rows, sliding layers too: ``sink_attention_prefill``; the same contract).
-    ``out_quant`` = (e4m3 codes [T, Hq*D], fp32 scales [T, ceil(Hq*D/128)]): filled with the output's 1x128
-    groups (the FP8 o projection's input; the kernel path's prefill writes them from its own launch).
 
     Request b owns rows q_start[b] .. q_start[b]+q_len[b]-1, at the last q_len[b] of its
     seq_lens[b] positions; position p of request b lives in slot req_to_token[req_pool_indices[b], p]
@@ -101,7 +98,7 @@ def paged_sink_attention(
         from sglang_ext.kernels.sink_attention import paged_attention
 
         return paged_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
-                               sinks, window_left, scale, rope=rope, no_prefix=no_prefix, out_quant=out_quant)
+                               sinks, window_left, scale, rope=rope, no_prefix=no_prefix)
     if rope is not None:
         from sglang_ext.kernels.rope_kv import rope_store_kv_ref
 
@@ -117,10 +114,4 @@ def paged_sink_attention(
         positions = torch.arange(first, seq_len, device=q.device)
         out[start:start + n] = sink_attention_torch(q[start:start + n], k_buffer[slots], v_buffer[slots], sinks,
                                                     positions, k_lo, window_left, scale)
-    if out_quant is not None:
-        from sglang_ext.layers.fp8 import quantize_activation_group128
-
-        codes, scales = quantize_activation_group128(out.reshape(out.shape[0], -1))
-        out_quant[0].copy_(codes)
-        out_quant[1].copy_(scales)
     return out

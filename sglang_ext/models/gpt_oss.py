@@ -146,8 +146,6 @@ class GptOssAttention(nn.Module):
             # SGLang counts the earlier keys a query sees: window 128 inclusive -> 127.
             sliding_window_size=config.sliding_window - 1 if sliding else -1,
         )
-        # Asks our backend for the output's e4m3 groups from a prefill's attention launch (o's FP8 input).
-        self.attn.ext_out_quant = fp8
 
     def fuse_qkv(self):
         """q/k/v as one GEMM on the kernel path (their parameters become views of it)."""
@@ -170,22 +168,17 @@ class GptOssAttention(nn.Module):
         q = self.q_shard.drop_padding(q).reshape(tokens, self.num_heads, self.head_dim)
         k = self.kv_shard.drop_padding(k).reshape(tokens, self.num_kv_heads, self.head_dim)
         v = self.kv_shard.drop_padding(v)
-        backend = get_attn_backend() if has_forward_context() else None
-        if getattr(backend, "applies_rope_kv", False):
+        if has_forward_context() and getattr(get_attn_backend(), "applies_rope_kv", False):
             # RoPE in the backend, in the KV write's launch (unrotated q/k, strided views of the GEMM).
             o = self.attn(q, k, v, forward_batch, sinks=self.sinks, rope_cos_sin=cos_sin)
         else:
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.contiguous(), forward_batch,
                           sinks=self.sinks)
-        # o's FP8 groups where the backend's prefill launch wrote them with o (ext_out_quant)
-        o_quant = backend.take_out_quant(o) if hasattr(backend, "take_out_quant") else None
-        padded = self.q_shard.pad_activation(o)
-        if padded is not o:
-            o, o_quant = padded, None
+        o = self.q_shard.pad_activation(o)
         if self.tp.size == 1:
-            return self.o_proj(o, x_quant=o_quant)
-        return tensor_model_parallel_all_reduce(self.o_proj(o, with_bias=False, x_quant=o_quant)) + self.o_proj.bias
+            return self.o_proj(o)
+        return tensor_model_parallel_all_reduce(self.o_proj(o, with_bias=False)) + self.o_proj.bias
 
 
 class GptOssRouter(nn.Module):
