@@ -89,6 +89,7 @@
 #   bash benchmarks/run_h200.sh small14   # (one GPU) prefill's small kernels by launch choice (diag_prefill_small)
 #   bash benchmarks/run_h200.sh sort14    # (one GPU) MoE gpu tests + TP1 prefill (eager, graph, profile) after the sort chunk
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
+#   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
 #   bash benchmarks/run_h200.sh sweep     # (nvidia-h200-x2) lane 0: every `gpu` test + bench_probe; lane 1:
 #                                         # the decode sweeps of fp8_gemm, moe and sink_attention
@@ -631,6 +632,16 @@ oq14)  # one GPU: the prefill attention writes o's FP8 input groups from its own
     step gpu_test_prefill 150 python tests/test_kernel_sink_attention.py --prefill float32,bfloat16 --device cuda
     step bench_prefill_tp1 240 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 8192 --graph --profile 8192 --out "$R" --stem bench_prefill_tp1_oquant
+    ;;
+xq14)  # one GPU: the post-attention norm writes x's e4m3 groups for the MoE at prefill sizes (x_quant): the gpu test
+       # (the norm's groups equal the front's, the MoE's output bits unchanged), then the 8k TP1 prefill rows.
+       # Session 14: REVERTED. No gain: the MoE front 1440 -> 194 us a prefill, the norms 4385 -> 5647 (its
+       # one-program-a-row quantisation); 120b 8k 163.6 ms eager (history/bench_prefill_tp1_xquant_REVERTED.md).
+       # And the gpu test failed: compiled with QUANTIZE the norm's bf16 x_out differs from the plain launch's
+       # (logs/h200_session14_gpu_test_x_quant_REVERTED.log; the interpreter agreed). The stage no longer applies
+    step gpu_test_x_quant 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k x_quant
+    step bench_prefill_tp1 240 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 8192 --graph --profile 8192 --out "$R" --stem bench_prefill_tp1_xquant
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
