@@ -45,7 +45,6 @@ from sglang_ext.layers.norm import residual_rms_norm, rms_norm  # noqa: E402
 from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
 from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
 from sglang_ext.kernel_select import use_triton  # noqa: E402
-from sglang_ext.kernels.moe import empty_x_quant, x_quant_applies  # noqa: E402
 from sglang_ext.kernels.sink_attention import RopeKV  # noqa: E402
 
 
@@ -353,10 +352,8 @@ class ModelStep:
             o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
             if s.attn_tp > 1:
                 o = self._all_reduce(o) + lw.o.bias
-            # Kernel path, prefill sizes: this norm's launch also writes x's e4m3 groups for the MoE (as the server)
-            moe_quant = empty_x_quant(tokens, d.hidden, h.device) if quantize and x_quant_applies(tokens) else None
-            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps, quant_out=moe_quant)[:2]
-            pending = self._moe(x, lw, moe_quant)
+            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)
+            pending = self._moe(x, lw)
         if self.probe is not None:
             self.probe.runtime.layers_done()
         h = h + pending
@@ -366,17 +363,17 @@ class ModelStep:
             self.probe.step(out_full, seq_lens, last)
         return logits
 
-    def _moe(self, x: torch.Tensor, lw: LayerWeights, x_quant=None) -> torch.Tensor:
+    def _moe(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
         d, s = self.dims, self.sharding
         sharded = s.tp > 1 and not self.emulate
         if s.dp > 1 and sharded:
-            # Data-parallel attention: the MoE runs over every DP group's tokens (x's groups are this rank's).
-            x, x_quant = _all_gather_rows(x, self.group), None
+            # Data-parallel attention: the MoE runs over every DP group's tokens.
+            x = _all_gather_rows(x, self.group)
         partial = moe_forward(
             x, lw.router_weight, lw.router_bias, lw.w1, lw.w1_scale_inv, lw.b1, lw.w2, lw.w2_scale_inv,
             lw.b2, top_k=d.top_k, limit=d.swiglu_limit, expert_offset=self.expert_offset,
             # mlp2's bias once per (token, expert): on the rank holding the expert's first slice.
-            with_down_bias=s.moe_tp_rank == 0, x_quant=x_quant)
+            with_down_bias=s.moe_tp_rank == 0)
         if s.tp == 1:
             return partial
         if sharded:

@@ -1810,30 +1810,6 @@ def _decode_token_pad(num_tokens: int) -> int:
     return 1 if num_tokens == 1 else 4 if num_tokens <= 4 else 16
 
 
-def x_quant_applies(num_tokens: int) -> bool:
-    """Whether a caller should hand `fused_moe_fp8` x's groups (`x_quant`) at this many tokens: above
-    FUSED_SORT_MAX_TOKENS (prefill sizes), where quantising x is a pass of the front's own; below, the decode
-    front quantises inside its launch, and up to 128 tokens beside the one program that routes and sorts,
-    off the critical path (fused_moe_fp8 still reads an `x_quant` given there, outside the decode front)."""
-    return num_tokens > FUSED_SORT_MAX_TOKENS
-
-
-def empty_x_quant(num_tokens: int, hidden: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Buffers for `fused_moe_fp8`'s `x_quant`: e4m3 codes [T, H], fp32 scales [T, cdiv(H, 128)], row-major."""
-    return (torch.empty((num_tokens, hidden), dtype=FP8, device=device),
-            torch.empty((num_tokens, _cdiv(hidden, QUANT_GROUP)), dtype=torch.float32, device=device))
-
-
-def _check_x_quant(x, x_quant) -> None:
-    codes, scales = x_quant
-    t, hidden = x.shape
-    want = (t, _cdiv(hidden, QUANT_GROUP))
-    if (codes.shape != x.shape or codes.dtype != FP8 or not codes.is_contiguous() or scales.shape != want
-            or scales.dtype != torch.float32 or not scales.is_contiguous()):
-        raise ValueError(f"fused_moe_fp8: x_quant must be contiguous e4m3 codes {tuple(x.shape)} and fp32 scales "
-                         f"{want}, got {codes.dtype} {tuple(codes.shape)} / {scales.dtype} {tuple(scales.shape)}")
-
-
 def _uses_decode_front(x, router_weight, router_bias) -> bool:
     """The decode front takes over where its tile holds every token and the operands are those
     F.linear would accept (else F.linear raises, as before)."""
@@ -2160,7 +2136,6 @@ def fused_moe_fp8(
     config: MoeConfig | None = None,
     out: torch.Tensor | None = None,
     return_routing: bool = False,
-    x_quant: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """The gpt-oss MoE layer on FP8 experts: out [T, H] in x's dtype.
 
@@ -2171,9 +2146,7 @@ def fused_moe_fp8(
     [E_local, H] or None (tensor parallelism: the caller adds it once, `add_down_bias`).
     The weights are this rank's experts, global ids expert_offset .. expert_offset+E_local-1.
     `config` overrides the table (`select_config`); `out` receives the result (CUDA-graph
-    buffers); with `return_routing` also returns (topk_weights, topk_ids int32). `x_quant` = x's 1x128
-    e4m3 codes [T, H] and fp32 scales [T, cdiv(H, 128)], both contiguous (row-major), exactly as the front
-    would make them (e.g. by the norm that made x, `x_quant_applies`): the routing launch then skips x.
+    buffers); with `return_routing` also returns (topk_weights, topk_ids int32).
     No host syncs: capturable in a CUDA graph."""
     num_local, inter, config, out = _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out)
     if router_weight.dim() != 2 or router_weight.shape[1] != x.shape[1]:
@@ -2182,12 +2155,8 @@ def fused_moe_fp8(
         raise ValueError(f"fused_moe_fp8: experts {expert_offset}..{expert_offset + num_local - 1} "
                          f"outside the router's {router_weight.shape[0]}")
     sort = (num_local, expert_offset, config.block_m, config.align_chunk)
-    if _uses_decode_front(x, router_weight, router_bias):  # (it quantises x in its own launch)
+    if _uses_decode_front(x, router_weight, router_bias):
         front, _ = _decode_front(x, router_weight, router_bias, top_k, sort)
-    elif x_quant is not None:
-        _check_x_quant(x, x_quant)
-        front = _front(None, F.linear(x, router_weight, router_bias), None, top_k, sort)
-        front = (*front[:2], *x_quant, *front[4:])
     else:
         front = _front(x, F.linear(x, router_weight, router_bias), None, top_k, sort)
     topk_weights, topk_ids = front[0], front[1]

@@ -116,30 +116,19 @@ def _quant_buffers(t: int, c: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False,
-                      quant_out: tuple[torch.Tensor, torch.Tensor] | None = None):
+                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False):
     """(h + delta rounded to h's dtype, rms_norm of it with `weight`), both [T, C] in h's dtype.
 
     `delta` None: no add (the first layer); the first result is `h` itself. `tap` = (features,
     column, tap_eps): also features[:T, column:column+C] = h_sum * rsqrt(mean(h_sum^2) + tap_eps)
     in features' dtype. `quantize`: a third result, (e4m3 codes [T, C], fp32 scales
     [T, ceil(C/128)]) of the returned norm, bit-equal to `quantize_activation_group128(x_out)`
-    (the `x_quant` of `fp8_linear`). `quant_out` = (codes, scales) buffers of those shapes, any strides
-    with a unit last one for the codes (e.g. row-major scales, as the MoE front lays them out): the
-    quantisation goes there (implies `quantize`). No host reads: graph-safe."""
+    (the `x_quant` of `fp8_linear`). No host reads: graph-safe."""
     _check(h, delta, weight, tap)
     t, c = h.shape
     h_out = torch.empty_like(h) if delta is not None else h
     x_out = torch.empty_like(h)
-    if quant_out is not None:
-        codes, scales = quant_out
-        if (codes.shape != (t, c) or codes.dtype != torch.float8_e4m3fn or codes.stride(-1) != 1
-                or scales.shape != (t, triton.cdiv(c, GROUP)) or scales.dtype != torch.float32):
-            raise ValueError(f"residual_rms_norm: quant_out must be e4m3 codes {(t, c)} (unit last stride) and fp32 "
-                             f"scales {(t, triton.cdiv(c, GROUP))}, got {codes.dtype} {tuple(codes.shape)} / "
-                             f"{scales.dtype} {tuple(scales.shape)}")
-        quantize = True
-    quant = (quant_out if quant_out is not None else _quant_buffers(t, c, h.device)) if quantize else None
+    quant = _quant_buffers(t, c, h.device) if quantize else None
     if t == 0:
         return (h_out, x_out, quant) if quantize else (h_out, x_out)
     for name, x in (("h", h), ("delta", delta), ("features", tap[0] if tap else None)):

@@ -1001,48 +1001,6 @@ def test_full_shapes_gemv_and_cuda_graph(case):
     gpu_full_shapes(num_tokens, config, num_experts=num_experts)
 
 
-def check_x_quant(mod, device: str, num_tokens: int, hidden: int, inter: int, num_experts: int) -> dict:
-    """x's groups from the norm that made x (`residual_rms_norm(quant_out=empty_x_quant(...))`, as the model
-    calls it at prefill sizes) equal the MoE front's own quantisation of x bit for bit, and fused_moe_fp8 with
-    them (`x_quant`) returns the same bits as without; a badly shaped x_quant is refused by name."""
-    from sglang_ext.kernels.residual_norm import residual_rms_norm
-
-    assert mod.x_quant_applies(num_tokens)
-    router = make_router(num_experts, hidden, seed=21, device=device)
-    experts = make_experts(num_experts, hidden, inter, seed=22, device=device)
-    h = make_x(num_tokens, hidden, seed=23, device=device)
-    delta = make_x(num_tokens, hidden, seed=24, device=device)
-    norm_w = (torch.rand(hidden, device=device) + 0.5).to(h.dtype)
-    _, x = residual_rms_norm(h, delta, norm_w, 1e-5)
-    plain = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT)
-    quant = mod.empty_x_quant(num_tokens, hidden, device)
-    _, x2, _ = residual_rms_norm(h, delta, norm_w, 1e-5, quant_out=quant)
-    assert torch.equal(x2, x), "quant_out changed the norm's output"
-    _, _, xq, xs = mod.route_and_quantize(None, x, TOP_K)
-    assert torch.equal(quant[0].view(torch.uint8), xq.view(torch.uint8)), "the norm's codes differ from the front's"
-    assert torch.equal(quant[1], xs), "the norm's scales differ from the front's"
-    got = mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT, x_quant=quant)
-    assert torch.equal(got, plain), "x_quant changed the MoE's output"
-    with pytest.raises(ValueError, match="x_quant must be contiguous e4m3 codes"):
-        mod.fused_moe_fp8(x, *router, *experts, top_k=TOP_K, limit=LIMIT, x_quant=(quant[0], quant[1].t()))
-    return {"x_quant_tokens": num_tokens, "hidden": hidden, "experts": num_experts}
-
-
-@pytest.mark.gpu
-def test_x_quant_full_shapes():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA; GPU results live in benchmarks/results/")
-    check_x_quant(_kernel_module(), "cuda", 2048, 2880, 2880, 128)
-
-
-def test_x_quant_interpreted():
-    """The MoE reads x's groups from the norm that made x (prefill sizes), interpreted."""
-    from interpreted import run_interpreted
-
-    results = run_interpreted(__file__, ["--x-quant"])
-    assert results == [{"x_quant_tokens": 130, "hidden": HIDDEN, "experts": NUM_EXPERTS}]
-
-
 if __name__ == "__main__":
     # python tests/test_kernel_moe.py --sweep [--device cuda]   (interpreter: TRITON_INTERPRET=1)
     # python tests/test_kernel_moe.py --gpu                     (small dims compiled, full shapes + graph, routing)
@@ -1063,8 +1021,6 @@ if __name__ == "__main__":
         print(json.dumps(check_one_dot(_kernel_module(), "cuda")), flush=True)
         for config in gpu_one_dot_configs():
             print(json.dumps(gpu_one_dot_vs_default(config)), flush=True)
-    elif "--x-quant" in args:  # python tests/test_kernel_moe.py --x-quant (interpreted, small dims)
-        print(json.dumps(check_x_quant(_kernel_module(), "cpu", 130, HIDDEN, INTER, NUM_EXPERTS)), flush=True)
     elif "--one-dot" in args:  # python tests/test_kernel_moe.py --one-dot [--device cuda]
         dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
         t0 = time.time()

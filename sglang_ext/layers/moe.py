@@ -139,7 +139,6 @@ def moe_forward(
     expert_offset: int = 0,
     with_down_bias: bool = True,
     return_routing: bool = False,
-    x_quant: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """The gpt-oss MoE block for this rank's experts: route over all experts, run the local ones.
 
@@ -150,9 +149,6 @@ def moe_forward(
     dequantised per call (callers that loop should cache, as the model does).
     `return_routing` also returns (topk_weights, topk_ids), the routing the experts ran with
     (tensor parallelism adds mlp2's bias with it after the all-reduce: no second routing).
-    `x_quant`: x's 1x128 e4m3 groups from its producer (contiguous codes and row-major scales, see
-    `kernels.moe.x_quant_applies`), read by the Triton MoE instead of quantising x again; the torch
-    path ignores it.
     """
     from sglang_ext.kernel_select import use_triton
 
@@ -164,7 +160,7 @@ def moe_forward(
         # pair sort and activation quantisation (kernels/moe.py, _decode_front_kernel).
         return fused_moe_fp8(x, router_weight, router_bias, w1, w1_scale_inv, b1, w2, w2_scale_inv,
                              b2 if with_down_bias else None, top_k=top_k, limit=limit, expert_offset=expert_offset,
-                             return_routing=return_routing, x_quant=x_quant)
+                             return_routing=return_routing)
     weights, ids = route(x, router_weight, router_bias, top_k)
     if fp8:
         from sglang_ext.layers.fp8 import dequantize_weight_block128

@@ -17,23 +17,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False,
-                      quant_out: tuple[torch.Tensor, torch.Tensor] | None = None):
+                      tap: tuple[torch.Tensor, int, float] | None = None, quantize: bool = False):
     """(s, rms_norm(s, weight)) for the residual sum s = h + delta (delta None: s = h).
 
     `tap` = (features, column, tap_eps): also writes the probe's weight-less normalisation of s,
     s * rsqrt(mean(s^2) + tap_eps), into features[:T, column:column + C]. `quantize`: a third
     result, the norm's FP8 form (e4m3 codes, fp32 1x128 scales) exactly as
-    `quantize_activation_group128` gives it, for `fp8_linear(x_quant=...)`; `quant_out` = (codes, scales)
-    buffers to write it into (any scale strides, e.g. the MoE front's row-major layout; implies `quantize`).
-    On the kernel path one launch does all of it (`sglang_ext.kernels.residual_norm`); elsewhere the
-    unfused ops."""
+    `quantize_activation_group128` gives it, for `fp8_linear(x_quant=...)`. On the kernel path one
+    launch does all of it (`sglang_ext.kernels.residual_norm`); elsewhere the unfused ops."""
     from sglang_ext.kernel_select import use_triton
 
     if use_triton(h.device):
         from sglang_ext.kernels.residual_norm import residual_rms_norm as fused
 
-        return fused(h, delta, weight, eps, tap, quantize=quantize, quant_out=quant_out)
+        return fused(h, delta, weight, eps, tap, quantize=quantize)
     s = h + delta if delta is not None else h
     if tap is not None:
         from sglang_ext.probe.model import rms_normalize
@@ -41,13 +38,8 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
         features, col0, tap_eps = tap
         features[: s.shape[0], col0 : col0 + s.shape[1]] = rms_normalize(s, tap_eps).to(features.dtype)
     x = rms_norm(s, weight, eps)
-    if quantize or quant_out is not None:
+    if quantize:
         from sglang_ext.layers.fp8 import quantize_activation_group128
 
-        quant = quantize_activation_group128(x)
-        if quant_out is not None:
-            quant_out[0].copy_(quant[0])
-            quant_out[1].copy_(quant[1])
-            quant = quant_out
-        return s, x, quant
+        return s, x, quantize_activation_group128(x)
     return s, x

@@ -236,15 +236,7 @@ class GptOssMLP(nn.Module):
         self.router = GptOssRouter(config)
         self.experts = GptOssExperts(config, tp)
 
-    def x_quant_buffers(self, x):
-        """Buffers for x's e4m3 groups where the Triton MoE reads them from x's producer (prefill sizes), else None."""
-        if not (self.experts.fp8 and use_triton(x.device)):
-            return None
-        from sglang_ext.kernels.moe import empty_x_quant, x_quant_applies
-
-        return empty_x_quant(x.shape[0], x.shape[1], x.device) if x_quant_applies(x.shape[0]) else None
-
-    def forward(self, x, x_quant=None):
+    def forward(self, x):
         ex = self.experts
         single = self.tp.size == 1
         if ex.fp8 and use_triton(x.device):
@@ -252,8 +244,7 @@ class GptOssMLP(nn.Module):
             out, weights, ids = moe_forward(
                 x, self.router.weight, self.router.bias, ex.gate_up_proj, ex.gate_up_proj_scale_inv,
                 ex.gate_up_proj_bias, ex.down_proj, ex.down_proj_scale_inv, ex.down_proj_bias,
-                self.top_k, self.limit, ex.expert_offset, with_down_bias=single, return_routing=True,
-                x_quant=x_quant)
+                self.top_k, self.limit, ex.expert_offset, with_down_bias=single, return_routing=True)
             if single:
                 return out
             return add_down_bias(tensor_model_parallel_all_reduce(out), weights, ids, ex.down_proj_bias)
@@ -280,11 +271,8 @@ class GptOssDecoderLayer(nn.Module):
         kernel path). Returns (residual after attention, MLP output): the caller adds the MLP
         output inside the next norm's launch."""
         post = self.post_attention_layernorm
-        o = self.self_attn(x, cos_sin, forward_batch, x_quant)
-        # Kernel path, prefill sizes: the norm's launch also writes x's e4m3 groups for the Triton MoE
-        moe_quant = self.mlp.x_quant_buffers(h)
-        h, x = residual_rms_norm(h, o, post.weight, post.eps, quant_out=moe_quant)[:2]
-        return h, self.mlp(x, moe_quant)
+        h, x = residual_rms_norm(h, self.self_attn(x, cos_sin, forward_batch, x_quant), post.weight, post.eps)
+        return h, self.mlp(x)
 
 
 class GptOssModel(nn.Module):
