@@ -279,6 +279,29 @@ def main():
 PREFIX_CONFIGS = ((64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 4))
 
 
+def _timed_rows(candidates, want, flops, dev) -> list:
+    """(name, fn) candidates -> a row each: us per call (CUDA graph of 3 calls), TFLOP/s, max |out - want|,
+    or the error that stopped it (a config that fails to compile is a row too)."""
+    rows = []
+    for name, fn in candidates:
+        try:
+            out = fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            us = bc.graph_time_calls([fn] * 3, iters=10, device=dev) * 1e6
+            rows.append({"kernel": name, "us": us, "TFLOPs": flops / us / 1e6,
+                         "max_abs_diff_vs_shipped": (out.float() - want).abs().max().item()})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _kernel_table(rows, us_format: str) -> str:
+    return bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", us_format), ("TFLOP/s", "TFLOPs", "{:.0f}"),
+                              ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)])
+
+
 def prefix_main(args):
     """--prefix: the extend of a request with a cached prefix, shipped key loop vs fa_prefix, CUDA graphs."""
     bc.import_project()
@@ -303,29 +326,17 @@ def prefix_main(args):
     shipped = lambda: sink_attention_extend(q, k_cache, v_cache, slots.view(1, -1), **common)  # noqa: E731
     ref = shipped().float()
     kc2, vc2 = k_cache.view(k_cache.shape[0], -1), v_cache.view(v_cache.shape[0], -1)
-    rows = []
-    for name, fn in [("shipped _sink_extend_kernel (slot ids for every key)", shipped)] + [
-            (f"prototype: prefix gathered, new rows by TMA, bm{bm} bn{bn} w{w} s{st}",
-             lambda bm=bm, bn=bn, w=w, st=st: fa_prefix(q, k, v, kc2, vc2, slots[:p].contiguous(), p, sinks, scale,
-                                                        bm, bn, w, st))
-            for bm, bn, w, st in PREFIX_CONFIGS]:
-        try:
-            out = fn()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            us = bc.graph_time_calls([fn] * 3, iters=10, device=dev) * 1e6
-            rows.append({"kernel": name, "us": us, "TFLOPs": flops / us / 1e6,
-                         "max_abs_diff_vs_shipped": (out.float() - ref).abs().max().item()})
-        except Exception as e:  # noqa: BLE001
-            rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
-        print(rows[-1], flush=True)
+    rows = _timed_rows([("shipped _sink_extend_kernel (slot ids for every key)", shipped)] + [
+        (f"prototype: prefix gathered, new rows by TMA, bm{bm} bn{bn} w{w} s{st}",
+         lambda bm=bm, bn=bn, w=w, st=st: fa_prefix(q, k, v, kc2, vc2, slots[:p].contiguous(), p, sinks, scale,
+                                                    bm, bn, w, st))
+        for bm, bn, w, st in PREFIX_CONFIGS], ref, flops, dev)
     md = [f"# Extend with a cached prefix: the key loop vs a gather + TMA prototype ({meta.get('gpu', 'GPU')})", "",
           f"`{meta['command']}` — {meta.get('date', '')}", "",
           f"One request: {p} cached keys in random slots, then {t} new tokens (their K/V also in their slots, and as "
           "rows for the prototype); 64 q / 8 kv heads, D 64, bf16, causal with sinks. us: per call, CUDA graph of 3 "
           "calls, median. TFLOP/s: 4 H D (T P + T(T+1)/2) / time.", "",
-          bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.0f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
-                             ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
+          _kernel_table(rows, "{:.0f}"), ""]
     bc.write_results(args.out, args.stem if args.stem != "diag_extend_fa" else "diag_extend_prefix", meta, rows,
                      "\n".join(md))
     print("\n".join(md))
@@ -357,29 +368,16 @@ def window_main(args):
     req_pool_indices = torch.zeros(1, device=dev, dtype=torch.int64)
     shipped = lambda: sink_attention_extend(q, k, v, req_to_token, req_pool_indices, q_len, None,  # noqa: E731
                                             q_len, sinks, w, scale)
-    want = shipped().float()
-    rows = []
-    for name, fn in [("shipped _sink_extend_window_kernel (slot ids, one shot)", shipped)] + [
-            (f"sink_attention_prefill bm{bm} bn{bn} w{wa} s{st}",
-             lambda tile=(bm, bn, wa, st): sink_attention_prefill(q, k, v, None, q_len, sinks, scale, window_left=w,
-                                                                  tile=tile))
-            for bm, bn, wa, st in WINDOW_TILES]:
-        try:
-            out = fn()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            us = bc.graph_time_calls([fn] * 3, iters=10, device=dev) * 1e6
-            rows.append({"kernel": name, "us": us, "TFLOPs": flops / us / 1e6,
-                         "max_abs_diff_vs_shipped": (out.float() - want).abs().max().item()})
-        except Exception as e:  # noqa: BLE001
-            rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
-        print(rows[-1], flush=True)
+    rows = _timed_rows([("shipped _sink_extend_window_kernel (slot ids, one shot)", shipped)] + [
+        (f"sink_attention_prefill bm{bm} bn{bn} w{wa} s{st}",
+         lambda tile=(bm, bn, wa, st): sink_attention_prefill(q, k, v, None, q_len, sinks, scale, window_left=w,
+                                                              tile=tile))
+        for bm, bn, wa, st in WINDOW_TILES], shipped().float(), flops, dev)
     md = [f"# Sliding-layer prefill: the window kernel vs the prefill kernel with a window ({meta.get('gpu', 'GPU')})",
           "", f"`{meta['command']}` — {meta.get('date', '')}", "",
           f"One request of {t} tokens, no cached prefix, window_left {w}; 64 q / 8 kv heads, D 64, {str(dt)[6:]}, "
           "sinks. us: per call, CUDA graph of 3 calls, median. TFLOP/s: 4 H D (visible query-key pairs) / time.", "",
-          bc.md_table(rows, [("kernel", "kernel", None), ("us", "us", "{:.1f}"), ("TFLOP/s", "TFLOPs", "{:.0f}"),
-                             ("max diff vs shipped", "max_abs_diff_vs_shipped", "{:.2e}"), ("error", "error", None)]), ""]
+          _kernel_table(rows, "{:.1f}"), ""]
     bc.write_results(args.out, args.stem if args.stem != "diag_extend_fa" else "diag_extend_window", meta, rows,
                      "\n".join(md))
     print("\n".join(md))

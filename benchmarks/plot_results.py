@@ -148,9 +148,11 @@ def summary(decode: list[dict], prefill: list[dict], raw_decode=(), raw_prefill=
             at = [r for r in sel if r["length"] == length]
             fastest = min(at, key=lambda r: r["latency_ms"])
             cheapest = min(at, key=lambda r: r["dollars_per_M_input"])
+            # eager calls of a few thousand tokens are partly the host's enqueue (bench_prefill.py --graph)
+            graphs = "".join(f"; {r['config']} as one CUDA graph {r['graph_ms']:.0f} ms" for r in at if r.get("graph_ms"))
             lines.append(f"- {model} prefill {length} tokens: fastest **{fastest['config']}** "
                          f"{fastest['latency_ms']:.0f} ms ({fastest['kind']}); cheapest **{cheapest['config']}** "
-                         f"${cheapest['dollars_per_M_input']:.4f}/M")
+                         f"${cheapest['dollars_per_M_input']:.4f}/M" + graphs)
     err_d = model_error(list(raw_decode), ("model", "config", "context", "batch"), "step_ms")
     err_p = model_error(list(raw_prefill), ("model", "config", "length"), "latency_ms")
     if err_d or err_p:
