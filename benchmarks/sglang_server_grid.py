@@ -1,13 +1,20 @@
 """The decode/prefill grid against real SGLang servers, for users with GPUs and SGLang.
 
 For each --tp/--ep/--dp configuration: launch `python -m sglang.launch_server` (with this
-package installed, so the plugin, our kernels and --probe-ckpt are active), wait for
-/health, drive SGLang's own `sglang.benchmark.one_batch_server` over the batch sizes and
-input lengths, stop the server, and write rows in the schema of bench_decode.py /
-bench_prefill.py (kind "sglang-server"), so the same tables and plots apply:
+package installed, so the plugin, our kernels and --probe-ckpt are active; started, waited for
+and stopped as the demo and the tests do, `sglang_ext.launch.server`), drive SGLang's own
+`sglang.benchmark.one_batch_server` over the batch sizes and input lengths, stop the server, and
+write rows in the schema of bench_decode.py / bench_prefill.py (kind "sglang-server"), so the same
+tables and plots apply:
 
-  decode : tok/s per user = output_throughput / batch; $/M output tokens at $3.00/GPU-hour
+  decode : tok/s per user = (output_len - 1) / (latency - last_ttft), the batch's tokens after its
+           first (SGLang's output_throughput counts the prefill's time too); $/M output tokens at
+           $3.00/GPU-hour
   prefill: latency = last_ttft at batch 1; $/M input tokens
+
+Prompts are SGLang's "random-ids" dataset (token ids of exactly the asked length, no download: the
+"random" one fetches ShareGPT from the Hugging Face hub). Without a GPU the server runs on the CPU
+(the demo's recipe): that is how the tests run this script, on the tiny checkpoint.
 
     python benchmarks/sglang_server_grid.py --model-path /models/gpt-oss-120b-fp8 \
         --configs 1:1:1,4:4:1,8:8:8 --probe-ckpt /models/gpt-oss-120b-singprobe --out results/
@@ -22,16 +29,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402
 from bench_decode import parse_configs  # noqa: E402
 
 
-def server_command(args, tp: int, ep: int, dp: int, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path,
-           "--host", "127.0.0.1", "--port", str(port), "--tp", str(tp)]
+def server_args(args, tp: int, ep: int, dp: int) -> list[str]:
+    """launch_server's arguments for one configuration, after --model-path / --host / --port."""
+    cmd = ["--tp", str(tp)]
     if ep > 1:
         cmd += ["--ep-size", str(ep)]
     if dp > 1:
@@ -44,24 +50,8 @@ def server_command(args, tp: int, ep: int, dp: int, port: int) -> list[str]:
 def bench_command(args, url: str, batches: list[int], input_len: int, output_len: int, result: str) -> list[str]:
     cmd = [sys.executable, "-m", "sglang.benchmark.one_batch_server", "--model", "None", "--base-url", url,
            "--batch-size", *map(str, batches), "--input-len", str(input_len), "--output-len", str(output_len),
-           "--result-filename", result]
+           "--dataset-name", "random-ids", "--result-filename", result]
     return cmd + (["--skip-warmup"] if args.skip_warmup else [])
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    import requests
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before /health answered")
-        try:
-            if requests.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(5)
-    raise TimeoutError(f"server at {url} not healthy after {timeout:.0f} s")
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -71,54 +61,68 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def decode_row(base: dict, r: dict, context: int, output_len: int, gpus: int) -> dict:
+    """One batch of one_batch_server's results as a decode row: every request's tokens after its first."""
+    batch = r["batch_size"]
+    decode_s = r["latency"] - r["last_ttft"]
+    if output_len < 2 or decode_s <= 0:
+        raise ValueError(f"no decode time to measure: output_len {output_len}, latency {r['latency']} s, "
+                         f"last_ttft {r['last_ttft']} s")
+    per_user = (output_len - 1) / decode_s
+    return {**base, "bench": "decode", "batch": batch, "context": context, "tok_s_per_user": per_user,
+            "tok_s_total": per_user * batch, "tok_s_per_gpu": per_user * batch / gpus,
+            "dollars_per_M_output": bc.dollars_per_million_output(per_user * batch, gpus),
+            "step_ms": 1e3 / per_user, "ttft_s": r["last_ttft"], "latency_s": r["latency"],
+            "sglang_output_throughput": r.get("output_throughput")}
+
+
+def prefill_row(base: dict, r: dict, length: int, gpus: int) -> dict:
+    latency = r["last_ttft"]
+    return {**base, "bench": "prefill", "length": length, "latency_ms": latency * 1e3, "tok_s": length / latency,
+            "dollars_per_M_input": bc.dollars_per_million_input(latency, length, gpus)}
+
+
 def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
+    from sglang_ext.launch.cpu_shims import cpu_server_env
+    from sglang_ext.launch.server import SGLangServer
+
     label = f"EP{ep} DP{dp} TP{tp}"
-    port = args.port
-    url = f"http://127.0.0.1:{port}"
-    rows = []
     batches = [int(b) for b in args.batches.split(",")]
-    cmd = server_command(args, tp, ep, dp, port)
+    server = SGLangServer(args.model_path, server_args(args, tp, ep, dp), port=args.port,
+                          log_path=os.path.join(args.out, f"server_{tp}_{ep}_{dp}.log"), vocab_dir=args.vocab_dir,
+                          startup_timeout=args.startup_timeout)
     if args.dry_run:
-        print(" ".join(cmd))
+        print(" ".join(server.command()))
         for ctx in args.contexts.split(","):
-            print("  " + " ".join(bench_command(args, url, batches, int(ctx), args.output_len, "decode.jsonl")))
+            print("  " + " ".join(bench_command(args, server.url, batches, int(ctx), args.output_len, "decode.jsonl")))
         for n in args.lengths.split(","):
-            print("  " + " ".join(bench_command(args, url, [1], int(n), 1, "prefill.jsonl")))
-        return rows
-    log = open(os.path.join(args.out, f"server_{tp}_{ep}_{dp}.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            print("  " + " ".join(bench_command(args, server.url, [1], int(n), 1, "prefill.jsonl")))
+        return []
+    # the benchmark client loads the server's tokenizer: on a CPU it needs the server's environment (vocab)
+    env = cpu_server_env(vocab_dir=args.vocab_dir) if server.cpu else dict(os.environ)
     base = {"model": os.path.basename(args.model_path.rstrip("/")), "config": label, "gpus": tp,
             "kind": "sglang-server"}
+    rows = []
     try:
-        wait_healthy(url, proc, args.startup_timeout)
+        server.start()
         with tempfile.TemporaryDirectory() as tmp:
-            for ctx in [int(c) for c in args.contexts.split(",")]:
-                result = os.path.join(tmp, f"decode_{ctx}.jsonl")
-                subprocess.run(bench_command(args, url, batches, ctx, args.output_len, result), check=False)
-                for r in read_jsonl(result):
-                    total = r["output_throughput"]
-                    rows.append({**base, "bench": "decode", "batch": r["batch_size"], "context": ctx,
-                                 "tok_s_per_user": total / r["batch_size"], "tok_s_total": total,
-                                 "tok_s_per_gpu": total / tp,
-                                 "dollars_per_M_output": bc.dollars_per_million_output(total, tp),
-                                 "ttft_s": r.get("last_ttft"), "latency_s": r.get("latency")})
-            for n in [int(v) for v in args.lengths.split(",")]:
-                result = os.path.join(tmp, f"prefill_{n}.jsonl")
-                subprocess.run(bench_command(args, url, [1], n, 1, result), check=False)
-                for r in read_jsonl(result):
-                    latency = r["last_ttft"]
-                    rows.append({**base, "bench": "prefill", "length": n, "latency_ms": latency * 1e3,
-                                 "tok_s": n / latency,
-                                 "dollars_per_M_input": bc.dollars_per_million_input(latency, n, tp)})
-    except Exception as exc:
+            runs = [("decode", ctx, batches, args.output_len) for ctx in map(int, args.contexts.split(","))]
+            runs += [("prefill", n, [1], 1) for n in map(int, args.lengths.split(","))]
+            for bench, tokens, run_batches, output_len in runs:
+                result = os.path.join(tmp, f"{bench}_{tokens}.jsonl")
+                done = subprocess.run(bench_command(args, server.url, run_batches, tokens, output_len, result),
+                                      env=env, capture_output=True, text=True)
+                got = read_jsonl(result)
+                if done.returncode != 0 or not got:
+                    rows.append({**base, "bench": bench, "tokens": tokens,
+                                 "error": f"one_batch_server exited {done.returncode}: {done.stderr[-300:]}"})
+                for r in got:
+                    rows.append(decode_row(base, r, tokens, output_len, tp) if bench == "decode"
+                                else prefill_row(base, r, tokens, tp))
+    except Exception as exc:  # noqa: BLE001  (a configuration that fails is a row; the grid goes on)
         rows.append({**base, "error": repr(exc)[:300]})
     finally:
-        try:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=60)
-        except Exception:
-            os.killpg(proc.pid, 9)
-        log.close()
+        server.stop()
     return rows
 
 
@@ -132,6 +136,8 @@ def main():
     ap.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--port", type=int, default=30111)
+    ap.add_argument("--vocab-dir", default=None, help="tiktoken vocab folder for an offline server's tokenizer "
+                    "(sglang_ext.launch.tokenizer.ensure_o200k_vocab; the CPU tests pass theirs)")
     ap.add_argument("--startup-timeout", type=float, default=1800)
     ap.add_argument("--skip-warmup", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
@@ -146,16 +152,18 @@ def main():
     if args.dry_run:
         return
     meta = bc.run_meta(" ".join(["python", "benchmarks/sglang_server_grid.py"] + sys.argv[1:]))
-    decode = [r for r in rows if r.get("bench") == "decode"]
-    prefill = [r for r in rows if r.get("bench") == "prefill"]
-    md = [f"# SGLang servers: decode and prefill by configuration", "", f"`{meta['command']}` — {meta['date']}", "",
+    decode = [r for r in rows if r.get("bench") == "decode" and "error" not in r]
+    prefill = [r for r in rows if r.get("bench") == "prefill" and "error" not in r]
+    md = ["# SGLang servers: decode and prefill by configuration", "", f"`{meta['command']}` — {meta['date']}", "",
+          "decode tok/s per user: (output_len - 1) / (latency - last_ttft) of SGLang's one_batch_server.", "",
           bc.md_table(decode, [("config", "config", None), ("context", "context", None), ("batch", "batch", None),
                                ("tok/s/user", "tok_s_per_user", "{:.1f}"), ("tok/s/GPU", "tok_s_per_gpu", "{:.0f}"),
                                ("$/M out", "dollars_per_M_output", "{:.3f}")]), "",
           bc.md_table(prefill, [("config", "config", None), ("input tokens", "length", None),
                                 ("latency ms", "latency_ms", "{:.1f}"), ("$/M input", "dollars_per_M_input", "{:.4f}")])]
     errors = [r for r in rows if "error" in r]
-    md += [""] + [f"- {r['config']}: {r['error']}" for r in errors]
+    md += [""] + [f"- {r['config']}" + (f" {r['bench']} {r['tokens']} tokens" if "tokens" in r else "")
+                  + f": {r['error']}" for r in errors]
     bc.write_results(args.out, args.stem, meta, rows, "\n".join(md) + "\n")
 
 
