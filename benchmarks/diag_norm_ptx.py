@@ -1,6 +1,6 @@
 """Why `residual_rms_norm` compiled with QUANTIZE returns other bf16 bits than the plain launch (session 14's
 gpu test, logs/h200_session14_gpu_test_x_quant_REVERTED.log): compile both variants for sm_90 on this CPU (no
-GPU needed: Triton's compile-only driver, as tests/test_sglang_peers.py's SGLANG_PEERS_SM90 check) and compare
+GPU needed: benchmarks/compile_only.py, as tests/test_sglang_peers.py's SGLANG_PEERS_SM90 check) and compare
 how each thread's elements of the row are laid out, which sets the order of the mean-square reduction.
 
     python benchmarks/diag_norm_ptx.py --out benchmarks/results
@@ -17,54 +17,21 @@ import types
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compile_only import install_compile_only_h200  # noqa: E402
 
 
-def _compile_only_h200():
-    """Triton's view of an sm_90 device that never launches; torch told it has one."""
+def _compile_only_h200() -> dict:
+    """{(kernel name, QUANTIZE): compiled kernel} of every launch from now on, none of them run; torch told it
+    has an H200 where the launchers ask."""
     props = types.SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=232448, gcnArchName="",
                                   name="NVIDIA H200")
     torch.cuda.is_available = lambda: True
     torch.cuda.get_device_capability = lambda *a: (9, 0)
     torch.cuda.get_device_properties = lambda *a: props
     torch.cuda.current_device = lambda: 0
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.driver import DriverBase
-    from triton.runtime import jit as tjit
-    from triton.runtime.driver import driver
-
-    class CompileOnlyH200(DriverBase):
-        @classmethod
-        def is_active(cls):
-            return True
-
-        def map_python_to_cpp_type(self, ty):
-            raise NotImplementedError
-
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_active_torch_device(self):
-            return torch.device("cpu")
-
-        def get_benchmarker(self):
-            raise NotImplementedError
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, idx=None):
-            return 0
-
-    driver.set_active(CompileOnlyH200())
     compiled = {}
-    run = tjit.JITFunction.run
-
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
-        compiled[(self.fn.__name__, bool(kwargs.get("QUANTIZE")))] = kernel
-        return kernel
-
-    tjit.JITFunction.run = compile_only
+    install_compile_only_h200(lambda fn, kernel, kwargs: compiled.__setitem__(
+        (fn.fn.__name__, bool(kwargs.get("QUANTIZE"))), kernel))
     return compiled
 
 

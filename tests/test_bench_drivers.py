@@ -120,8 +120,9 @@ def test_collective_model_reproduces_its_calibration():
     assert model.gather_or_scatter(1e6, 4) == pytest.approx(model.alpha(4) + 0.75e6 / model.busbw)
 
 
-def test_what_does_not_fit_one_h200_is_named():
-    """120b at batch 128 x 32k needs more than an H200 holds (the issue's example): the grids say so per row."""
+def test_120b_batch128_at_32k_needs_more_than_one_h200():
+    """The memory check's arithmetic on the issue's example: 120b at batch 128 x 32k needs more than an H200 holds
+    (its KV alone > 100 GB), batch 1 at 8k and TP8 EP8 at batch 128 x 32k fit (the next test: how a row says so)."""
     from bench_decode import MEMORY_MARGIN
     from model_step import MODELS, ModelStep, Sharding
 

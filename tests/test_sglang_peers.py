@@ -206,50 +206,11 @@ print("ok")
 
 
 SM90_COMPILE = AS_H200.split("import sglang_peers as sp")[0] + """
-import time
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.driver import DriverBase
-from triton.runtime import jit as tjit
-from triton.runtime.driver import driver
+from compile_only import install_compile_only_h200
 
-
-class CompileOnlyH200(DriverBase):  # Triton's view of an sm_90 device that never launches
-    @classmethod
-    def is_active(cls):
-        return True
-
-    def map_python_to_cpp_type(self, ty):
-        raise NotImplementedError
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-    def get_benchmarker(self):
-        raise NotImplementedError
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, idx=None):
-        return 0
-
-
-driver.set_active(CompileOnlyH200())
 compiled = {}
-_run = tjit.JITFunction.run
-
-
-def compile_only(self, *args, grid, warmup, **kwargs):
-    kernel = _run(self, *args, grid=grid, warmup=True, **kwargs)
-    compiled[self.fn.__name__] = len(kernel.asm["cubin"])
-    return kernel
-
-
-tjit.JITFunction.run = compile_only
+install_compile_only_h200(lambda fn, kernel, kwargs: compiled.__setitem__(fn.fn.__name__, len(kernel.asm["cubin"])))
 import sglang_peers as sp
 from sglang_ext.layers import fp8 as f8
 

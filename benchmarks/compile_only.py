@@ -1,0 +1,52 @@
+"""Compile Triton kernels for an H200 (sm_90) on a machine without a GPU: Triton's view of a device that never
+launches. Every `kernel[grid](...)` call compiles (PTX, then a cubin through Triton's bundled ptxas) and hands the
+compiled kernel to a callback; the launch itself never happens. Used by tests/test_sglang_peers.py's opt-in
+sm_90 check (SGLANG_PEERS_SM90=1) and benchmarks/diag_norm_ptx.py; the caller tells torch it has a GPU where
+the launchers ask (torch.cuda.is_available and the device's properties).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def install_compile_only_h200(on_compile) -> None:
+    """From now on, a Triton launch compiles for sm_90 and calls on_compile(jit_function, compiled_kernel,
+    launch_kwargs) instead of launching."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+    from triton.runtime import jit as tjit
+    from triton.runtime.driver import driver
+
+    class CompileOnlyH200(DriverBase):
+        @classmethod
+        def is_active(cls):
+            return True
+
+        def map_python_to_cpp_type(self, ty):
+            raise NotImplementedError
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+        def get_benchmarker(self):
+            raise NotImplementedError
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, idx=None):
+            return 0
+
+    driver.set_active(CompileOnlyH200())
+    run = tjit.JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        on_compile(self, kernel, kwargs)
+        return kernel
+
+    tjit.JITFunction.run = compile_only
