@@ -88,6 +88,8 @@
 #   bash benchmarks/run_h200.sh graph14   # (one GPU) window diag; TP1 prefill eager vs one CUDA graph
 #   bash benchmarks/run_h200.sh small14   # (one GPU) prefill's small kernels by launch choice (diag_prefill_small)
 #   bash benchmarks/run_h200.sh sort14    # (one GPU) MoE gpu tests + TP1 prefill (eager, graph, profile) after the sort chunk
+#                                         # (session 15's grouped one-shot decode MoE ran as stages grp15 / grp15b at
+#                                         # f1cf499, reverted: results/history/*grouped*_REVERTED.md)
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
@@ -642,6 +644,37 @@ xq14)  # one GPU: the post-attention norm writes x's e4m3 groups for the MoE at 
     step gpu_test_x_quant 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py -k x_quant
     step bench_prefill_tp1 240 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
         --lengths 8192 --graph --profile 8192 --out "$R" --stem bench_prefill_tp1_xquant
+    ;;
+grp15)  # one GPU: the grouped one-shot decode MoE (commit f1cf499: programs per sorted block of one expert's pairs,
+        # so an expert chosen by several tokens is read once): its gpu tests, then the MoE layer at 1..8 tokens on
+        # 120b's 128 and 20b's 32 experts. Session 15, REVERTED with grp15b's: the first kernels (slab held in
+        # registers across the block's loop, 126 registers) were slower everywhere, 20b T=8 261.5 us vs the
+        # shipped 180.5 (history/bench_moe_decode_*_grouped_first_REVERTED.md). The stage no longer applies
+    step gpu_test_moe_decode 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
+    step bench_moe_decode_120b 150 python benchmarks/bench_moe_decode.py --out "$R/grouped_120b" --tokens 1,2,4,8 \
+        --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 100
+    step bench_moe_decode_20b 150 python benchmarks/bench_moe_decode.py --out "$R/grouped_20b" --tokens 2,4,8 \
+        --dims 32,2880,2880 --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 100
+    ;;
+grp15b)  # one GPU: the grouped kernels rewritten as the per-pair body in a loop over the block's pairs (93 / 125
+         # registers; with caps 64 / 72), the layer, then the whole decode step with the MoE's 2..8-token rows on
+         # them vs the shipped table, paired CUDA graphs. Session 15, REVERTED (commit f1cf499 and its revert): the
+         # gpu tests passed (11), but every grouped row was slower than the per-pair kernels, even at one pair a
+         # block (20b T=4 m2 131.0 vs 111.1 us; T=8 m2 241.7 vs the shipped GEMV row's 182.2), the caps slower
+         # still (333.6), and the step A/B (caps 64:72) +57..+65 %. At 8 tokens the grouped step's logits also
+         # left the shipped GEMV step's (argmax agreement 0.00 on 120b, 0.25 on 20b; batch 4: bits equal),
+         # where the layer's gpu test at T=8 without caps matched moe_ref: not diagnosed, the kernels reverted
+         # (history/diag_moe_grouped_REVERTED.md, bench_moe_decode_*_grouped_REVERTED.md). Why slower: the loop
+         # serialises each further pair's load latency inside one program and the extra registers halve the
+         # programs an SM; the per-pair grid reads a shared expert twice from HBM (no L2 merge of the two
+         # concurrent misses), which costs less. The stage no longer applies
+    step gpu_test_moe_decode 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
+    step bench_moe_decode_20b 100 python benchmarks/bench_moe_decode.py --out "$R/grouped_20b" --tokens 4,8 \
+        --dims 32,2880,2880 --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 60
+    step bench_moe_decode_120b 100 python benchmarks/bench_moe_decode.py --out "$R/grouped_120b" --tokens 4,8 \
+        --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 60
+    step diag_moe_grouped 250 python benchmarks/diag_pdl.py --moe-grouped-ab --grouped-caps "${GROUPED_CAPS:-64:72}" \
+        --models 20b,120b --batches 8,4 --rounds 30 --check 10 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
