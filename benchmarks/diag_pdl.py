@@ -280,50 +280,6 @@ def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check:
     return closeness_row(model_name, batch, context, ("narrow", "wide"), wide, rounds, check)
 
 
-def table_with_grouped_oneshot(caps: tuple = (0, 0)):
-    """The MoE table with 2..8 tokens on the grouped one-shot kernels (block_m = pairs per sorted block,
-    kernels/moe_decode.py `OneshotConfig.group_rows`), the per-pair row's tiles, register caps `caps`
-    (mlp1, mlp2; 0: none); 1 token and 9+ as shipped."""
-    from dataclasses import replace
-
-    from sglang_ext.kernels import moe
-
-    one = moe.H200_HIDDEN_2880_CONFIGS[0][1]
-    assert one.oneshot
-    rest = tuple((t, c) for t, c in moe.H200_HIDDEN_2880_CONFIGS if t > 8)
-    return ((1, one),) + tuple((t, replace(one, block_m=t, mlp1_maxnreg=caps[0], mlp2_maxnreg=caps[1]))
-                               for t in (2, 4, 8)) + rest
-
-
-def moe_grouped_row(model_name: str, batch: int, context: int, rounds: int, check: int, caps: tuple) -> dict:
-    """The same model and inputs captured twice: the shipped MoE table vs `table_with_grouped_oneshot` (batch
-    2..4: the per-pair kernels' maths, bits expected equal; batch 5..8: vs the GEMV path, closeness)."""
-    from sglang_ext.kernels import moe
-
-    shipped = moe.H200_HIDDEN_2880_CONFIGS
-    grouped = table_with_grouped_oneshot(caps)
-
-    def switch(on):
-        moe.H200_HIDDEN_2880_CONFIGS = grouped if on else shipped
-
-    row = closeness_row(model_name, batch, context, ("shipped", "grouped"), switch, rounds, check)
-    row["grouped_maxnreg"] = list(caps)
-    return row
-
-
-def moe_grouped_markdown(meta: dict, rows: list) -> str:
-    lines = ab_head(
-        "The decode MoE on the grouped one-shot kernels in the decode step", meta,
-        "Same model and inputs captured twice: the shipped MoE table (1..4 tokens: one-shot per pair; 5..8: the "
-        "split-K GEMV path) vs 2..8 tokens on the grouped one-shot kernels (kernels/moe_decode.py, programs per "
-        "sorted block of one expert's pairs: an expert chosen by several tokens is read once). Paired rounds of 3 "
-        "replays; diff = grouped - shipped. Batch 2..4: same maths as the per-pair kernels (bits expected equal); "
-        "5..8: other GEMV sums than the split-K path (closeness below). Register caps (mlp1, mlp2): "
-        f"{rows[0].get('grouped_maxnreg') if rows else '-'}.", rows, ("shipped", "shipped"),
-        ("grouped", "grouped"))
-    return "\n".join(lines + closeness_table(rows)) + "\n"
-
-
 def fp8_gemm_backend_row(mode: str, model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
     """The same model and inputs captured twice: the dense FP8 layers on our kernel (SGLANG_EXT_FP8_GEMM unset)
     vs under SGLANG_EXT_FP8_GEMM=`mode` (sglang_ext/layers/fp8_backend.py: DeepGEMM where that mode sends a GEMM);
@@ -482,9 +438,6 @@ def main():
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
-    ap.add_argument("--moe-grouped-ab", action="store_true", help="instead: the MoE's 2..8-token rows on the "
-                    "grouped one-shot kernels vs the shipped table, paired graphs")
-    ap.add_argument("--grouped-caps", default="0:0", help="--moe-grouped-ab: register caps mlp1:mlp2 (0: none)")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
@@ -511,15 +464,6 @@ def main():
         md = fp8_gemm_backend_markdown(meta, rows, args.fp8_gemm_ab)
         bc.write_results(args.out, args.stem or f"diag_fp8_gemm_{args.fp8_gemm_ab}", meta, rows, md)
         print(md)
-        return
-    if args.moe_grouped_ab:
-        for m in args.models.split(","):
-            for b in (int(x) for x in args.batches.split(",")):
-                rows.append(moe_grouped_row(m, b, args.context, args.rounds, args.check,
-                                            tuple(int(v) for v in args.grouped_caps.split(":"))))
-                print(rows[-1], flush=True)
-        bc.write_results(args.out, args.stem or "diag_moe_grouped", meta, rows, moe_grouped_markdown(meta, rows))
-        print(moe_grouped_markdown(meta, rows))
         return
     if args.wide_tile_ab:
         for m in args.models.split(","):

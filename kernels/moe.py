@@ -155,8 +155,7 @@ class MoeConfig:
     # a thread on one warpgroup; in passes a warpgroup holds m64 x n128 (128 registers), the shape of
     # the dense GEMM's tile (`_fp8_gemm_kernel`, 578-612 TFLOP/s at M = 8192 against mlp1's 397).
     mlp1_passes: int = 1
-    # Register caps per thread (0: the compiler's choice), grouped kernels only (and the one-shot rows
-    # with block_m > 1: kernels/moe_decode.py OneshotConfig.grouped_maxnreg). Why: mlp1's two-pass
+    # Register caps per thread (0: the compiler's choice), grouped kernels only. Why: mlp1's two-pass
     # and mlp2's m64n128 programs compile to 248-255 registers (Triton 3.6), two 4-warp programs an
     # SM (2 warps a scheduler: ncu shows the issue slots idle 57 % of cycles, waiting); <= 168 lets
     # three share an SM, at the price of spilled values (mlp2 22 bytes, mlp1 two-pass 88). Measured
@@ -356,14 +355,9 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
     if config.oneshot:
         if (config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1
-                or config.tma):
-            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, "
+                or config.mlp1_maxnreg or config.mlp2_maxnreg or config.tma):
+            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, maxnreg, "
                              "fuse_combine, pdl, tma do not apply")
-        if config.block_m > 1 and (config.block_m > 16 or not config.mlp2_per_pair):
-            raise ValueError("MoeConfig.oneshot with block_m > 1 (programs per sorted block of one expert's "
-                             "pairs): block_m <= 16 and mlp2_per_pair")
-        if config.block_m == 1 and (config.mlp1_maxnreg or config.mlp2_maxnreg):
-            raise ValueError("MoeConfig.oneshot: register caps apply to the grouped kernels only (block_m > 1)")
         return
     if config.gemv:
         # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
@@ -2024,9 +2018,8 @@ def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert,
 
 
 def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
-             limit, expert_offset, num_local, inter, config, out, all_local=False):
-    """mlp1, mlp2 and the combine over the front's routing, x quantisation and sort (`all_local`:
-    every routed expert is this rank's, known to the caller; False is always correct)."""
+             limit, expert_offset, num_local, inter, config, out):
+    """mlp1, mlp2 and the combine over the front's routing, x quantisation and sort."""
     _, topk_ids, xq, xs, sorted_pairs, block_expert, max_blocks = front
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
@@ -2035,24 +2028,19 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
     if config.oneshot:
         from .moe_decode import ONESHOT_MAX_SLAB_BYTES, OneshotConfig, fused_moe_decode_oneshot
 
-        # block_m > 1: programs per sorted block of one expert's pairs (OneshotConfig.group_rows)
-        group_rows = config.block_m if config.block_m > 1 else 0
         one = OneshotConfig(config.mlp1_block_n, config.mlp1_warps, config.mlp2_block_n, config.mlp2_warps,
-                            mlp2_per_pair=config.mlp2_per_pair, group_rows=group_rows,
-                            grouped_maxnreg=(config.mlp1_maxnreg, config.mlp2_maxnreg))
+                            mlp2_per_pair=config.mlp2_per_pair)
         if x.device.type == "cpu" and config == select_config(num_tokens):
             # The interpreter pays per program, and each output element's sums do not depend on
             # the tile width, so the served model's interpreted runs (tests) take the table's
             # row with wide tiles: the same bits, ~4x faster (tiny model decode step 70 -> 19 s).
             # Explicit configs run as given.
             wide = OneshotConfig(max(one.mlp1_block_n, 32), one.mlp1_warps, max(one.mlp2_block_n, 16), one.mlp2_warps,
-                                 mlp2_per_pair=one.mlp2_per_pair, group_rows=group_rows)  # no caps: interpreted
+                                 mlp2_per_pair=one.mlp2_per_pair)
             if max(wide.slab_bytes_per_thread(hidden, inter, top_k)) <= ONESHOT_MAX_SLAB_BYTES:
                 one = wide
         return fused_moe_decode_oneshot(x, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, limit,
-                                        expert_offset, one, out, x_fp8=xq, x_scale=xs,
-                                        sorted_blocks=(sorted_pairs, block_expert, max_blocks) if group_rows else None,
-                                        all_local=all_local)
+                                        expert_offset, one, out, x_fp8=xq, x_scale=xs)
     if config.gemv:
         if not topk_weights.is_contiguous():
             topk_weights = topk_weights.contiguous()
@@ -2172,9 +2160,8 @@ def fused_moe_fp8(
     else:
         front = _front(x, F.linear(x, router_weight, router_bias), None, top_k, sort)
     topk_weights, topk_ids = front[0], front[1]
-    all_local = expert_offset == 0 and num_local == router_weight.shape[0]
     result = _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
-                      limit, expert_offset, num_local, inter, config, out, all_local)
+                      limit, expert_offset, num_local, inter, config, out)
     return (result, topk_weights, topk_ids) if return_routing else result
 
 

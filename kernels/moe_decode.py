@@ -86,8 +86,7 @@ from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.layers.moe import SWIGLU_ALPHA
 
 __all__ = ["OneshotConfig", "DEFAULT_ONESHOT", "oneshot_variants", "fused_moe_decode_oneshot",
-           "fused_moe_fp8_oneshot", "quantize_h", "launch_mlp1", "launch_mlp2_combine", "launch_mlp1_grouped",
-           "launch_mlp2_grouped", "moe_ref"]
+           "fused_moe_fp8_oneshot", "quantize_h", "launch_mlp1", "launch_mlp2_combine", "moe_ref"]
 
 # Weight bytes a program holds in registers per thread (its whole slab is in flight at once): the
 # prototype's bound (benchmarks/diag_floor.py skipped variants above 512).
@@ -111,25 +110,10 @@ class OneshotConfig:
     mlp2_warps: int = 4
     quant_in_mlp2: bool = False
     mlp2_per_pair: bool = False  # mlp2 program (pair, rows) + last-arriver combine (`_mlp2_pair_oneshot_kernel`)
-    # Programs per sorted block of up to `group_rows` pairs of ONE expert (the decode front's pair
-    # sort with block_m = group_rows) instead of per pair: mlp1 / mlp2 hold the expert's slab once
-    # and loop over the block's pairs (`_mlp1_grouped_kernel`, `_mlp2_grouped_kernel`), so an expert
-    # chosen by several tokens is read once. Why: per pair, 20b at T = 8 (32 pairs on ~20 of 32
-    # experts) streamed mlp1's weights at 4.3 TB/s for 124 us where the touched experts' 340 MB
-    # take 82 (benchmarks/results/sweeps/moe_decode_t8_20b.md): duplicates were read again, not
-    # served by L2. 0: per pair. Needs mlp2_per_pair's combine (same per-row maths: same bits).
-    group_rows: int = 0
-    # Register caps per thread for the grouped kernels (0: the compiler's choice). Why: their loop over
-    # the block's pairs keeps the slab's addresses live, 93 / 125 registers (mlp1 / mlp2, Triton 3.8,
-    # sm_90a) against the per-pair kernels' 56 / 68: 5 and 4 programs an SM instead of 9 and 7, fewer
-    # weight bytes in flight. ptxas: mlp1 fits 64 without spilling, mlp2 72 (80 with PDL spills 28 bytes).
-    grouped_maxnreg: tuple = (0, 0)
 
     def short(self) -> str:
         return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
-                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else "")
-                + (f" grouped m{self.group_rows}" if self.group_rows else "")
-                + (f" r{self.grouped_maxnreg[0]}/{self.grouped_maxnreg[1]}" if any(self.grouped_maxnreg) else ""))
+                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else ""))
 
     def slab_bytes_per_thread(self, hidden: int, inter: int, top_k: int = 4) -> tuple[int, int]:
         """(mlp1, mlp2) weight bytes in flight per thread: rows x padded K blocks x 128 / threads."""
@@ -168,20 +152,7 @@ def oneshot_variants() -> list[OneshotConfig]:
     mlp2 = [(n, w, False) for n, w in ONESHOT_MLP2_TILES] + [(n, w, True) for n, w in ONESHOT_MLP2_QUANT_TILES]
     return ([C(n1, w1, n2, w2, q) for n2, w2, q in mlp2 for n1, w1 in ONESHOT_MLP1_TILES]
             + [C(n1, w1, n2, w2, mlp2_per_pair=True) for n2, w2 in ONESHOT_MLP2_PAIR_TILES
-               for n1, w1 in ONESHOT_MLP1_TILES]
-            + grouped_variants())
-
-
-# The grouped kernels' tiles: the per-pair table row's (mlp1 n4/w4, mlp2 n8/w4) and the sweep's next
-# best of each (n8/w4, n16/w4), with and without register caps, at 2, 4 and 8 pairs per sorted block.
-ONESHOT_GROUPED_TILES = ((4, 4, 8, 4), (8, 4, 8, 4), (4, 4, 16, 4))
-GROUPED_MAXNREG = (64, 72)  # ptxas at H = I = 2880, no PDL: the smallest caps without spills
-
-
-def grouped_variants(group_rows: tuple = (2, 4, 8)) -> list[OneshotConfig]:
-    """The grouped configs (`OneshotConfig.group_rows`) benchmarks/bench_moe_decode.py times."""
-    return [OneshotConfig(n1, w1, n2, w2, mlp2_per_pair=True, group_rows=g, grouped_maxnreg=cap)
-            for g in group_rows for cap in (GROUPED_MAXNREG, (0, 0)) for n1, w1, n2, w2 in ONESHOT_GROUPED_TILES]
+               for n1, w1 in ONESHOT_MLP1_TILES])
 
 
 def pow2_chunks(kb: int) -> tuple[int, int]:
@@ -200,10 +171,6 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
     # a program's rows stay inside one 128-row scale block
     if config.mlp2_per_pair and config.quant_in_mlp2:
         raise ValueError("OneshotConfig: mlp2_per_pair reads h's e4m3 groups; quant_in_mlp2 does not apply")
-    if config.group_rows and (config.group_rows & (config.group_rows - 1) or config.group_rows > 16
-                              or not config.mlp2_per_pair):
-        raise ValueError(f"OneshotConfig.group_rows must be 0 or a power of two <= 16 with mlp2_per_pair, "
-                         f"got {config.group_rows} (mlp2_per_pair={config.mlp2_per_pair})")
     if config.mlp1_block_n > 64 or config.mlp2_block_n > 128 or config.mlp1_warps > 16 or config.mlp2_warps > 16:
         raise ValueError("OneshotConfig: mlp1_block_n <= 64 (2x W1 rows), mlp2_block_n <= 128, warps <= 16")
     b1, b2 = config.slab_bytes_per_thread(hidden, inter, top_k)
@@ -215,58 +182,6 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
 # ---------------------------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _mlp1_pair(XQ, XS, TOPK_IDS, W1, W1S, B1, HF, pair, tile, hidden, inter, expert_offset, num_local, limit, alpha,
-               stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
-               TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr,
-               HAS_B1: tl.constexpr):
-    """One (pair, tile) of mlp1: h[pair, tile's columns] (nothing for another rank's expert)."""
-    expert = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
-    if (expert >= 0) & (expert < num_local):  # else routed to another rank's expert
-        e64 = expert.to(tl.int64)
-        token = (pair // TOP_K).to(tl.int64)
-        ROWS: tl.constexpr = 2 * BLOCK_N
-        rows = tile * ROWS + tl.arange(0, ROWS)
-        rows_c = tl.minimum(rows, 2 * inter - 1).to(tl.int64)  # in bounds: no row mask on the slab
-        num_kb = (hidden + 127) // 128
-        offs_k = tl.arange(0, 128)
-        kb1 = tl.arange(0, C1)
-        k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
-        # x, both scale vectors and the bias first: they are in the queue before the slab
-        k_ok1 = k1 < hidden
-        x1 = tl.load(XQ + token * hidden + k1, mask=k_ok1, other=0.0)
-        xs1 = tl.load(XS + token * num_kb + kb1, mask=kb1 < num_kb, other=0.0)
-        ws_ptrs = W1S + e64 * stride_w1s_e + (tile * ROWS // 128) * stride_w1s_n  # one 128-row block
-        ws1 = tl.load(ws_ptrs + kb1, mask=kb1 < num_kb, other=0.0)
-        if C2 > 0:
-            kb2 = C1 + tl.arange(0, C2)
-            k2 = kb2[:, None] * 128 + offs_k[None, :]
-            k_ok2 = k2 < hidden
-            x2 = tl.load(XQ + token * hidden + k2, mask=k_ok2, other=0.0)
-            xs2 = tl.load(XS + token * num_kb + kb2, mask=kb2 < num_kb, other=0.0)
-            ws2 = tl.load(ws_ptrs + kb2, mask=kb2 < num_kb, other=0.0)
-        if HAS_B1:
-            bias = tl.load(B1 + e64 * stride_b1_e + rows_c).to(tl.float32)
-        # the whole slab, two loads
-        w_rows = W1 + e64 * stride_w1_e + rows_c * stride_w1_n
-        w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=k_ok1[None, :, :], other=0.0)
-        if C2 > 0:
-            w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=k_ok2[None, :, :], other=0.0)
-        # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks
-        d1 = tl.sum(w1.to(tl.float32) * x1.to(tl.float32)[None, :, :], axis=2)  # [ROWS, C1]
-        acc = tl.sum(d1 * (xs1 * ws1)[None, :], axis=1)
-        if C2 > 0:
-            d2 = tl.sum(w2.to(tl.float32) * x2.to(tl.float32)[None, :, :], axis=2)
-            acc += tl.sum(d2 * (xs2 * ws2)[None, :], axis=1)
-        if HAS_B1:
-            acc += bias
-        # rows 2c, 2c+1 -> column c: gate, linear; `_mlp1_kernel`'s epilogue
-        acc_g, acc_l = tl.split(tl.reshape(acc, [BLOCK_N, 2]))
-        h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
-        cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        tl.store(HF + pair.to(tl.int64) * inter + cols, h, mask=cols < inter)
 
 
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
@@ -285,9 +200,53 @@ def _mlp1_oneshot_kernel(
     USE_PDL: tl.constexpr,  # kernels/pdl.py: the expert ids are the previous launch's output: nothing before the wait
 ):
     pdl_wait_then_release(USE_PDL)
-    _mlp1_pair(XQ, XS, TOPK_IDS, W1, W1S, B1, HF, tl.program_id(0), tl.program_id(1), hidden, inter, expert_offset,
-               num_local, limit, alpha, stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
-               TOP_K, BLOCK_N, C1, C2, HAS_B1)
+    pair = tl.program_id(0)
+    tile = tl.program_id(1)
+    expert = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
+    if (expert < 0) | (expert >= num_local):  # routed to another rank's expert
+        return
+    expert = expert.to(tl.int64)
+    token = (pair // TOP_K).to(tl.int64)
+    ROWS: tl.constexpr = 2 * BLOCK_N
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    rows_c = tl.minimum(rows, 2 * inter - 1).to(tl.int64)  # in bounds: no row mask on the slab
+    num_kb = (hidden + 127) // 128
+    offs_k = tl.arange(0, 128)
+    kb1 = tl.arange(0, C1)
+    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
+    # x, both scale vectors and the bias first: they are in the queue before the slab
+    k_ok1 = k1 < hidden
+    x1 = tl.load(XQ + token * hidden + k1, mask=k_ok1, other=0.0)
+    xs1 = tl.load(XS + token * num_kb + kb1, mask=kb1 < num_kb, other=0.0)
+    ws_ptrs = W1S + expert * stride_w1s_e + (tile * ROWS // 128) * stride_w1s_n  # one 128-row block
+    ws1 = tl.load(ws_ptrs + kb1, mask=kb1 < num_kb, other=0.0)
+    if C2 > 0:
+        kb2 = C1 + tl.arange(0, C2)
+        k2 = kb2[:, None] * 128 + offs_k[None, :]
+        k_ok2 = k2 < hidden
+        x2 = tl.load(XQ + token * hidden + k2, mask=k_ok2, other=0.0)
+        xs2 = tl.load(XS + token * num_kb + kb2, mask=kb2 < num_kb, other=0.0)
+        ws2 = tl.load(ws_ptrs + kb2, mask=kb2 < num_kb, other=0.0)
+    if HAS_B1:
+        bias = tl.load(B1 + expert * stride_b1_e + rows_c).to(tl.float32)
+    # the whole slab, two loads
+    w_rows = W1 + expert * stride_w1_e + rows_c * stride_w1_n
+    w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=k_ok1[None, :, :], other=0.0)
+    if C2 > 0:
+        w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=k_ok2[None, :, :], other=0.0)
+    # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks
+    d1 = tl.sum(w1.to(tl.float32) * x1.to(tl.float32)[None, :, :], axis=2)  # [ROWS, C1]
+    acc = tl.sum(d1 * (xs1 * ws1)[None, :], axis=1)
+    if C2 > 0:
+        d2 = tl.sum(w2.to(tl.float32) * x2.to(tl.float32)[None, :, :], axis=2)
+        acc += tl.sum(d2 * (xs2 * ws2)[None, :], axis=1)
+    if HAS_B1:
+        acc += bias
+    # rows 2c, 2c+1 -> column c: gate, linear; `_mlp1_kernel`'s epilogue
+    acc_g, acc_l = tl.split(tl.reshape(acc, [BLOCK_N, 2]))
+    h = _gpt_oss_activation(acc_g, acc_l, limit, alpha)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(HF + pair.to(tl.int64) * inter + cols, h, mask=cols < inter)
 
 
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
@@ -419,95 +378,6 @@ def _mlp2_combine_oneshot_kernel(
     tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=rows < hidden)
 
 
-@triton.jit
-def _mlp2_pair(HQ, HS, TOPK_W, TOPK_IDS, W2, W2S, B2, OUT, PAIR_Y, COUNTERS, pair, tile,
-               hidden, inter, expert_offset, num_local, stride_out,
-               stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-               TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr,
-               HAS_B2: tl.constexpr, WAIT: tl.constexpr, COUNT_LOCAL: tl.constexpr):
-    """One (pair, tile) of the per-pair mlp2: y stored, and the last of the token's pairs to arrive
-    combines. WAIT: the PDL wait goes between the slab's loads and h's (else h first). COUNT_LOCAL:
-    only local pairs arrive (grouped kernels: another rank's pairs have no program), so the last
-    of the token's local pairs combines and foreign y read as 0; else all TOP_K arrive (a foreign
-    pair stores y = 0)."""
-    pair = pair.to(tl.int64)
-    token = pair // TOP_K
-    eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
-    local = (eid >= 0) & (eid < num_local)
-    expert = tl.where(local, eid, 0).to(tl.int64)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_c = tl.minimum(rows, hidden - 1).to(tl.int64)
-    num_kb = (inter + 127) // 128
-    offs_k = tl.arange(0, 128)
-    kb1 = tl.arange(0, C1)
-    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
-    kb2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
-    k2 = kb2[:, None] * 128 + offs_k[None, :]
-    h_ok1 = local & (k1 < inter)
-    h_ok2 = local & (k2 < inter)
-    s_ok1 = local & (kb1 < num_kb)
-    s_ok2 = local & (kb2 < num_kb)
-    h_row = pair * inter
-    hs_row = HS + pair * num_kb
-    if not WAIT:  # h first: its latency overlaps the slab's
-        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
-        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
-        if C2 > 0:
-            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
-            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
-    ws_ptrs = W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n  # one 128-row block
-    ws1 = tl.load(ws_ptrs + kb1, mask=s_ok1, other=0.0)
-    if C2 > 0:
-        ws2 = tl.load(ws_ptrs + kb2, mask=s_ok2, other=0.0)
-    if HAS_B2:
-        bias = tl.load(B2 + expert * stride_b2_e + rows_c, mask=local, other=0.0).to(tl.float32)
-    w_rows = W2 + expert * stride_w2_e + rows_c * stride_w2_n
-    w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=h_ok1[None, :, :], other=0.0)
-    if C2 > 0:
-        w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=h_ok2[None, :, :], other=0.0)
-    if WAIT:
-        pdl_wait_then_release(WAIT)
-        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
-        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
-        if C2 > 0:
-            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
-            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
-    # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks (mlp1's order)
-    d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
-    y = tl.sum(d1 * (hs1 * ws1)[None, :], axis=1)
-    if C2 > 0:
-        d2 = tl.sum(w2.to(tl.float32) * hq2.to(tl.float32)[None, :, :], axis=2)
-        y += tl.sum(d2 * (hs2 * ws2)[None, :], axis=1)
-    if HAS_B2:
-        y += bias
-    y = tl.where(local, y, 0.0)  # another rank's expert: 0, as `_combine_kernel`'s masked load
-    row_ok = rows < hidden
-    tl.store(PAIR_Y + pair * hidden + rows, y, mask=row_ok)
-    if COUNT_LOCAL:
-        arrivals = _local_pairs(TOPK_IDS, token, expert_offset, num_local, TOP_K)
-    else:
-        arrivals = TOP_K
-    # last arriver of the token's programs for this tile (the stores above before the release)
-    counter = COUNTERS + token * tl.cdiv(hidden, BLOCK_N) + tile
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == arrivals - 1:
-        tl.store(counter, 0)  # for the next launch: no memset per call
-        tl.debug_barrier()
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            w_j = tl.load(TOPK_W + token * TOP_K + j).to(tl.float32)
-            y_ok = row_ok
-            if COUNT_LOCAL:  # a foreign pair's y is 0, as `_combine_kernel`'s masked load
-                e_j = tl.load(TOPK_IDS + token * TOP_K + j).to(tl.int32) - expert_offset
-                y_ok = row_ok & (e_j >= 0) & (e_j < num_local)
-            y_j = tl.load(PAIR_Y + (token * TOP_K + j) * hidden + rows, mask=y_ok, other=0.0, cache_modifier=".cg")
-            acc += w_j * y_j
-        if OUT.dtype.element_ty == tl.bfloat16:
-            acc = _round_to_bf16(acc)
-        tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=row_ok)
-
-
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
 def _mlp2_pair_oneshot_kernel(
     HQ, HS,  # h e4m3 [P, I] and scales [P, cdiv(I, 128)]
@@ -531,103 +401,75 @@ def _mlp2_pair_oneshot_kernel(
     then lack for weight bytes in flight). Each program stores its y; the last of a (token,
     tile)'s TOP_K programs to arrive combines them as `_combine_kernel` does (fp32, slot order,
     one rounding; bits independent of arrival order) and resets the counter."""
-    _mlp2_pair(HQ, HS, TOPK_W, TOPK_IDS, W2, W2S, B2, OUT, PAIR_Y, COUNTERS, tl.program_id(0), tl.program_id(1),
-               hidden, inter, expert_offset, num_local, stride_out,
-               stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-               TOP_K, BLOCK_N, C1, C2, HAS_B2, USE_PDL, False)
-
-
-@triton.jit
-def _local_pairs(TOPK_IDS, token, expert_offset, num_local, TOP_K: tl.constexpr):
-    """How many of `token`'s TOP_K experts are this rank's."""
-    n = 0
-    for j in tl.static_range(TOP_K):
-        e = tl.load(TOPK_IDS + token * TOP_K + j).to(tl.int32) - expert_offset
-        n += ((e >= 0) & (e < num_local)).to(tl.int32)
-    return n
-
-
-@triton.jit(do_not_specialize=["num_pairs", "expert_offset", "num_local"])
-def _mlp1_grouped_kernel(
-    XQ, XS,  # x e4m3 [T, H], group scales fp32 [T, cdiv(H, 128)]
-    TOPK_IDS,  # [T * TOP_K] global expert ids
-    SORTED_PAIRS, BLOCK_EXPERT,  # the pair sort with block_m = BLOCK_M (padding slots hold num_pairs)
-    W1, W1S, B1,  # as `_mlp1_oneshot_kernel`
-    HF,  # out: h fp32 [T * TOP_K, I] (rows of local pairs)
-    num_pairs, hidden, inter, expert_offset, num_local, limit, alpha,
-    stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
-    TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # pairs per sorted block (all of one expert)
-    BLOCK_N: tl.constexpr,
-    C1: tl.constexpr,
-    C2: tl.constexpr,
-    HAS_B1: tl.constexpr,
-    USE_PDL: tl.constexpr,  # kernels/pdl.py: the sort is the previous launch's output: nothing before the wait
-):
-    """`_mlp1_oneshot_kernel`'s (pair, tile) work for each pair of a sorted block in turn, in one
-    program: the block's pairs share an expert, so the slab comes from HBM for the first and from
-    L2 for the rest (per pair, their programs fetched it from HBM each). Same maths: same bits."""
-    pdl_wait_then_release(USE_PDL)
-    block = tl.program_id(0)
+    pair = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    if tl.load(BLOCK_EXPERT + block) >= 0:  # else past the last segment
-        for r in range(BLOCK_M):
-            pair = tl.load(SORTED_PAIRS + block * BLOCK_M + r)
-            if pair < num_pairs:  # padding slots hold num_pairs
-                _mlp1_pair(XQ, XS, TOPK_IDS, W1, W1S, B1, HF, pair, tile, hidden, inter, expert_offset, num_local,
-                           limit, alpha, stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
-                           TOP_K, BLOCK_N, C1, C2, HAS_B1)
-
-
-@triton.jit(do_not_specialize=["num_pairs", "num_tokens", "expert_offset", "num_local"])
-def _mlp2_grouped_kernel(
-    HQ, HS,  # h e4m3 [P, I] and scales [P, cdiv(I, 128)]
-    TOPK_W, TOPK_IDS,  # [T * TOP_K]: weights (any float dtype), global expert ids
-    SORTED_PAIRS, BLOCK_EXPERT,  # the pair sort with block_m = BLOCK_M
-    W2, W2S, B2,  # as `_mlp2_pair_oneshot_kernel`
-    OUT,  # [T, H] (row stride stride_out)
-    PAIR_Y,  # fp32 [P, H]: y per local pair (b2 included), then combined
-    COUNTERS,  # int32 [T * cdiv(H, BLOCK_N)], zero between launches
-    num_pairs, num_tokens, hidden, inter, expert_offset, num_local, stride_out,
-    stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-    TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    C1: tl.constexpr,
-    C2: tl.constexpr,
-    HAS_B2: tl.constexpr,
-    ALL_LOCAL: tl.constexpr,  # every routed expert is on this rank (else the grid's last row zeroes
-    #                          tokens with no local pair, and only local pairs arrive)
-    USE_PDL: tl.constexpr,  # kernels/pdl.py: the sort (three launches back) and the first slab before the wait
-):
-    """`_mlp2_pair_oneshot_kernel`'s (pair, tile) work for each pair of a sorted block in turn, in one
-    program (the slab from L2 after the first pair); each pair's arrival as there, the token's last
-    (local) pair combines: the same bits."""
-    block = tl.program_id(0)
-    tile = tl.program_id(1)
-    if not ALL_LOCAL:
-        if block == tl.num_programs(0) - 1:
-            # the zero row (expert parallelism): a token none of whose pairs is local gets zeros
-            pdl_wait_then_release(USE_PDL)
-            rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            for t in range(num_tokens):
-                if _local_pairs(TOPK_IDS, t, expert_offset, num_local, TOP_K) == 0:
-                    tl.store(OUT + t * stride_out + rows, tl.zeros([BLOCK_N], dtype=OUT.dtype.element_ty),
-                             mask=rows < hidden)
-            return
-    if tl.load(BLOCK_EXPERT + block) >= 0:  # a used block's first slot holds a pair
-        _mlp2_pair(HQ, HS, TOPK_W, TOPK_IDS, W2, W2S, B2, OUT, PAIR_Y, COUNTERS, tl.load(SORTED_PAIRS + block * BLOCK_M),
-                   tile, hidden, inter, expert_offset, num_local, stride_out,
-                   stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-                   TOP_K, BLOCK_N, C1, C2, HAS_B2, USE_PDL, not ALL_LOCAL)
-        for r in range(1, BLOCK_M):
-            pair = tl.load(SORTED_PAIRS + block * BLOCK_M + r)
-            if pair < num_pairs:
-                _mlp2_pair(HQ, HS, TOPK_W, TOPK_IDS, W2, W2S, B2, OUT, PAIR_Y, COUNTERS, pair, tile,
-                           hidden, inter, expert_offset, num_local, stride_out,
-                           stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
-                           TOP_K, BLOCK_N, C1, C2, HAS_B2, False, not ALL_LOCAL)
-
+    token = pair // TOP_K
+    eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
+    local = (eid >= 0) & (eid < num_local)
+    expert = tl.where(local, eid, 0).to(tl.int64)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_c = tl.minimum(rows, hidden - 1).to(tl.int64)
+    num_kb = (inter + 127) // 128
+    offs_k = tl.arange(0, 128)
+    kb1 = tl.arange(0, C1)
+    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
+    kb2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
+    k2 = kb2[:, None] * 128 + offs_k[None, :]
+    h_ok1 = local & (k1 < inter)
+    h_ok2 = local & (k2 < inter)
+    s_ok1 = local & (kb1 < num_kb)
+    s_ok2 = local & (kb2 < num_kb)
+    h_row = pair * inter
+    hs_row = HS + pair * num_kb
+    if not USE_PDL:  # h first: its latency overlaps the slab's
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
+    ws_ptrs = W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n  # one 128-row block
+    ws1 = tl.load(ws_ptrs + kb1, mask=s_ok1, other=0.0)
+    if C2 > 0:
+        ws2 = tl.load(ws_ptrs + kb2, mask=s_ok2, other=0.0)
+    if HAS_B2:
+        bias = tl.load(B2 + expert * stride_b2_e + rows_c, mask=local, other=0.0).to(tl.float32)
+    w_rows = W2 + expert * stride_w2_e + rows_c * stride_w2_n
+    w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=h_ok1[None, :, :], other=0.0)
+    if C2 > 0:
+        w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=h_ok2[None, :, :], other=0.0)
+    if USE_PDL:
+        pdl_wait_then_release(USE_PDL)
+        hq1 = tl.load(HQ + h_row + k1, mask=h_ok1, other=0.0)
+        hs1 = tl.load(hs_row + kb1, mask=s_ok1, other=0.0)
+        if C2 > 0:
+            hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
+            hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
+    # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks (mlp1's order)
+    d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
+    y = tl.sum(d1 * (hs1 * ws1)[None, :], axis=1)
+    if C2 > 0:
+        d2 = tl.sum(w2.to(tl.float32) * hq2.to(tl.float32)[None, :, :], axis=2)
+        y += tl.sum(d2 * (hs2 * ws2)[None, :], axis=1)
+    if HAS_B2:
+        y += bias
+    y = tl.where(local, y, 0.0)  # another rank's expert: 0, as `_combine_kernel`'s masked load
+    row_ok = rows < hidden
+    tl.store(PAIR_Y + pair * hidden + rows, y, mask=row_ok)
+    # last arriver of the token's TOP_K programs for this tile (the stores above before the release)
+    counter = COUNTERS + token * tl.num_programs(1) + tile
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == TOP_K - 1:
+        tl.store(counter, 0)  # for the next launch: no memset per call
+        tl.debug_barrier()
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            w_j = tl.load(TOPK_W + token * TOP_K + j).to(tl.float32)
+            y_j = tl.load(PAIR_Y + (token * TOP_K + j) * hidden + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+            acc += w_j * y_j
+        if OUT.dtype.element_ty == tl.bfloat16:
+            acc = _round_to_bf16(acc)
+        tl.store(OUT + token * stride_out + rows, acc.to(OUT.dtype.element_ty), mask=row_ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,8 +514,6 @@ def fused_moe_decode_oneshot(
     x_scale: torch.Tensor | None = None,
     pair_out: torch.Tensor | None = None,
     h_out: torch.Tensor | None = None,
-    sorted_blocks: tuple | None = None,
-    all_local: bool = False,
 ) -> torch.Tensor:
     """The experts' part of the MoE layer in three one-shot launches: `fused_experts_fp8`'s call
     (x [T, H], topk_weights [T, k] any float dtype, topk_ids [T, k] global ids, the FP8 experts,
@@ -681,10 +521,7 @@ def fused_moe_decode_oneshot(
     groups as the decode front left them (else quantised here, one more launch). `pair_out`
     (fp32 [T * k, H]): also receives each local pair's y (tests: `_combine_kernel` on it must
     give `out`); `h_out` (fp32 [T * k, I]): mlp1 writes h there (rows of local pairs), for the
-    tests. With `config.group_rows`: `sorted_blocks` = (sorted_pairs, block_expert, max_blocks),
-    the pair sort with block_m = group_rows as the decode front left it (else sorted here, one
-    more launch); `all_local`: the caller knows every routed expert is on this rank (no zero row,
-    no foreign-pair checks; False is always correct). No host syncs: capturable in a CUDA graph."""
+    tests. No host syncs: capturable in a CUDA graph."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"fused_moe_decode_oneshot: x must be [T, H] with a unit last stride, got {tuple(x.shape)}")
     num_tokens, hidden = x.shape
@@ -715,19 +552,6 @@ def fused_moe_decode_oneshot(
                          "x_scale fp32 [T, cdiv(H, 128)]")
     ids = topk_ids.contiguous()
     hf = torch.empty((num_pairs, inter), dtype=torch.float32, device=x.device) if h_out is None else h_out
-    if config.group_rows:
-        if sorted_blocks is None:
-            from sglang_ext.kernels.moe import align_pairs
-
-            sorted_blocks = align_pairs(ids, num_local, expert_offset, config.group_rows)
-        elif sorted_blocks[0].numel() != sorted_blocks[2] * config.group_rows:
-            raise ValueError(f"fused_moe_decode_oneshot: sorted_blocks are not a sort with block_m = "
-                             f"{config.group_rows} (group_rows)")
-        launch_mlp1_grouped(x_fp8, x_scale, ids, sorted_blocks, w1, w1_scale_inv, b1, hf, limit, expert_offset, config)
-        hq, hs = quantize_h(hf, ids, expert_offset, num_local)
-        launch_mlp2_grouped(hq, hs, topk_weights.contiguous(), ids, sorted_blocks, w2, w2_scale_inv, b2, out,
-                            expert_offset, config, pair_out, all_local)
-        return out
     launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, hf, limit, expert_offset, config)
     if config.quant_in_mlp2:
         hq = hs = None
@@ -736,55 +560,6 @@ def fused_moe_decode_oneshot(
     launch_mlp2_combine(hq, hs, hf, topk_weights.contiguous(), ids, w2, w2_scale_inv, b2, out, expert_offset, config,
                         pair_out)
     return out
-
-
-def _maxnreg(cap: int, device: torch.device) -> dict:
-    """The launch's register cap, where one is set and the kernel is compiled (the interpreter takes none)."""
-    return {"maxnreg": cap} if cap and device.type == "cuda" else {}
-
-
-def launch_mlp1_grouped(x_fp8, x_scale, ids, sorted_blocks, w1, w1_scale_inv, b1, h, limit, expert_offset, config):
-    """Step 1 per sorted block (checked operands): h fp32 [T * k, I] <- `_mlp1_grouped_kernel`."""
-    sorted_pairs, block_expert, max_blocks = sorted_blocks
-    num_local, two_inter, hidden = w1.shape
-    num_pairs, inter = h.shape
-    c1, c2 = pow2_chunks(triton.cdiv(hidden, QUANT_GROUP))
-    _mlp1_grouped_kernel[(max_blocks, triton.cdiv(inter, config.mlp1_block_n))](
-        x_fp8, x_scale, ids, sorted_pairs, block_expert, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv, h,
-        num_pairs, hidden, inter, expert_offset, num_local, float(limit), SWIGLU_ALPHA,
-        w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
-        b1.stride(0) if b1 is not None else 0,
-        TOP_K=ids.shape[-1], BLOCK_M=config.group_rows, BLOCK_N=config.mlp1_block_n, C1=c1, C2=c2,
-        HAS_B1=b1 is not None, num_warps=config.mlp1_warps, **_maxnreg(config.grouped_maxnreg[0], h.device),
-        **pdl_launch_kwargs(h.device, num_pairs // ids.shape[-1]),
-    )
-
-
-def launch_mlp2_grouped(hq, hs, weights, ids, sorted_blocks, w2, w2_scale_inv, b2, out, expert_offset, config,
-                        pair_out=None, all_local=False):
-    """Step 3 per sorted block (checked operands): out [T, H] <- `_mlp2_grouped_kernel` (+ a zero row
-    of programs unless `all_local`)."""
-    sorted_pairs, block_expert, max_blocks = sorted_blocks
-    num_local, hidden, inter = w2.shape
-    num_tokens, top_k = ids.shape
-    c1, c2 = pow2_chunks(triton.cdiv(inter, QUANT_GROUP))
-    tiles = triton.cdiv(hidden, config.mlp2_block_n)
-    # one counter set with the per-pair kernel: both leave zeros, and one stream runs them in order
-    counters = arrival_counters(PAIR_COUNTERS_OWNER, out.device, num_tokens * tiles)
-    if counters is None:  # first call inside a capture: the graph zeroes its own
-        counters = torch.zeros(num_tokens * tiles, dtype=torch.int32, device=out.device)
-    pair_y = pair_out if pair_out is not None else torch.empty(
-        (num_tokens * top_k, hidden), dtype=torch.float32, device=out.device)
-    _mlp2_grouped_kernel[(max_blocks + (0 if all_local else 1), tiles)](
-        hq, hs, weights, ids, sorted_pairs, block_expert, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
-        out, pair_y, counters,
-        num_tokens * top_k, num_tokens, hidden, inter, expert_offset, num_local, out.stride(0),
-        w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
-        b2.stride(0) if b2 is not None else 0,
-        TOP_K=top_k, BLOCK_M=config.group_rows, BLOCK_N=config.mlp2_block_n, C1=c1, C2=c2, HAS_B2=b2 is not None,
-        ALL_LOCAL=all_local, num_warps=config.mlp2_warps, **_maxnreg(config.grouped_maxnreg[1], out.device),
-        **pdl_launch_kwargs(out.device, num_tokens),
-    )
 
 
 def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offset, config):
@@ -865,17 +640,12 @@ def fused_moe_fp8_oneshot(
     router operands in x's dtype), else F.linear + `route_and_quantize`; then
     `fused_moe_decode_oneshot` (`pair_out`, `h_out`: its debug outputs)."""
     num_local = w1.shape[0] if w1.dim() == 3 else 0
-    group_rows = (config or DEFAULT_ONESHOT).group_rows
-    sorted_blocks = None
     if _uses_decode_front(x, router_weight, router_bias):
-        front = decode_front(x, router_weight, router_bias, top_k, num_local, expert_offset, block_m=group_rows or 1)
+        front = decode_front(x, router_weight, router_bias, top_k, num_local, expert_offset, block_m=1)
         weights, ids, xq, xs = front["topk_weights"], front["topk_ids"], front["x_fp8"], front["x_scale"]
-        if group_rows:
-            sorted_blocks = (front["sorted_pairs"], front["block_expert"], front["max_blocks"])
     else:
         weights, ids, xq, xs = route_and_quantize(F.linear(x, router_weight, router_bias), x, top_k)
-    all_local = expert_offset == 0 and num_local == router_weight.shape[0]
     result = fused_moe_decode_oneshot(x, weights, ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, limit,
                                       expert_offset, config, out, x_fp8=xq, x_scale=xs, pair_out=pair_out,
-                                      h_out=h_out, sorted_blocks=sorted_blocks, all_local=all_local)
+                                      h_out=h_out)
     return (result, weights, ids) if return_routing else result
