@@ -90,6 +90,7 @@
 #   bash benchmarks/run_h200.sh sort14    # (one GPU) MoE gpu tests + TP1 prefill (eager, graph, profile) after the sort chunk
 #                                         # (session 15's grouped one-shot decode MoE ran as stages grp15 / grp15b at
 #                                         # f1cf499, reverted: results/history/*grouped*_REVERTED.md)
+#   bash benchmarks/run_h200.sh stg15     # (one GPU) staggered one-shot MoE tiles: gpu tests, layer at 4 / 8 tokens, step A/B
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
@@ -675,6 +676,23 @@ grp15b)  # one GPU: the grouped kernels rewritten as the per-pair body in a loop
         --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 60
     step diag_moe_grouped 250 python benchmarks/diag_pdl.py --moe-grouped-ab --grouped-caps "${GROUPED_CAPS:-64:72}" \
         --models 20b,120b --batches 8,4 --rounds 30 --check 10 --out "$R"
+    ;;
+stg15)  # one GPU: the one-shot per-pair MoE with staggered tiles (kernels/moe_decode.py OneshotConfig.stagger: a pair
+        # sharing its expert with earlier pairs walks its tiles rotated, so it reads them from L2): its gpu tests,
+        # the layer at 4 and 8 tokens on 20b's 32 and 120b's 128 experts (per-pair row, staggers 16..128, the
+        # shipped table), then the whole decode step with 1..8 tokens on the stagger 20b's 8 tokens liked best
+    step gpu_test_moe_decode 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
+    step bench_moe_decode_20b 100 python benchmarks/bench_moe_decode.py --out "$R/stagger_20b" --tokens 4,8 \
+        --dims 32,2880,2880 --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 60
+    step bench_moe_decode_120b 100 python benchmarks/bench_moe_decode.py --out "$R/stagger_120b" --tokens 4,8 \
+        --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 60
+    best=$(python -c "
+import json; rows = json.load(open('$R/stagger_20b/bench_moe_decode.json'))['rows']
+r = [x for x in rows if x.get('part') == 'layer' and x.get('tokens') == 8 and 'stagger' in x['variant'] and 'us' in x]
+print(min(r, key=lambda x: x['us'])['variant'].split('stagger ')[1] if r else 64)" 2>/dev/null || echo 64)
+    echo "   stagger for the step A/B: $best"
+    step diag_moe_stagger 250 python benchmarks/diag_pdl.py --moe-stagger-ab "$best" --models 20b,120b --batches 8,4 \
+        --rounds 30 --check 10 --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -101,6 +101,11 @@ def interpreted_cases(md):
          C(64, 4, 128, 16, mlp2_per_pair=True), True, False),
         ("T4 H288 I160 6 experts, biases, per-pair mlp2 n32", 1, 4, 288, 160, 6, 6, 0, True, True, "layer",
          C(64, 4, 32, 4, mlp2_per_pair=True), False, False),
+        # staggered tiles: few experts, so most pairs share one with an earlier pair (rotated walks)
+        ("T8 stagger 1, 4 experts (every expert shared), biases, per-pair", 0, 8, 160, 160, 4, 4, 0, True, True,
+         "layer", C(16, 4, 32, 4, mlp2_per_pair=True, stagger=1), False, False),
+        ("T3 stagger 2, EP experts 2..5 of 8, no b2, routing given", 1, 3, 288, 160, 4, 8, 2, True, False, "experts",
+         C(32, 4, 64, 8, mlp2_per_pair=True, stagger=2), True, False),
     ]
 
 
@@ -177,6 +182,13 @@ def check_case(mod, md, device, name, num_tokens, hidden, inter, num_local, rout
     result["combine_equal"] = (combined == out).float().mean().item()
     assert torch.equal(combined, out), f"{name}: _combine_kernel of pair_out != out ({result['combine_equal']})"
 
+    if config.stagger:
+        # the same (pair, tile) programs in another order: the same bits, compiled too
+        from dataclasses import replace
+
+        plain, _, _ = run_oneshot(md, x, router, experts, entry, replace(config, stagger=0), offset)
+        assert torch.equal(plain, out), f"{name}: staggered tiles changed the bits"
+        result["stagger_equal"] = True
     if vs_quant_in_mlp2:
         from dataclasses import replace
 
@@ -282,7 +294,7 @@ def test_launcher_rejects_bad_calls():
     C = md.OneshotConfig
     for bad, match in ((C(mlp1_block_n=3), "power of two"), (C(mlp1_block_n=128), "mlp1_block_n <= 64"),
                        (C(mlp2_block_n=256), "mlp2_block_n <= 128"), (C(mlp2_block_n=128, mlp2_warps=1), "bytes per"),
-                       (C(mlp2_per_pair=True, quant_in_mlp2=True), "does not apply")):
+                       (C(mlp2_per_pair=True, quant_in_mlp2=True), "does not apply"), (C(stagger=-1), "stagger")):
         with pytest.raises(ValueError, match=match):
             md.fused_moe_decode_oneshot(x, weights, ids, *experts, config=bad)
     with pytest.raises(ValueError, match="both be"):
@@ -338,7 +350,7 @@ def gpu_configs():
     _, md = _modules()
     C = md.OneshotConfig
     return [md.DEFAULT_ONESHOT, C(2, 2, 1, 2), C(16, 8, 8, 8), C(8, 4, 4, 4, quant_in_mlp2=True),
-            C(4, 4, 8, 4, mlp2_per_pair=True)]
+            C(4, 4, 8, 4, mlp2_per_pair=True), C(4, 4, 8, 4, mlp2_per_pair=True, stagger=32)]
 
 
 def gpu_oneshot(num_tokens: int, config) -> dict:
@@ -382,6 +394,12 @@ def gpu_oneshot(num_tokens: int, config) -> dict:
         f"{what}: h's e4m3 groups differ from quantize_activation_group128"
     exact = h_fp64(x, ids, experts, 0)
     result["h_max_rel_vs_fp64"] = ((h_out.double() - exact).abs().max() / exact.abs().max()).item()
+    if config.stagger:  # the same (pair, tile) programs in another order
+        from dataclasses import replace
+
+        plain = md.fused_moe_fp8_oneshot(x, *router, *experts, config=replace(config, stagger=0))
+        assert torch.equal(plain, out), f"{what}: staggered tiles changed the bits"
+        result["stagger_equal"] = True
 
     buf = torch.empty_like(x)
     md.fused_moe_fp8_oneshot(x, *router, *experts, config=config, out=buf)
@@ -398,7 +416,8 @@ def gpu_oneshot(num_tokens: int, config) -> dict:
     return result
 
 
-GPU_CASES = [(t, 0) for t in (1, 2, 4)] + [(1, i) for i in range(1, len(gpu_configs()))] + [(4, len(gpu_configs()) - 1)]
+GPU_CASES = ([(t, 0) for t in (1, 2, 4)] + [(1, i) for i in range(1, len(gpu_configs()))]
+             + [(4, len(gpu_configs()) - 2), (4, len(gpu_configs()) - 1), (8, len(gpu_configs()) - 1)])
 
 
 @pytest.mark.gpu
