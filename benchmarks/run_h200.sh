@@ -662,9 +662,10 @@ grp15b)  # one GPU: the grouped kernels rewritten as the per-pair body in a loop
          # them vs the shipped table, paired CUDA graphs. Session 15, REVERTED (commit f1cf499 and its revert): the
          # gpu tests passed (11), but every grouped row was slower than the per-pair kernels, even at one pair a
          # block (20b T=4 m2 131.0 vs 111.1 us; T=8 m2 241.7 vs the shipped GEMV row's 182.2), the caps slower
-         # still (333.6), and the step A/B (caps 64:72) +57..+65 %. At 8 tokens the grouped step's logits also
-         # left the shipped GEMV step's (argmax agreement 0.00 on 120b, 0.25 on 20b; batch 4: bits equal),
-         # where the layer's gpu test at T=8 without caps matched moe_ref: not diagnosed, the kernels reverted
+         # still (333.6), and the step A/B (caps 64:72) +57..+65 %. At 8 tokens the two steps' logits are
+         # far apart (argmax agreement 0.00 on 120b, 0.25 on 20b; batch 4: bits equal) as every A/B of two
+         # summation orders on these random-weight models is (the wide tile's: 0.000 at 120b batch 32,
+         # diag_wide_tile_session13.md); the layer's gpu test at T=8 matched moe_ref
          # (history/diag_moe_grouped_REVERTED.md, bench_moe_decode_*_grouped_REVERTED.md). Why slower: the loop
          # serialises each further pair's load latency inside one program and the extra registers halve the
          # programs an SM; the per-pair grid reads a shared expert twice from HBM (no L2 merge of the two
