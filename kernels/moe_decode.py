@@ -597,6 +597,15 @@ def fused_moe_decode_oneshot(
     return out
 
 
+def _stagger(config: OneshotConfig, num_tokens: int, top_k: int) -> dict:
+    """The launch's STAGGER and P_PAD: one token's pairs never share an expert (top-k picks distinct
+    ones), so a single token skips the rank loads; unstaggered launches keep P_PAD 1 (one compiled
+    variant for every batch)."""
+    if config.stagger and num_tokens > 1:
+        return {"STAGGER": config.stagger, "P_PAD": triton.next_power_of_2(num_tokens * top_k)}
+    return {"STAGGER": 0, "P_PAD": 1}
+
+
 def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offset, config):
     """Step 1 (checked operands): h fp32 [T * k, I] <- `_mlp1_oneshot_kernel`."""
     num_local, two_inter, hidden = w1.shape
@@ -608,7 +617,7 @@ def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offs
         w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
         b1.stride(0) if b1 is not None else 0,
         TOP_K=ids.shape[-1], BLOCK_N=config.mlp1_block_n, C1=c1, C2=c2, HAS_B1=b1 is not None,
-        P_PAD=triton.next_power_of_2(num_pairs) if config.stagger else 1, STAGGER=config.stagger,
+        **_stagger(config, num_pairs // ids.shape[-1], ids.shape[-1]),
         num_warps=config.mlp1_warps, **pdl_launch_kwargs(h.device, num_pairs // ids.shape[-1]),
     )
 
@@ -636,7 +645,7 @@ def launch_mlp2_combine(hq, hs, h, weights, ids, w2, w2_scale_inv, b2, out, expe
             w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
             b2.stride(0) if b2 is not None else 0,
             TOP_K=top_k, BLOCK_N=config.mlp2_block_n, C1=c1, C2=c2, HAS_B2=b2 is not None,
-            P_PAD=triton.next_power_of_2(num_tokens * top_k) if config.stagger else 1, STAGGER=config.stagger,
+            **_stagger(config, num_tokens, top_k),
             num_warps=config.mlp2_warps, **pdl_launch_kwargs(out.device, num_tokens),
         )
         return

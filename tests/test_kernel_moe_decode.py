@@ -236,6 +236,34 @@ def check_h_quant(md, device) -> dict:
     return {"h_quant_groups": hs.numel(), "negative_zero_codes": int((hq.view(torch.uint8) == 0x80).sum())}
 
 
+def check_stagger_walk(md, device) -> dict:
+    """`_staggered_tile`: each pair walks a permutation of the tiles, rotated by stagger x the earlier
+    pairs on its expert (so the staggered cases above are not the unrotated walk by accident)."""
+    import triton
+    import triton.language as tl
+
+    global _staggered_tile  # the kernel below resolves it among this module's globals
+    _staggered_tile = md._staggered_tile
+
+    @triton.jit
+    def walk(TOPK_IDS, OUT, P_PAD: tl.constexpr, STAGGER: tl.constexpr):
+        tile = _staggered_tile(TOPK_IDS, tl.program_id(0), tl.program_id(1), tl.num_programs(0),
+                               tl.num_programs(1), P_PAD, STAGGER)
+        tl.store(OUT + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tile)
+
+    ids = torch.tensor([[3, 1, 0, 2], [1, 3, 5, 0], [1, 2, 6, 7]], dtype=torch.int32, device=device)
+    tiles, stagger = 10, 3
+    out = torch.full((ids.numel(), tiles), -1, dtype=torch.int32, device=device)
+    walk[(ids.numel(), tiles)](ids, out, P_PAD=16, STAGGER=stagger)
+    flat = ids.reshape(-1).tolist()
+    for p, e in enumerate(flat):
+        rank = flat[:p].count(e)
+        want = [(t - rank * stagger) % tiles for t in range(tiles)]
+        assert out[p].tolist() == want, f"pair {p} (expert {e}, rank {rank}): walk {out[p].tolist()} != {want}"
+    return {"stagger_walk_pairs": len(flat), "stagger_rotated_pairs": sum(flat[:p].count(e) > 0
+                                                                         for p, e in enumerate(flat))}
+
+
 def check_interpreter_tiles(mod, md, device) -> dict:
     """`fused_moe_fp8` on the table's one-shot row runs wide tiles under the interpreter (fewer
     programs, see `_experts`): the same bits as that row's own tiles given explicitly."""
@@ -259,6 +287,7 @@ def run_part(part: int, device: str = "cpu") -> dict:
     result = {"part": part, "device": device, "cases": []}
     if part == 0:
         result.update(check_h_quant(md, device))
+        result.update(check_stagger_walk(md, device))
     if part == 1 and device == "cpu":
         result.update(check_interpreter_tiles(mod, md, device))
     for i, (name, p, *case) in enumerate(interpreted_cases(md)):
@@ -327,6 +356,7 @@ def test_oneshot_interpreted():
         assert p.returncode == 0, f"interpreted part failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
         results += [json.loads(line) for line in stdout.strip().splitlines() if line.startswith("{")]
     assert len(results) == 2 and results[0]["h_quant_groups"] == 8 * 3 and results[0]["negative_zero_codes"] > 0
+    assert results[0]["stagger_rotated_pairs"] == 5
     assert results[1]["interpreter_tiles_equal"]
     _, md = _modules()
     assert sum(len(r["cases"]) for r in results) == len(interpreted_cases(md))
