@@ -90,7 +90,8 @@
 #   bash benchmarks/run_h200.sh sort14    # (one GPU) MoE gpu tests + TP1 prefill (eager, graph, profile) after the sort chunk
 #                                         # (session 15's grouped one-shot decode MoE ran as stages grp15 / grp15b at
 #                                         # f1cf499, reverted: results/history/*grouped*_REVERTED.md)
-#   bash benchmarks/run_h200.sh stg15     # (one GPU) staggered one-shot MoE tiles: gpu tests, layer at 4 / 8 tokens, step A/B
+#                                         # (and its staggered tiles as stage stg15 at 209d548, reverted:
+#                                         # results/history/*stagger_REVERTED.md)
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
@@ -678,10 +679,16 @@ grp15b)  # one GPU: the grouped kernels rewritten as the per-pair body in a loop
     step diag_moe_grouped 250 python benchmarks/diag_pdl.py --moe-grouped-ab --grouped-caps "${GROUPED_CAPS:-64:72}" \
         --models 20b,120b --batches 8,4 --rounds 30 --check 10 --out "$R"
     ;;
-stg15)  # one GPU: the one-shot per-pair MoE with staggered tiles (kernels/moe_decode.py OneshotConfig.stagger: a pair
-        # sharing its expert with earlier pairs walks its tiles rotated, so it reads them from L2): its gpu tests,
-        # the layer at 4 and 8 tokens on 20b's 32 and 120b's 128 experts (per-pair row, staggers 16..128, the
-        # shipped table), then the whole decode step with 1..8 tokens on the stagger 20b's 8 tokens liked best
+stg15)  # one GPU: the one-shot per-pair MoE with staggered tiles (commits df92535 + 209d548, OneshotConfig.stagger: a
+        # pair sharing its expert with earlier pairs walks its tiles rotated, so it reads them from L2): its gpu
+        # tests, the layer at 4 and 8 tokens on 20b's 32 and 120b's 128 experts (per-pair row, staggers 16..128,
+        # the shipped table), then the whole decode step with 1..8 tokens on the stagger 20b's 8 tokens liked
+        # best. Session 15, REVERTED: tests passed (11), the walk is exercised, but no stagger read less: 20b T=8
+        # 205.6 us unstaggered, 213.0-219.0 staggered (the rank loads before the slab cost ~7 us a layer, no L2
+        # gain seen), T=4 111.2 -> 116.9-118.7; 120b alike; the step A/B (stagger 16) +3.5 % at batch 4, +13.2 %
+        # on 20b at batch 8 (there against the GEMV row, 205.6 vs 181.8 alone). So the 20b 8-token one-shot's
+        # extra time is not the duplicated experts' second HBM read alone: not pursued
+        # (history/*stagger_REVERTED.md). The stage no longer applies
     step gpu_test_moe_decode 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
     step bench_moe_decode_20b 100 python benchmarks/bench_moe_decode.py --out "$R/stagger_20b" --tokens 4,8 \
         --dims 32,2880,2880 --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 60
