@@ -280,49 +280,6 @@ def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check:
     return closeness_row(model_name, batch, context, ("narrow", "wide"), wide, rounds, check)
 
 
-def table_with_staggered_oneshot(stagger: int):
-    """The MoE table with 1..8 tokens on the one-shot per-pair row, its tiles walked with `stagger`
-    (kernels/moe_decode.py `OneshotConfig.stagger`); 9+ tokens as shipped."""
-    from dataclasses import replace
-
-    from sglang_ext.kernels import moe
-
-    one = moe.H200_HIDDEN_2880_CONFIGS[0][1]
-    assert one.oneshot
-    rest = tuple((t, c) for t, c in moe.H200_HIDDEN_2880_CONFIGS if t > 8)
-    return ((8, replace(one, stagger=stagger)),) + rest
-
-
-def moe_stagger_row(model_name: str, batch: int, context: int, rounds: int, check: int, stagger: int) -> dict:
-    """The same model and inputs captured twice: the shipped MoE table vs `table_with_staggered_oneshot`
-    (batch <= 4: the same programs reordered, bits expected equal; 5..8: the one-shot per-pair kernels vs the
-    split-K GEMV path, closeness)."""
-    from sglang_ext.kernels import moe
-
-    shipped = moe.H200_HIDDEN_2880_CONFIGS
-    staggered = table_with_staggered_oneshot(stagger)
-
-    def switch(on):
-        moe.H200_HIDDEN_2880_CONFIGS = staggered if on else shipped
-
-    row = closeness_row(model_name, batch, context, ("shipped", "staggered"), switch, rounds, check)
-    row["stagger"] = stagger
-    return row
-
-
-def moe_stagger_markdown(meta: dict, rows: list) -> str:
-    lines = ab_head(
-        "The decode MoE's one-shot per-pair kernels with staggered tiles in the decode step", meta,
-        "Same model and inputs captured twice: the shipped MoE table (1..4 tokens: one-shot per pair; 5..8: the "
-        "split-K GEMV path) vs 1..8 tokens on the one-shot per-pair kernels whose pairs walk their tiles rotated "
-        "by `stagger` x the earlier pairs on the same expert (kernels/moe_decode.py OneshotConfig.stagger: a "
-        "shared expert's tiles come from L2 for the later pairs). Paired rounds of 3 replays; diff = staggered - "
-        "shipped. Batch <= 4: the same programs reordered (bits expected equal); 5..8: other GEMV sums than the "
-        f"split-K path (closeness below). Stagger: {rows[0].get('stagger') if rows else '-'} tiles.", rows,
-        ("shipped", "shipped"), ("staggered", "staggered"))
-    return "\n".join(lines + closeness_table(rows)) + "\n"
-
-
 def fp8_gemm_backend_row(mode: str, model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
     """The same model and inputs captured twice: the dense FP8 layers on our kernel (SGLANG_EXT_FP8_GEMM unset)
     vs under SGLANG_EXT_FP8_GEMM=`mode` (sglang_ext/layers/fp8_backend.py: DeepGEMM where that mode sends a GEMM);
@@ -481,8 +438,6 @@ def main():
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
-    ap.add_argument("--moe-stagger-ab", type=int, default=0, help="instead: the MoE's 1..8-token rows on the "
-                    "one-shot per-pair kernels with this many tiles of stagger vs the shipped table, paired graphs")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
@@ -509,14 +464,6 @@ def main():
         md = fp8_gemm_backend_markdown(meta, rows, args.fp8_gemm_ab)
         bc.write_results(args.out, args.stem or f"diag_fp8_gemm_{args.fp8_gemm_ab}", meta, rows, md)
         print(md)
-        return
-    if args.moe_stagger_ab:
-        for m in args.models.split(","):
-            for b in (int(x) for x in args.batches.split(",")):
-                rows.append(moe_stagger_row(m, b, args.context, args.rounds, args.check, args.moe_stagger_ab))
-                print(rows[-1], flush=True)
-        bc.write_results(args.out, args.stem or "diag_moe_stagger", meta, rows, moe_stagger_markdown(meta, rows))
-        print(moe_stagger_markdown(meta, rows))
         return
     if args.wide_tile_ab:
         for m in args.models.split(","):

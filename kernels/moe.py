@@ -170,7 +170,6 @@ class MoeConfig:
     # warps fields and mlp2_per_pair apply.
     oneshot: bool = False
     mlp2_per_pair: bool = False  # oneshot: mlp2 per (pair, rows) + last-arriver combine (OneshotConfig)
-    stagger: int = 0  # oneshot: tiles of lag per earlier pair on the same expert (OneshotConfig.stagger)
     # Grouped rows of 17+ tokens (two-pass mlp1, fp8 h, no split-K): operand tiles by TMA (kernels/tma.py). x is first
     # gathered into the sorted pair order (`_gather_rows_kernel`: its rows become one contiguous
     # tile a block), W1 / W2 are read as [E * rows, K] matrices, h as it is. Where an operand does
@@ -188,7 +187,7 @@ class MoeConfig:
     def short(self) -> str:
         if self.oneshot:
             return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
-                    + (" per-pair" if self.mlp2_per_pair else "") + (f" stagger {self.stagger}" if self.stagger else ""))
+                    + (" per-pair" if self.mlp2_per_pair else ""))
         if self.gemv:
             return (f"gemv{'-fma' if self.gemv_fma else ''} m{self.block_m} "
                     f"mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}/k{self.mlp1_split_k} "
@@ -350,8 +349,6 @@ def decode_gemv_variants(num_tokens: int) -> list[MoeConfig]:
 
 
 def _check_config(config: MoeConfig) -> None:
-    if config.stagger and not config.oneshot:
-        raise ValueError("MoeConfig.stagger applies to the one-shot rows only")
     for name in ("block_m", "mlp1_block_n", "mlp2_block_n", "align_chunk"):
         value = getattr(config, name)
         if value < 1 or value & (value - 1):
@@ -2032,14 +2029,14 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         from .moe_decode import ONESHOT_MAX_SLAB_BYTES, OneshotConfig, fused_moe_decode_oneshot
 
         one = OneshotConfig(config.mlp1_block_n, config.mlp1_warps, config.mlp2_block_n, config.mlp2_warps,
-                            mlp2_per_pair=config.mlp2_per_pair, stagger=config.stagger)
+                            mlp2_per_pair=config.mlp2_per_pair)
         if x.device.type == "cpu" and config == select_config(num_tokens):
             # The interpreter pays per program, and each output element's sums do not depend on
             # the tile width, so the served model's interpreted runs (tests) take the table's
             # row with wide tiles: the same bits, ~4x faster (tiny model decode step 70 -> 19 s).
             # Explicit configs run as given.
             wide = OneshotConfig(max(one.mlp1_block_n, 32), one.mlp1_warps, max(one.mlp2_block_n, 16), one.mlp2_warps,
-                                 mlp2_per_pair=one.mlp2_per_pair, stagger=one.stagger)
+                                 mlp2_per_pair=one.mlp2_per_pair)
             if max(wide.slab_bytes_per_thread(hidden, inter, top_k)) <= ONESHOT_MAX_SLAB_BYTES:
                 one = wide
         return fused_moe_decode_oneshot(x, topk_weights, topk_ids, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, limit,

@@ -110,19 +110,10 @@ class OneshotConfig:
     mlp2_warps: int = 4
     quant_in_mlp2: bool = False
     mlp2_per_pair: bool = False  # mlp2 program (pair, rows) + last-arriver combine (`_mlp2_pair_oneshot_kernel`)
-    # Tiles of lag per earlier pair on the same expert (0: none): a pair whose expert an earlier pair
-    # of the launch also chose walks its tiles rotated by `stagger` x (that count), so it reads each
-    # weight tile that many grid positions after the first pair did, from L2 (the tile still there)
-    # instead of from HBM. Why: unrotated, both pairs' programs for a tile run side by side and both
-    # miss: 20b at 8 tokens (32 pairs on ~20 of 32 experts) streamed mlp1's weights at 4.3 TB/s for
-    # 124 us where the touched experts' 340 MB take 82 (benchmarks/results/sweeps/moe_decode_t8_20b.md).
-    # The same (pair, tile) work, so the same bits. Applies to mlp1 and the per-pair mlp2.
-    stagger: int = 0
 
     def short(self) -> str:
         return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
-                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else "")
-                + (f" stagger {self.stagger}" if self.stagger else ""))
+                + (" hq-in-mlp2" if self.quant_in_mlp2 else "") + (" per-pair" if self.mlp2_per_pair else ""))
 
     def slab_bytes_per_thread(self, hidden: int, inter: int, top_k: int = 4) -> tuple[int, int]:
         """(mlp1, mlp2) weight bytes in flight per thread: rows x padded K blocks x 128 / threads."""
@@ -161,15 +152,7 @@ def oneshot_variants() -> list[OneshotConfig]:
     mlp2 = [(n, w, False) for n, w in ONESHOT_MLP2_TILES] + [(n, w, True) for n, w in ONESHOT_MLP2_QUANT_TILES]
     return ([C(n1, w1, n2, w2, q) for n2, w2, q in mlp2 for n1, w1 in ONESHOT_MLP1_TILES]
             + [C(n1, w1, n2, w2, mlp2_per_pair=True) for n2, w2 in ONESHOT_MLP2_PAIR_TILES
-               for n1, w1 in ONESHOT_MLP1_TILES]
-            + [C(4, 4, 8, 4, mlp2_per_pair=True, stagger=d) for d in ONESHOT_STAGGERS])
-
-
-# `OneshotConfig.stagger` values the sweep times on the per-pair table row's tiles (mlp1 n4/w4: 720 tiles
-# at I = 2880; mlp2 n8/w4: 360): at 9 programs of 4 warps an SM, 132 SMs hold ~37 mlp1 tiles of 32 pairs
-# at once, so 32..128 tiles of lag is one to a few waves, ~6-25 us at 4 TB/s (H200's 50 MB L2 turns over
-# in ~12 us).
-ONESHOT_STAGGERS = (16, 32, 64, 128)
+               for n1, w1 in ONESHOT_MLP1_TILES])
 
 
 def pow2_chunks(kb: int) -> tuple[int, int]:
@@ -188,8 +171,6 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
     # a program's rows stay inside one 128-row scale block
     if config.mlp2_per_pair and config.quant_in_mlp2:
         raise ValueError("OneshotConfig: mlp2_per_pair reads h's e4m3 groups; quant_in_mlp2 does not apply")
-    if config.stagger < 0:
-        raise ValueError(f"OneshotConfig.stagger must be >= 0, got {config.stagger}")
     if config.mlp1_block_n > 64 or config.mlp2_block_n > 128 or config.mlp1_warps > 16 or config.mlp2_warps > 16:
         raise ValueError("OneshotConfig: mlp1_block_n <= 64 (2x W1 rows), mlp2_block_n <= 128, warps <= 16")
     b1, b2 = config.slab_bytes_per_thread(hidden, inter, top_k)
@@ -201,18 +182,6 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
 # ---------------------------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _staggered_tile(TOPK_IDS, pair, tile, num_pairs, num_tiles, P_PAD: tl.constexpr, STAGGER: tl.constexpr):
-    """`tile` rotated by STAGGER x (the pairs before `pair` that chose its expert) (`OneshotConfig.stagger`)."""
-    if STAGGER > 0:
-        offs = tl.arange(0, P_PAD)
-        ids = tl.load(TOPK_IDS + offs, mask=offs < num_pairs, other=-1)
-        mine = tl.load(TOPK_IDS + pair)
-        rank = tl.sum(((ids == mine) & (offs < pair)).to(tl.int32), axis=0)
-        tile = (tile + num_tiles - (rank * STAGGER) % num_tiles) % num_tiles
-    return tile
 
 
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
@@ -229,12 +198,10 @@ def _mlp1_oneshot_kernel(
     C2: tl.constexpr,  # K blocks of the second (a power of two, or 0), masked past H
     HAS_B1: tl.constexpr,
     USE_PDL: tl.constexpr,  # kernels/pdl.py: the expert ids are the previous launch's output: nothing before the wait
-    P_PAD: tl.constexpr = 1,  # next_pow2(T * TOP_K) where STAGGER > 0
-    STAGGER: tl.constexpr = 0,  # OneshotConfig.stagger
 ):
     pdl_wait_then_release(USE_PDL)
     pair = tl.program_id(0)
-    tile = _staggered_tile(TOPK_IDS, pair, tl.program_id(1), tl.num_programs(0), tl.num_programs(1), P_PAD, STAGGER)
+    tile = tl.program_id(1)
     expert = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
     if (expert < 0) | (expert >= num_local):  # routed to another rank's expert
         return
@@ -427,8 +394,6 @@ def _mlp2_pair_oneshot_kernel(
     C2: tl.constexpr,
     HAS_B2: tl.constexpr,
     USE_PDL: tl.constexpr,  # kernels/pdl.py: id (three launches back) and slab before the wait, h after
-    P_PAD: tl.constexpr = 1,  # next_pow2(T * TOP_K) where STAGGER > 0
-    STAGGER: tl.constexpr = 0,  # OneshotConfig.stagger
 ):
     """mlp2 + combine with mlp1's work split (`OneshotConfig.mlp2_per_pair`): program (pair, tile)
     holds BLOCK_N rows x all of K of ONE pair's expert and that pair's h row, so h costs a
@@ -437,7 +402,7 @@ def _mlp2_pair_oneshot_kernel(
     tile)'s TOP_K programs to arrive combines them as `_combine_kernel` does (fp32, slot order,
     one rounding; bits independent of arrival order) and resets the counter."""
     pair = tl.program_id(0).to(tl.int64)
-    tile = _staggered_tile(TOPK_IDS, pair, tl.program_id(1), tl.num_programs(0), tl.num_programs(1), P_PAD, STAGGER)
+    tile = tl.program_id(1)
     token = pair // TOP_K
     eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
     local = (eid >= 0) & (eid < num_local)
@@ -597,15 +562,6 @@ def fused_moe_decode_oneshot(
     return out
 
 
-def _stagger(config: OneshotConfig, num_tokens: int, top_k: int) -> dict:
-    """The launch's STAGGER and P_PAD: one token's pairs never share an expert (top-k picks distinct
-    ones), so a single token skips the rank loads; unstaggered launches keep P_PAD 1 (one compiled
-    variant for every batch)."""
-    if config.stagger and num_tokens > 1:
-        return {"STAGGER": config.stagger, "P_PAD": triton.next_power_of_2(num_tokens * top_k)}
-    return {"STAGGER": 0, "P_PAD": 1}
-
-
 def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offset, config):
     """Step 1 (checked operands): h fp32 [T * k, I] <- `_mlp1_oneshot_kernel`."""
     num_local, two_inter, hidden = w1.shape
@@ -617,7 +573,6 @@ def launch_mlp1(x_fp8, x_scale, ids, w1, w1_scale_inv, b1, h, limit, expert_offs
         w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
         b1.stride(0) if b1 is not None else 0,
         TOP_K=ids.shape[-1], BLOCK_N=config.mlp1_block_n, C1=c1, C2=c2, HAS_B1=b1 is not None,
-        **_stagger(config, num_pairs // ids.shape[-1], ids.shape[-1]),
         num_warps=config.mlp1_warps, **pdl_launch_kwargs(h.device, num_pairs // ids.shape[-1]),
     )
 
@@ -645,7 +600,6 @@ def launch_mlp2_combine(hq, hs, h, weights, ids, w2, w2_scale_inv, b2, out, expe
             w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
             b2.stride(0) if b2 is not None else 0,
             TOP_K=top_k, BLOCK_N=config.mlp2_block_n, C1=c1, C2=c2, HAS_B2=b2 is not None,
-            **_stagger(config, num_tokens, top_k),
             num_warps=config.mlp2_warps, **pdl_launch_kwargs(out.device, num_tokens),
         )
         return
