@@ -92,6 +92,7 @@
 #                                         # f1cf499, reverted: results/history/*grouped*_REVERTED.md)
 #                                         # (and its staggered tiles as stage stg15 at 209d548, reverted:
 #                                         # results/history/*stagger_REVERTED.md)
+#   bash benchmarks/run_h200.sh b128_15   # (one GPU) TP1 decode at batch 128, ctx 8192, probe on/off (20b; 120b if it fits)
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
@@ -701,6 +702,11 @@ print(min(r, key=lambda x: x['us'])['variant'].split('stagger ')[1] if r else 64
     echo "   stagger for the step A/B: $best"
     step diag_moe_stagger 250 python benchmarks/diag_pdl.py --moe-stagger-ab "$best" --models 20b,120b --batches 8,4 \
         --rounds 30 --check 10 --out "$R"
+    ;;
+b128_15)  # one GPU: the decode grid's missing batch-128 rows at 8k (the probe and bandwidth targets name batch 128):
+          # 20b measured, 120b where it fits (else its named 'does not fit' row), probe on/off paired
+    step bench_decode_tp1_b128 330 python benchmarks/bench_decode.py --models 20b,120b --batches 128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1_b128
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
