@@ -93,6 +93,7 @@
 #                                         # (and its staggered tiles as stage stg15 at 209d548, reverted:
 #                                         # results/history/*stagger_REVERTED.md)
 #   bash benchmarks/run_h200.sh b128_15   # (one GPU) TP1 decode at batch 128, ctx 8192, probe on/off (20b; 120b if it fits)
+#   bash benchmarks/run_h200.sh front15   # (one GPU) MoE front at 17..128 tokens: one-program pair sort vs chunked sort
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
@@ -707,6 +708,9 @@ b128_15)  # one GPU: the decode grid's missing batch-128 rows at 8k (the probe a
           # 20b measured, 120b where it fits (else its named 'does not fit' row), probe on/off paired
     step bench_decode_tp1_b128 330 python benchmarks/bench_decode.py --models 20b,120b --batches 128 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1_b128
+    ;;
+front15)  # one GPU: the MoE front above 16 tokens, one-program pair sort vs the chunked sort (diag_front_sort.py)
+    step diag_front_sort 150 python benchmarks/diag_front_sort.py --out "$R"
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
