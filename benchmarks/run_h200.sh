@@ -94,6 +94,7 @@
 #                                         # results/history/*stagger_REVERTED.md)
 #   bash benchmarks/run_h200.sh b128_15   # (one GPU) TP1 decode at batch 128, ctx 8192, probe on/off (20b; 120b if it fits)
 #   bash benchmarks/run_h200.sh front15   # (one GPU) MoE front at 17..128 tokens: one-program pair sort vs chunked sort
+#   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh decode1   # TP1 decode rows only: a quick before/after for a decode-step change
@@ -671,8 +672,8 @@ grp15b)  # one GPU: the grouped kernels rewritten as the per-pair body in a loop
          # diag_wide_tile_session13.md); the layer's gpu test at T=8 matched moe_ref
          # (history/diag_moe_grouped_REVERTED.md, bench_moe_decode_*_grouped_REVERTED.md). Why slower: the loop
          # serialises each further pair's load latency inside one program and the extra registers halve the
-         # programs an SM; the per-pair grid reads a shared expert twice from HBM (no L2 merge of the two
-         # concurrent misses), which costs less. The stage no longer applies
+         # programs an SM; whatever the per-pair grid's second pair on an expert costs, it is less (stg15 below:
+         # delaying that pair's reads bought nothing either). The stage no longer applies
     step gpu_test_moe_decode 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe_decode.py
     step bench_moe_decode_20b 100 python benchmarks/bench_moe_decode.py --out "$R/grouped_20b" --tokens 4,8 \
         --dims 32,2880,2880 --filter "n4/w4 mlp2 n8/w4 per-pair" --budget-s 60
@@ -705,12 +706,27 @@ print(min(r, key=lambda x: x['us'])['variant'].split('stagger ')[1] if r else 64
         --rounds 30 --check 10 --out "$R"
     ;;
 b128_15)  # one GPU: the decode grid's missing batch-128 rows at 8k (the probe and bandwidth targets name batch 128):
-          # 20b measured, 120b where it fits (else its named 'does not fit' row), probe on/off paired
+          # 20b measured, 120b where it fits (else its named 'does not fit' row), probe on/off paired. Session 15:
+          # 20b 17.09 ms, 66 % of copy bandwidth, probe +0.34 %; 120b does not fit (bench_decode_tp1_b128.md); the
+          # profile (bench_decode_tp1_b128_profile.md, run on the warm device) found the front's 88 us a layer
     step bench_decode_tp1_b128 330 python benchmarks/bench_decode.py --models 20b,120b --batches 128 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1_b128
     ;;
-front15)  # one GPU: the MoE front above 16 tokens, one-program pair sort vs the chunked sort (diag_front_sort.py)
+front15)  # one GPU: the MoE front above 16 tokens, one-program pair sort vs the chunked sort (diag_front_sort.py).
+          # Session 15: same outputs everywhere; chunked faster on 32 experts at 17..128 tokens (89.1 -> 17.1 us at
+          # 128), on 128 experts above 64 (101.5 -> 50.3 at 128), fused faster on 128 at <= 64: the rule
+          # FUSED_SORT_MAX_TOKENS 64 / FUSED_SORT_MIN_EXPERTS 64 (kernels/moe.py). The whole-step rows that followed
+          # ran on the warm device as `python -c` overrides of moe.FUSED_SORT_MAX_TOKENS before the rule landed
+          # (results/bench_decode_tp1_*chunked_sort.md say how); stage sort15 repeats them on the rule
     step diag_front_sort 150 python benchmarks/diag_front_sort.py --out "$R"
+    ;;
+sort15)  # one GPU: the decode rows the front's sort rule moved (20b batch 64 / 128 at 8k, 120b batch 128 at 4k), probe
+         # on/off, beside the MoE gpu tests. Not run yet (session 15's device time was spent)
+    step gpu_test_moe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    step bench_decode_20b 200 python benchmarks/bench_decode.py --models 20b --batches 32,64,128 --contexts 8192 \
+        --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1_20b_sort15
+    step bench_decode_120b 150 python benchmarks/bench_decode.py --models 120b --batches 128 --contexts 4096 \
+        --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_120b_b128_ctx4096
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

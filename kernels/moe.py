@@ -10,9 +10,9 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
      quantised to e4m3 in 1x128 groups (mlp1's A operand, one group column per program), and
      the (token, slot) pairs sorted by local expert into BLOCK_M-padded segments, stable
      (token order kept), sized for the worst case from T alone, so nothing is read back to
-     the host (CUDA-graph safe). Up to 128 tokens it does all of it in one launch (the sort by
-     comparing pairs with pairs, `_sort_pairs_compare`); with more tokens the sort runs after it
-     (`_count_kernel` per chunk of pairs, `_align_kernel`);
+     the host (CUDA-graph safe). Up to 64 tokens on 64+ local experts it does all of it in one
+     launch (the sort by comparing pairs with pairs, `_sort_pairs_compare`); otherwise the sort
+     runs after it (`_count_kernel` per chunk of pairs, `_align_kernel`): see FUSED_SORT_MAX_TOKENS;
   1.+2. decode (T <= DECODE_FRONT_MAX_TOKENS = 16): `_decode_front_kernel` replaces both in one
      launch. 96 programs each multiply x by 1-4 router rows over a third of H (a 128-expert
      router's 737 KB in flight at once; cuBLAS ran 4 CTAs and a split-K reduce launch, ~6 us);
@@ -1607,9 +1607,16 @@ ROUTE_BLOCK_T = 16  # tokens per routing program when the sort runs on its own (
 GATHER_BLOCK_R = 16  # MoeConfig.tma: sorted rows per program of the x gather (block_m is a multiple)
 QUANT_BLOCK_T = 16  # tokens per quantisation program (one 1x128 group column each)
 COMBINE_BLOCK_T = 4
-# Up to this many tokens (and 4 chunks of pairs) one program routes every token and sorts every
-# pair inside the routing launch (decode: one launch instead of three).
-FUSED_SORT_MAX_TOKENS = 128
+# Up to this many tokens (and 4 chunks of pairs), with at least FUSED_SORT_MIN_EXPERTS local experts,
+# one program routes every token and sorts every pair inside the routing launch (decode: one launch
+# instead of three). Its pair comparisons grow with the pairs squared, the chunked sort's expert sweeps
+# with the experts: H200, routing + x groups + sort, us, fused / chunked (benchmarks/results/
+# diag_front_sort.md, same outputs): 128 experts 14.3 / 20.4 at 17 tokens, 29.5 / 32.1 at 64, 79.6 / 41.4
+# at 96, 101.5 / 50.3 at 128; 32 experts 11.2 / 8.6 at 17, 19.4 / 11.3 at 64, 89.1 / 17.1 at 128. In the
+# decode step (session 15, ctx 8192): 20b batch 128 17.09 -> 15.61 ms (66 -> 72 % of copy bandwidth), batch
+# 64 11.34 -> 11.06; 120b batch 128 at ctx 4096 42.26 -> 39.82 ms. 64 local experts (120b EP2) not measured.
+FUSED_SORT_MAX_TOKENS = 64
+FUSED_SORT_MIN_EXPERTS = 64
 SORT_MAX_SINGLE_CHUNKS = 4
 # The fused sort's pair-comparison tiles, [P_PAD, COLS]: 32 int32 a thread at 8 warps (64 took
 # 249 registers at 512 pairs, sm_90a).
@@ -1745,7 +1752,8 @@ def _front(x, logits, topk_ids, top_k, sort=None):
         sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=dev)
         block_expert = torch.empty(max_blocks, dtype=torch.int32, device=dev)
         num_chunks = _cdiv(num_pairs, _sort_chunk(num_pairs, chunk))
-        fused_sort = t <= FUSED_SORT_MAX_TOKENS and num_chunks <= SORT_MAX_SINGLE_CHUNKS
+        fused_sort = (t <= FUSED_SORT_MAX_TOKENS and num_local >= FUSED_SORT_MIN_EXPERTS
+                      and num_chunks <= SORT_MAX_SINGLE_CHUNKS)
     # one program routing everything takes 16 or 32 tokens a step, and sorts in pair tiles sized by
     # a power of two of the pairs: one compile per bucket
     route_block_t = (16 if t <= 16 else 32) if fused_sort else ROUTE_BLOCK_T
@@ -1884,7 +1892,8 @@ def route_and_align(logits: torch.Tensor, x: torch.Tensor | None, top_k: int, nu
                     block_m: int, chunk: int = 128) -> dict:
     """The MoE front as `fused_moe_fp8` runs it above the decode front's batches: routing from
     `logits`, x's e4m3 groups (x may be None) and the pair sort, in one launch up to
-    FUSED_SORT_MAX_TOKENS tokens (the sort fused), else two. A dict of tensors (tests, benchmarks)."""
+    FUSED_SORT_MAX_TOKENS tokens on FUSED_SORT_MIN_EXPERTS+ local experts (the sort fused), else two.
+    A dict of tensors (tests, benchmarks)."""
     front = _front(x, logits, None, top_k, (num_local, expert_offset, block_m, chunk))
     names = ("topk_weights", "topk_ids", "x_fp8", "x_scale", "sorted_pairs", "block_expert", "max_blocks")
     return dict(zip(names, front))

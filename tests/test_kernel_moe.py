@@ -395,7 +395,8 @@ def check_align(mod, device) -> dict:
 
 def fused_sort_cases(device):
     """(router experts, tokens, local experts, expert_offset, block_m): the routing launch's own sort
-    (17..128 tokens, up to 4 chunks of pairs) on gpt-oss's expert counts, EP subsets, ragged counts."""
+    (17..128 tokens, up to 4 chunks of pairs) on gpt-oss's expert counts, EP subsets, ragged counts
+    (forced where the table's rule, FUSED_SORT_MAX_TOKENS / FUSED_SORT_MIN_EXPERTS, picks the chunked sort)."""
     cases = [(128, 17, 128, 0, 16), (128, 32, 128, 0, 16), (128, 100, 32, 64, 16), (32, 128, 32, 0, 64),
              (128, 33, 128, 0, 32), (8, 64, 4, 4, 16)]
     return cases if device == "cpu" else cases[:3]
@@ -414,6 +415,18 @@ def check_fused_sort(mod, device) -> dict:
                 return real[grid](*args, **kwargs)
             return launch
 
+    rule = (mod.FUSED_SORT_MAX_TOKENS, mod.FUSED_SORT_MIN_EXPERTS)
+    # which sort the rule picks (H200: the fused one only for <= 64 tokens on >= 64 local experts)
+    for num_experts, num_tokens, num_local, want in ((128, 64, 128, True), (128, 65, 128, False),
+                                                     (32, 17, 32, False), (128, 17, 32, False)):
+        logits = torch.randn(num_tokens, num_experts, generator=g).to(torch.bfloat16).to(device)
+        aligns = []
+        mod._front_kernel = Recording()
+        try:
+            mod.route_and_align(logits, None, TOP_K, num_local, 0, 16)
+        finally:
+            mod._front_kernel = real
+        assert aligns == [want], f"E={num_experts} T={num_tokens} local {num_local}: fused sort {aligns}, want {want}"
     for num_experts, num_tokens, num_local, offset, block_m in fused_sort_cases(device):
         what = f"fused sort E={num_experts} T={num_tokens} local {offset}..{offset + num_local - 1} block {block_m}"
         logits = torch.randn(num_tokens, num_experts, generator=g).to(torch.bfloat16).to(device)
@@ -421,10 +434,12 @@ def check_fused_sort(mod, device) -> dict:
             logits[: num_tokens // 2, :3] += 8
         aligns: list = []
         mod._front_kernel = Recording()
+        mod.FUSED_SORT_MAX_TOKENS, mod.FUSED_SORT_MIN_EXPERTS = 128, 1  # the kernel's whole range
         try:
             got = mod.route_and_align(logits, None, TOP_K, num_local, offset, block_m)
         finally:
             mod._front_kernel = real
+            mod.FUSED_SORT_MAX_TOKENS, mod.FUSED_SORT_MIN_EXPERTS = rule
         assert aligns == [True], f"{what}: routing launches {aligns}, not one with the fused sort"
         want_w, want_ids = route_from_logits(logits, TOP_K)
         top = torch.topk(logits.float(), TOP_K + 1, dim=-1).values
