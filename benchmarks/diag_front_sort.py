@@ -1,6 +1,7 @@
 """The MoE front at decode batches above the decode front's 16 tokens: one program routing every token and
-sorting every pair by pair comparisons (`FUSED_SORT_MAX_TOKENS`, kernels/moe.py) vs the routing programs
-followed by the chunked count + align sort (what prefill runs).
+sorting every pair by pair comparisons vs the routing programs followed by the chunked count + align sort
+(what prefill runs), each forced whatever kernels/moe.py's rule (`FUSED_SORT_MAX_TOKENS`,
+`FUSED_SORT_MIN_EXPERTS`, set from this script's results) would pick.
 
 Why: the 20b decode step at batch 128, ctx 8192, spends 2108 us of 17086 in `_front_kernel` (24 calls, 88 us
 each: benchmarks/results/bench_decode_tp1_b128_profile.md), the single program's [512, 16]-tile comparisons
@@ -31,12 +32,17 @@ TOP_K, HIDDEN, BLOCK_M, CHUNK = 4, 2880, 16, 128  # the table's rows of 17..128 
 
 
 def front(logits, x, num_experts, fused: bool):
-    keep = moe.FUSED_SORT_MAX_TOKENS
-    moe.FUSED_SORT_MAX_TOKENS = keep if fused else 0
+    """route_and_align with the sort forced either way, whatever kernels/moe.py's rule would pick."""
+    keep = moe.FUSED_SORT_MAX_TOKENS, moe.FUSED_SORT_MIN_EXPERTS
+    moe.FUSED_SORT_MAX_TOKENS, moe.FUSED_SORT_MIN_EXPERTS = (128, 1) if fused else (0, 1 << 30)
     try:
         return moe.route_and_align(logits, x, TOP_K, num_experts, 0, BLOCK_M, CHUNK)
     finally:
-        moe.FUSED_SORT_MAX_TOKENS = keep
+        moe.FUSED_SORT_MAX_TOKENS, moe.FUSED_SORT_MIN_EXPERTS = keep
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def row(num_experts: int, tokens: int, device: str) -> dict:
@@ -51,8 +57,7 @@ def row(num_experts: int, tokens: int, device: str) -> dict:
             [lambda s=s, f=fused: front(*s, num_experts, f) for s in sets], device=device)
     a, b = results["fused"], results["chunked"]
     used = a["block_expert"] >= 0  # blocks past the last segment hold whatever each path left there
-    out["same"] = (all(torch.equal(a[k].view(torch.uint8) if a[k].dtype == torch.float8_e4m3fn else a[k],
-                                   b[k].view(torch.uint8) if b[k].dtype == torch.float8_e4m3fn else b[k])
+    out["same"] = (all(torch.equal(_bits(a[k]), _bits(b[k]))
                        for k in ("topk_weights", "topk_ids", "x_fp8", "x_scale", "block_expert"))
                    and torch.equal(a["sorted_pairs"].view(-1, BLOCK_M)[used], b["sorted_pairs"].view(-1, BLOCK_M)[used]))
     out["speedup_chunked"] = out["fused_us"] / out["chunked_us"]

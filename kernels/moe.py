@@ -1613,8 +1613,9 @@ COMBINE_BLOCK_T = 4
 # with the experts: H200, routing + x groups + sort, us, fused / chunked (benchmarks/results/
 # diag_front_sort.md, same outputs): 128 experts 14.3 / 20.4 at 17 tokens, 29.5 / 32.1 at 64, 79.6 / 41.4
 # at 96, 101.5 / 50.3 at 128; 32 experts 11.2 / 8.6 at 17, 19.4 / 11.3 at 64, 89.1 / 17.1 at 128. In the
-# decode step (session 15, ctx 8192): 20b batch 128 17.09 -> 15.61 ms (66 -> 72 % of copy bandwidth), batch
-# 64 11.34 -> 11.06; 120b batch 128 at ctx 4096 42.26 -> 39.82 ms. 64 local experts (120b EP2) not measured.
+# decode step (session 15, separate runs, not paired; results/bench_decode_tp1_*chunked_sort.md): 20b ctx 8192
+# batch 128 17.09 -> 15.61 ms (66 -> 72 % of copy bandwidth), batch 64 11.34 -> 11.06; 120b batch 128 at ctx
+# 4096 42.26 -> 39.82 ms. 64 local experts (120b EP2) not measured.
 FUSED_SORT_MAX_TOKENS = 64
 FUSED_SORT_MIN_EXPERTS = 64
 SORT_MAX_SINGLE_CHUNKS = 4
