@@ -69,6 +69,24 @@ def graph_time(calls, iters=40):
     return bc.graph_time_calls(calls, iters=iters)
 
 
+def kernel_times(calls) -> dict:
+    """Device time per step of each kernel of `calls` (eager, under the profiler; after one warm-up round):
+    which of the step's launches the batch's time goes to."""
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for fn in calls:
+            fn()
+        torch.cuda.synchronize()
+    totals: dict = {}
+    for ev in prof.events():
+        us = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0)
+        if us > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
+            totals[ev.name[:60]] = totals.get(ev.name[:60], 0.0) + us
+    return {name: us / len(calls) for name, us in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
 class Copy:
     """One independent set of probe weights, tapped rows and requests (its own pool slots)."""
 
@@ -120,6 +138,9 @@ def main():
     ap.add_argument("--copies", type=int, default=8, help="rotated weight/request sets (cold-L2 timing)")
     ap.add_argument("--repeat", type=int, default=16, help="steps per graph replay")
     ap.add_argument("--sweep", default="1,8", help="batches at which to sweep the q|k|v GEMV tiling ('' = none)")
+    ap.add_argument("--sweep-attn", default="", help="batches at which to sweep the attention's key block and "
+                    "splits ('' = none)")
+    ap.add_argument("--stem", default="probe_decode_h200", help="result file names (<stem>.json / .md)")
     args = ap.parse_args()
     torch.manual_seed(0)
     cfg = ProbeConfig.from_dict({
@@ -131,8 +152,9 @@ def main():
     measured_steps = measured_120b_step_ms()
     bw = bc.copy_bandwidth()
     weight_bytes = None
-    rows, sweep_rows = [], []
+    rows, sweep_rows, attn_rows = [], [], []
     sweep_batches = {int(b) for b in args.sweep.split(",") if b}
+    attn_batches = {int(b) for b in args.sweep_attn.split(",") if b}
     for batch in [int(b) for b in args.batches.split(",")]:
         ctx, n_copies = args.context, args.copies
         n_req = n_copies * batch
@@ -189,28 +211,43 @@ def main():
             "new_pct_of_measured_step": r["new_cold_us"] / (measured_ms * 10) if measured_ms else None,
             "current_pct_of_measured_step": r["current_cold_us"] / (measured_ms * 10) if measured_ms else None,
         })
+        r["kernels_us"] = kernel_times(cold("step_new"))
         rows.append(r)
         print(json.dumps(r), flush=True)
         if batch in sweep_batches:
-            for bn, bk, pps in ((64, 64, 2), (64, 64, 4), (64, 64, 8), (32, 64, 4), (32, 128, 4), (64, 128, 4),
-                                (128, 64, 4)):
-                splits = qkv_config(batch, 640, HIDDEN * TAPS, torch.device("cuda"), block_k=bk, block_n=bn,
-                                    programs_per_sm=pps)["SPLITS"]
+            tiles = [(bn, bk, qkv_config(batch, 640, HIDDEN * TAPS, torch.device("cuda"), block_k=bk, block_n=bn,
+                                         programs_per_sm=pps)["SPLITS"])
+                     for bn, bk, pps in ((64, 64, 2), (64, 64, 4), (64, 64, 8), (32, 64, 4), (32, 128, 4),
+                                         (64, 128, 4), (128, 64, 4))]
+            if batch > 16:
+                # Every split's fp32 partials ([splits, T, 640]) are written and summed back by one last
+                # arriver a tile, so past batch 16 fewer splits may beat more streaming programs.
+                tiles += [(bn, bk, sp) for bn, bk in ((64, 64), (32, 128), (64, 128)) for sp in (2, 4, 8, 16)]
+            for bn, bk, splits in dict.fromkeys(tiles):
                 t = graph_time(cold("step_new", qkv_block_n=bn, qkv_block_k=bk, qkv_splits=splits))
                 sweep_rows.append({"batch": batch, "qkv_block_n": bn, "qkv_block_k": bk, "qkv_splits": splits,
                                    "new_step_no_taps_cold_us": t * 1e6})
                 print(json.dumps(sweep_rows[-1]), flush=True)
+        if batch in attn_batches:
+            for block_n_attn in (32, 64, 128):
+                for splits in (1, 2, 4, 8, 16):
+                    if splits * block_n_attn > WINDOW:
+                        continue
+                    t = graph_time(cold("step_new", block_n_attn=block_n_attn, attn_num_splits=splits))
+                    attn_rows.append({"batch": batch, "block_n_attn": block_n_attn, "attn_splits": splits,
+                                      "new_step_no_taps_cold_us": t * 1e6})
+                    print(json.dumps(attn_rows[-1]), flush=True)
         copies = kv_pool = req_to_token = c0 = full_cur = full_new = None  # free before the next batch
         torch.cuda.empty_cache()
 
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "copy_bandwidth_TBps": bw / 1e12,
             "probe_weight_bytes": weight_bytes, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": "python benchmarks/bench_probe.py --out benchmarks/results", "host": platform.node(),
+            "command": "python " + " ".join(sys.argv), "host": platform.node(),
             "copies": args.copies, "repeat": args.repeat, "wall_s": time.time() - t_start}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "probe_decode_h200.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows, "qkv_sweep": sweep_rows}, f, indent=2)
+    with open(os.path.join(args.out, args.stem + ".json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "qkv_sweep": sweep_rows, "attn_sweep": attn_rows}, f, indent=2)
     lines = [
         "# SingProbe decode step on one H200 (gpt-oss-120b probe dims, random weights)", "",
         f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}. Copy bandwidth "
@@ -238,8 +275,18 @@ def main():
                   "| batch | BLOCK_N | BLOCK_K | splits | us |", "|---:|---:|---:|---:|---:|"]
         lines += [f"| {s['batch']} | {s['qkv_block_n']} | {s['qkv_block_k']} | {s['qkv_splits']} | "
                   f"{s['new_step_no_taps_cold_us']:.1f} |" for s in sweep_rows]
+    lines += ["", "Device time per step by kernel (new step without taps, eager under the profiler, cold):", "",
+              "| batch | " + " | ".join(k for k in rows[0]["kernels_us"]) + " |",
+              "|---:|" + "---:|" * len(rows[0]["kernels_us"])]
+    lines += [f"| {r['batch']} | " + " | ".join(f"{r['kernels_us'].get(k, 0.0):.1f}" for k in rows[0]["kernels_us"])
+              + " |" for r in rows]
+    if attn_rows:
+        lines += ["", "Attention key block and splits sweep (new step without taps, cold; q|k|v at the launcher's "
+                  "default tile):", "", "| batch | key block | splits | us |", "|---:|---:|---:|---:|"]
+        lines += [f"| {s['batch']} | {s['block_n_attn']} | {s['attn_splits']} | {s['new_step_no_taps_cold_us']:.1f} |"
+                  for s in attn_rows]
     lines += ["", f"Command: `{meta['command']}` ({meta['wall_s']:.0f} s)"]
-    with open(os.path.join(args.out, "probe_decode_h200.md"), "w") as f:
+    with open(os.path.join(args.out, args.stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -94,6 +94,8 @@
 #                                         # results/history/*stagger_REVERTED.md)
 #   bash benchmarks/run_h200.sh b128_15   # (one GPU) TP1 decode at batch 128, ctx 8192, probe on/off (20b; 120b if it fits)
 #   bash benchmarks/run_h200.sh front15   # (one GPU) MoE front at 17..128 tokens: one-program pair sort vs chunked sort
+#   bash benchmarks/run_h200.sh probe16   # (one GPU) the probe's decode step by kernel; its tiles swept at batch 32..128
+#   bash benchmarks/run_h200.sh probe16b  # (one GPU) the probe's wide-batch q|k|v tile: gpu tests, step, decode rows A/B
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -727,6 +729,29 @@ sort15)  # one GPU: the decode rows the front's sort rule moved (20b batch 64 / 
         --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_tp1_20b_sort15
     step bench_decode_120b 150 python benchmarks/bench_decode.py --models 120b --batches 128 --contexts 4096 \
         --configs 1:1:1 --probe-configs 1:1:1 --out "$R" --stem bench_decode_120b_b128_ctx4096
+    ;;
+probe16)  # one GPU: the probe's decode step at batch 1..128 with its per-kernel times, the q|k|v tile / splits
+          # and the attention's key block / splits swept at 32..128 (the launcher's rule was swept at 1 and 8 only)
+    step bench_probe 300 python benchmarks/bench_probe.py --out "$R" --batches 1,8,32,64,128 --sweep 32,64,128 \
+        --sweep-attn 32,64,128 --stem probe_decode_h200_sweep16
+    ;;
+probe16b)  # one GPU: the probe's wide-batch q|k|v tile (kernels/probe_step.py qkv_tile): its gpu tests, the step
+           # by kernel, and the decode rows' probe overhead with the tile and, in the same run, with the old one
+           # (64 x 64 at 4 programs an SM past 16 rows, forced by replacing qkv_tile)
+    step gpu_test_probe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_step.py \
+        tests/test_probe_cuda_graph.py
+    step bench_probe 120 python benchmarks/bench_probe.py --out "$R" --batches 1,8,32,64,128 --sweep "" \
+        --stem probe_decode_h200_tile16
+    dec="--contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out $R"
+    step bench_decode_new 200 python benchmarks/bench_decode.py --models 20b,120b --batches 1,8,32,64,128 $dec \
+        --stem bench_decode_tp1_probe_tile16
+    step bench_decode_old 200 python -c "
+import runpy, sys
+import sglang_ext.kernels.probe_step as ps
+ps.qkv_tile = lambda t: {'block_n': 32 if t <= 16 else 64, 'block_k': 128 if t <= 16 else 64, 'programs_per_sm': 4}
+sys.argv = ['benchmarks/bench_decode.py'] + sys.argv[1:]
+runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')" --models 20b,120b --batches 32,64,128 $dec \
+        --stem bench_decode_tp1_probe_tile16_old
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py

@@ -374,6 +374,16 @@ def qkv_config(t: int, n: int, k: int, device: torch.device, block_k: int = 64, 
     return {"BLOCK_T": block_t, "BLOCK_N": block_n, "BLOCK_K": block_k, "K_ITERS": k_iters, "SPLITS": splits}
 
 
+def qkv_tile(t: int) -> dict:
+    """The q|k|v split-K GEMV's tile for T rows. H200 sweeps (benchmarks/results/probe_decode_h200*.md,
+    cold step without taps): 32 x 128 tiles beat 64 x 64 at every batch swept, 23.4 vs 24.4 us at 1,
+    24.7 vs 30.2 at 8, 32.9 vs 37.9 at 32, 43.7 vs 51.5 at 64, 58.0 (8 splits) vs 64.8 at 128. Past 16
+    rows about two programs an SM (14 splits at 32 / 64 rows, 7 at 128) beat four: each split's fp32 partials
+    ([splits, T, N]) are written and summed back by one last arriver a tile, which costs more than the
+    extra streaming programs gain once T is that wide."""
+    return {"block_n": 32, "block_k": 128, "programs_per_sm": 4 if t <= 16 else 2}
+
+
 def attn_splits(t: int, window: int, device: torch.device, block_n: int, max_splits: int = 16) -> int:
     """Key-range splits per row (same rule as probe_attention.auto_num_splits): decode rows are a serial
     chain of gathers, so few rows need splitting to fill the GPU; many rows do not."""
@@ -449,14 +459,9 @@ def probe_decode_step(
     ws = workspace if workspace is not None else default_workspace(dev)
 
     # 2. q|k|v + K|V write
-    if qkv_block_n is None or qkv_block_k is None:
-        # H200 sweep (benchmarks/results/probe_decode_h200.md): 32 x 128 tiles (23 splits) beat
-        # 64 x 64 (27) at batch 1 (23.4 vs 24.4 us per step) and 8 (24.7 vs 30.2); larger batches
-        # were not swept and keep 64 x 64.
-        small = t <= 16
-        qkv_block_n = qkv_block_n or (32 if small else 64)
-        qkv_block_k = qkv_block_k or (128 if small else 64)
-    cfg = qkv_config(t, n, k, dev, block_k=qkv_block_k, block_n=qkv_block_n, splits=qkv_splits)
+    tile = qkv_tile(t)
+    cfg = qkv_config(t, n, k, dev, block_k=qkv_block_k or tile["block_k"], block_n=qkv_block_n or tile["block_n"],
+                     programs_per_sm=tile["programs_per_sm"], splits=qkv_splits)
     n_tiles, t_tiles = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(t, cfg["BLOCK_T"])
     q_buf = ws.get("q", t * hq, w_qkv.dtype)
     part = ws.get("qkv_part", cfg["SPLITS"] * t * n if cfg["SPLITS"] > 1 else 1, torch.float32)

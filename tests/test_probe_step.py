@@ -139,6 +139,8 @@ def check_step(dtype_name, dims=SMALL, device="cpu", cases=None):
         (64, [5, 40, 0], 1, {"attn_num_splits": 3, "block_n_attn": 16}),
         (4, [9, 1, 33], 0, {"qkv_splits": 1}),
         (None, [3, 17, 30, 8, 2, 25, 11, 6], 2, {"attn_num_splits": 2, "block_n_attn": 16, "qkv_block_n": 32}),
+        # past 16 rows: the launcher's own wide-batch tile (32-row T tiles, ragged; 3 K splits here)
+        (8, [4, 9, 1, 6, 12, 3, 7, 2, 10, 5, 8, 1, 3, 11, 2, 6, 4, 9, 1, 5], 1, {}),
     ]
     for i, (window, lengths, n_pad, kw) in enumerate(cases):
         head = make_head(dims, window, dtype, seed=i, device=device)
@@ -211,6 +213,22 @@ def test_probe_step_interpreted():
 
     results = run_interpreted(__file__, ["--cpu"], timeout=300)
     assert [r["dtype"] for r in results] == ["float32", "float16", "bfloat16"]
+
+
+def test_qkv_tile_rule(monkeypatch):
+    """The launcher's q|k|v tile at the H200's 132 SMs is the one its sweep picked: 32 x 128 at every
+    batch, ~4 programs an SM up to 16 rows (23 splits) and ~2 past that (14 at 32 / 64 rows, 7 at 128)."""
+    mod = _kernels()
+    monkeypatch.setattr(mod, "_num_sms", lambda device: 132)
+    n, k = 640, 8640  # the 120b probe's q|k|v rows and features
+    got = {}
+    for t in (1, 8, 16, 17, 32, 64, 128):
+        tile = mod.qkv_tile(t)
+        cfg = mod.qkv_config(t, n, k, torch.device("cuda"), block_k=tile["block_k"], block_n=tile["block_n"],
+                             programs_per_sm=tile["programs_per_sm"])
+        got[t] = (cfg["BLOCK_T"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLITS"])
+    assert got == {1: (16, 32, 128, 23), 8: (16, 32, 128, 23), 16: (16, 32, 128, 23), 17: (32, 32, 128, 14),
+                   32: (32, 32, 128, 14), 64: (64, 32, 128, 14), 128: (64, 32, 128, 7)}, got
 
 
 def test_reference_step_matches_head():
