@@ -96,6 +96,7 @@
 #   bash benchmarks/run_h200.sh front15   # (one GPU) MoE front at 17..128 tokens: one-program pair sort vs chunked sort
 #   bash benchmarks/run_h200.sh probe16   # (one GPU) the probe's decode step by kernel; its tiles swept at batch 32..128
 #   bash benchmarks/run_h200.sh probe16b  # (one GPU) the probe's wide-batch q|k|v tile: gpu tests, step, decode rows A/B
+#   bash benchmarks/run_h200.sh gpu16     # (one GPU) every gpu test the session's other stages did not run
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -752,6 +753,17 @@ ps.qkv_tile = lambda t: {'block_n': 32 if t <= 16 else 64, 'block_k': 128 if t <
 sys.argv = ['benchmarks/bench_decode.py'] + sys.argv[1:]
 runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')" --models 20b,120b --batches 32,64,128 $dec \
         --stem bench_decode_tp1_probe_tile16_old
+    ;;
+gpu16)  # one GPU: every `gpu` test the session's other stages did not run (those: MoE in sort15, the probe step
+        # and its CUDA graph in probe16b), on the final tree, one pytest process a group so a timeout loses one.
+        # Ran once: the first group outlived its 300 s after the sink-attention test passed (compiles dominate);
+        # a second call (pytest -m gpu on fp8_gemm, moe_decode, residual_norm, rope_kv, probe_kernel, 250 s)
+        # passed fp8_gemm's 3 and 5 of moe_decode's 11 before its limit: give the kernel files a call each
+    step gpu_test_kernels 300 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
+        tests/test_kernel_sink_attention.py tests/test_kernel_fp8_gemm.py tests/test_kernel_moe_decode.py \
+        tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py tests/test_probe_kernel.py
+    step gpu_test_layers 240 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
+        tests/test_layers.py tests/test_pdl.py tests/test_fp8_backend.py tests/test_probe_cuda_graph.py
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
