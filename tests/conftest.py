@@ -22,19 +22,39 @@ if not has_cuda_driver():
 # collection order: the longest go first so that the short ones fill the end and both workers
 # finish together (in xdist's own order, most tests first, a 490 s file with five tests went
 # last). A new long file belongs here.
-FILE_SECONDS = {
-    "test_probe_serving.py": 250,
-    "test_faults.py": 232,
-    "test_kernel_sink_attention.py": 170,
-    "test_served_parity.py": 164,
-    "test_fp8.py": 104,
-    "test_kernel_moe.py": 67,
-    "test_kernel_fp8_gemm.py": 45,
-    "test_probe_serving_bf16.py": 40,
-    "test_cli.py": 31,
-    "test_kernel_moe_decode.py": 17,
-    "test_probe_kernel.py": 16,
+FILE_SECONDS = {  # junit times of session 16's second run (1124 s wall; the grid file had been missing)
+    "test_faults.py": 383,
+    "test_probe_serving.py": 338,
+    "test_served_parity.py": 307,
+    "test_kernel_sink_attention.py": 278,
+    "test_sglang_server_grid.py": 226,
+    "test_fp8.py": 168,
+    "test_kernel_moe.py": 105,
+    "test_kernel_fp8_gemm.py": 72,
+    "test_cli.py": 58,
+    "test_probe_serving_bf16.py": 58,
+    "test_kernel_moe_decode.py": 32,
+    "test_probe_kernel.py": 25,
+    "test_bench_drivers.py": 22,
+    "test_probe_step.py": 17,
 }
+
+
+_FILE_TOTALS: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    # On the xdist controller too: every phase's duration, summed by file for the summary below.
+    name = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    _FILE_TOTALS[name] = _FILE_TOTALS.get(name, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    # A long file missing from FILE_SECONDS runs wherever collection order puts it (once: last, 126 s).
+    missing = {f: t for f, t in _FILE_TOTALS.items() if t >= 20 and f not in FILE_SECONDS}
+    if missing:
+        terminalreporter.write_line("tests/conftest.py FILE_SECONDS lacks these long files (seconds this run): "
+                                    + ", ".join(f"{f} {t:.0f}" for f, t in sorted(missing.items())))
 
 
 def pytest_configure(config):

@@ -80,3 +80,12 @@ def test_cpu_servers_skip_sglangs_other_model_modules(monkeypatch):
     assert {"llama", "qwen2", "deepseek_v2"} <= set(skipped)
     monkeypatch.setenv("SGLANG_DISABLED_MODEL_ARCHS", "llama")
     assert cpu_server_env()["SGLANG_DISABLED_MODEL_ARCHS"] == "llama"
+
+
+def test_cpu_servers_run_one_intra_op_thread(monkeypatch):
+    """The shims give SGLang's CPU processes one OpenMP / torch intra-op thread (beside another busy process,
+    torch's default of one a core stalls every small op of the tiny model); a value already set is kept."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cpu_server_env()["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert cpu_server_env()["OMP_NUM_THREADS"] == "2"
