@@ -97,6 +97,7 @@
 #   bash benchmarks/run_h200.sh probe16   # (one GPU) the probe's decode step by kernel; its tiles swept at batch 32..128
 #   bash benchmarks/run_h200.sh probe16b  # (one GPU) the probe's wide-batch q|k|v tile: gpu tests, step, decode rows A/B
 #   bash benchmarks/run_h200.sh gpu16     # (one GPU) every gpu test the session's other stages did not run
+#   bash benchmarks/run_h200.sh gpu17     # (one GPU) the gpu tests gpu16 did not reach (not run yet)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -764,6 +765,13 @@ gpu16)  # one GPU: every `gpu` test the session's other stages did not run (thos
         tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py tests/test_probe_kernel.py
     step gpu_test_layers 240 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
         tests/test_layers.py tests/test_pdl.py tests/test_fp8_backend.py tests/test_probe_cuda_graph.py
+    ;;
+gpu17)  # one GPU: what gpu16 did not reach (prepared in session 16, not run): test_kernel_moe_decode whole, then
+        # the residual-norm, RoPE-KV and probe-kernel gpu tests, each group in its own step
+    step gpu_test_moe_decode 390 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
+        tests/test_kernel_moe_decode.py
+    step gpu_test_norm_rope_probe 180 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
+        tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py tests/test_probe_kernel.py
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
