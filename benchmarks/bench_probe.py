@@ -41,7 +41,7 @@ import bench_common as bc  # noqa: E402
 
 bc.import_project()
 from sglang_ext.kernels.probe_attention import probe_attention  # noqa: E402
-from sglang_ext.kernels.probe_step import probe_decode_step, probe_tap_normalize, qkv_config  # noqa: E402
+from sglang_ext.kernels.probe_step import attn_splits, probe_decode_step, probe_tap_normalize, qkv_config  # noqa: E402
 from sglang_ext.kernels.probe_tail import probe_tail  # noqa: E402
 from sglang_ext.probe.config import ProbeConfig  # noqa: E402
 from sglang_ext.probe.model import SingProbeHead, rms_normalize  # noqa: E402
@@ -215,24 +215,28 @@ def main():
         rows.append(r)
         print(json.dumps(r), flush=True)
         if batch in sweep_batches:
-            tiles = [(bn, bk, qkv_config(batch, 640, HIDDEN * TAPS, torch.device("cuda"), block_k=bk, block_n=bn,
-                                         programs_per_sm=pps)["SPLITS"])
+            def splits_run(bn, bk, **kw):  # what qkv_config makes of a request (no empty splits)
+                return qkv_config(batch, 640, HIDDEN * TAPS, torch.device("cuda"), block_k=bk, block_n=bn,
+                                  **kw)["SPLITS"]
+
+            tiles = [(bn, bk, splits_run(bn, bk, programs_per_sm=pps))
                      for bn, bk, pps in ((64, 64, 2), (64, 64, 4), (64, 64, 8), (32, 64, 4), (32, 128, 4),
                                          (64, 128, 4), (128, 64, 4))]
             if batch > 16:
                 # Every split's fp32 partials ([splits, T, 640]) are written and summed back by one last
                 # arriver a tile, so past batch 16 fewer splits may beat more streaming programs.
-                tiles += [(bn, bk, sp) for bn, bk in ((64, 64), (32, 128), (64, 128)) for sp in (2, 4, 8, 16)]
-            for bn, bk, splits in dict.fromkeys(tiles):
+                tiles += [(bn, bk, splits_run(bn, bk, splits=sp)) for bn, bk in ((64, 64), (32, 128), (64, 128))
+                          for sp in (2, 4, 8, 16)]
+            for bn, bk, splits in dict.fromkeys(tiles):  # each configuration that runs, once
                 t = graph_time(cold("step_new", qkv_block_n=bn, qkv_block_k=bk, qkv_splits=splits))
                 sweep_rows.append({"batch": batch, "qkv_block_n": bn, "qkv_block_k": bk, "qkv_splits": splits,
                                    "new_step_no_taps_cold_us": t * 1e6})
                 print(json.dumps(sweep_rows[-1]), flush=True)
         if batch in attn_batches:
             for block_n_attn in (32, 64, 128):
-                for splits in (1, 2, 4, 8, 16):
-                    if splits * block_n_attn > WINDOW:
-                        continue
+                # the launcher's own split count beside powers of two (9 at 64 rows, 5 at 128 on an H200)
+                own = attn_splits(batch, WINDOW, torch.device("cuda"), block_n_attn)
+                for splits in sorted({1, 2, 4, 8, 16, own}):
                     t = graph_time(cold("step_new", block_n_attn=block_n_attn, attn_num_splits=splits))
                     attn_rows.append({"batch": batch, "block_n_attn": block_n_attn, "attn_splits": splits,
                                       "new_step_no_taps_cold_us": t * 1e6})

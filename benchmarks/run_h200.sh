@@ -758,8 +758,10 @@ runpy.run_path('benchmarks/bench_decode.py', run_name='__main__')" --models 20b,
 gpu16)  # one GPU: every `gpu` test the session's other stages did not run (those: MoE in sort15, the probe step
         # and its CUDA graph in probe16b), on the final tree, one pytest process a group so a timeout loses one.
         # Ran once: the first group outlived its 300 s after the sink-attention test passed (compiles dominate);
-        # a second call (pytest -m gpu on fp8_gemm, moe_decode, residual_norm, rope_kv, probe_kernel, 250 s)
-        # passed fp8_gemm's 3 and 5 of moe_decode's 11 before its limit: give the kernel files a call each
+        # a second call, `timeout 250 python -m pytest -p no:cacheprovider -m gpu -rA tests/test_kernel_fp8_gemm.py
+        # tests/test_kernel_moe_decode.py tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py
+        # tests/test_probe_kernel.py`, passed fp8_gemm's 3 and 5 of moe_decode's 8 before its limit. Stage gpu17
+        # has the rest, one group a step; a rerun of this stage as it stands times out the same way
     step gpu_test_kernels 300 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
         tests/test_kernel_sink_attention.py tests/test_kernel_fp8_gemm.py tests/test_kernel_moe_decode.py \
         tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py tests/test_probe_kernel.py

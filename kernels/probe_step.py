@@ -376,12 +376,22 @@ def qkv_config(t: int, n: int, k: int, device: torch.device, block_k: int = 64, 
 
 def qkv_tile(t: int) -> dict:
     """The q|k|v split-K GEMV's tile for T rows. H200 sweeps (benchmarks/results/probe_decode_h200*.md,
-    cold step without taps): 32 x 128 tiles beat 64 x 64 at every batch swept, 23.4 vs 24.4 us at 1,
-    24.7 vs 30.2 at 8, 32.9 vs 37.9 at 32, 43.7 vs 51.5 at 64, 58.0 (8 splits) vs 64.8 at 128. Past 16
-    rows about two programs an SM (14 splits at 32 / 64 rows, 7 at 128) beat four: each split's fp32 partials
-    ([splits, T, N]) are written and summed back by one last arriver a tile, which costs more than the
-    extra streaming programs gain once T is that wide."""
+    cold step without taps, us): 32 x 128 tiles against the 64 x 64 ones this launcher took before,
+    23.5 vs 24.2 at 1 row, 24.6 vs 30.0 at 8, 32.9 vs 37.9 at 32, 43.7 vs 51.5 at 64, 58.1 vs 69.5 at 128
+    (the old tiles at 4 programs an SM: 27 splits). Past 16 rows about two programs an SM (14 splits at
+    32 / 64 rows, 7 at 128) beat four: each split's fp32 partials ([splits, T, N]) are written and summed
+    back by one last arriver a tile, which costs more than the extra streaming programs gain once T is
+    that wide."""
     return {"block_n": 32, "block_k": 128, "programs_per_sm": 4 if t <= 16 else 2}
+
+
+def qkv_launch_config(t: int, n: int, k: int, device: torch.device, block_n: Optional[int] = None,
+                      block_k: Optional[int] = None, splits: Optional[int] = None) -> dict:
+    """What ``probe_decode_step`` launches the q|k|v GEMV with: ``qkv_tile``'s rule, where the caller names
+    no block size or split count of its own."""
+    tile = qkv_tile(t)
+    return qkv_config(t, n, k, device, block_k=block_k or tile["block_k"], block_n=block_n or tile["block_n"],
+                      programs_per_sm=tile["programs_per_sm"], splits=splits)
 
 
 def attn_splits(t: int, window: int, device: torch.device, block_n: int, max_splits: int = 16) -> int:
@@ -459,9 +469,7 @@ def probe_decode_step(
     ws = workspace if workspace is not None else default_workspace(dev)
 
     # 2. q|k|v + K|V write
-    tile = qkv_tile(t)
-    cfg = qkv_config(t, n, k, dev, block_k=qkv_block_k or tile["block_k"], block_n=qkv_block_n or tile["block_n"],
-                     programs_per_sm=tile["programs_per_sm"], splits=qkv_splits)
+    cfg = qkv_launch_config(t, n, k, dev, block_n=qkv_block_n, block_k=qkv_block_k, splits=qkv_splits)
     n_tiles, t_tiles = triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(t, cfg["BLOCK_T"])
     q_buf = ws.get("q", t * hq, w_qkv.dtype)
     part = ws.get("qkv_part", cfg["SPLITS"] * t * n if cfg["SPLITS"] > 1 else 1, torch.float32)

@@ -223,12 +223,13 @@ def test_qkv_tile_rule(monkeypatch):
     n, k = 640, 8640  # the 120b probe's q|k|v rows and features
     got = {}
     for t in (1, 8, 16, 17, 32, 64, 128):
-        tile = mod.qkv_tile(t)
-        cfg = mod.qkv_config(t, n, k, torch.device("cuda"), block_k=tile["block_k"], block_n=tile["block_n"],
-                             programs_per_sm=tile["programs_per_sm"])
+        cfg = mod.qkv_launch_config(t, n, k, torch.device("cuda"))  # what probe_decode_step launches
         got[t] = (cfg["BLOCK_T"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLITS"])
     assert got == {1: (16, 32, 128, 23), 8: (16, 32, 128, 23), 16: (16, 32, 128, 23), 17: (32, 32, 128, 14),
                    32: (32, 32, 128, 14), 64: (64, 32, 128, 14), 128: (64, 32, 128, 7)}, got
+    # a caller's own split count or block size wins over the rule
+    assert mod.qkv_launch_config(64, n, k, torch.device("cuda"), splits=4)["SPLITS"] == 4
+    assert mod.qkv_launch_config(64, n, k, torch.device("cuda"), block_n=64)["BLOCK_N"] == 64
 
 
 def test_reference_step_matches_head():
