@@ -94,9 +94,9 @@ def cpu_server_env(base: dict | None = None, vocab_dir: str | None = None) -> di
         env.setdefault("SGLANG_DISABLED_MODEL_ARCHS", ",".join(skipped))
     # One intra-op thread: these servers run the tiny model, whose forward is hundreds of small ops, each a
     # parallel region whose barrier waits for every thread. Beside another busy process (a second test
-    # worker, the client) a descheduled thread stalls each of them: eight 12-token requests took 37.6 s
-    # next to a 2-thread torch loop with torch's default 2 threads here, 4.6 s with one (3.7 / 3.2 s with
-    # the machine idle). A value already in the environment is kept.
+    # worker, the client) a descheduled thread stalls each of them: eight 12-token requests took 26.9 s
+    # next to a torch loop with torch's default 2 threads here, 4.0 s with one (3.8 / 3.6 s with the
+    # machine idle; benchmarks/bench_cpu_threads.py). A value already in the environment is kept.
     env.setdefault("OMP_NUM_THREADS", "1")
     if vocab_dir:
         from sglang_ext.launch.tokenizer import harmony_env
