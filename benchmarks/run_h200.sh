@@ -98,6 +98,8 @@
 #   bash benchmarks/run_h200.sh probe16b  # (one GPU) the probe's wide-batch q|k|v tile: gpu tests, step, decode rows A/B
 #   bash benchmarks/run_h200.sh gpu16     # (one GPU) every gpu test the session's other stages did not run
 #   bash benchmarks/run_h200.sh gpu17     # (one GPU) the gpu tests gpu16 did not reach (not run yet)
+#   bash benchmarks/run_h200.sh probe17   # (one GPU) probe attention sweep with its own splits; 20b probe overhead,
+#                                         # 200 paired rounds (not run yet)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -774,6 +776,14 @@ gpu17)  # one GPU: what gpu16 did not reach (prepared in session 16, not run): t
         tests/test_kernel_moe_decode.py
     step gpu_test_norm_rope_probe 180 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
         tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py tests/test_probe_kernel.py
+    ;;
+probe17)  # one GPU (prepared in session 16, not run): the probe's attention sweep with the launcher's own split
+          # counts (9 / 5 at 64 / 128 rows), and the 20b probe overhead over 200 paired rounds, enough to resolve
+          # the ~0.1-point differences that 60 rounds could not (IQRs ~0.25 points wide in session 16)
+    step bench_probe 200 python benchmarks/bench_probe.py --out "$R" --batches 32,64,128 --sweep "" \
+        --sweep-attn 64,128 --stem probe_decode_h200_attn17
+    step bench_decode_20b 300 python benchmarks/bench_decode.py --models 20b --batches 1,32,64,128 --contexts 8192 \
+        --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_probe17
     ;;
 decode1)  # one GPU, TP1 rows only: a quick before/after for a change to the decode step
     step gpu_test_layers 100 python -m pytest -q -p no:cacheprovider -m gpu tests/test_layers.py
