@@ -106,6 +106,25 @@ def profile_one_call(fn, warmup: int = 2):
     torch.cuda.cudart().cudaProfilerStop()
 
 
+def kernel_times(fn, calls: int = 5) -> dict:
+    """Device time per call of `fn` of each kernel it launches (profiler, eager calls after one untimed), in
+    us, slowest first; names cut to 60 characters."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for evt in prof.key_averages():
+        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if total:
+            times[evt.key[:60]] = round(total / calls, 2)
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
 def capture_graph(fn, warmup: int = 2):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

@@ -245,23 +245,8 @@ def accuracy(out, x, layer) -> dict:
 
 
 def kernel_times(fn, calls=5) -> dict:
-    """Device time per launch of each kernel in `fn` (profiler, eager calls), in us."""
-    if DEVICE != "cuda":
-        return {}
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    times = {}
-    for evt in prof.key_averages():
-        total = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        if total:
-            times[evt.key[:60]] = round(total / calls, 2)
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+    """Device time per call of each kernel in `fn` (bench_common.kernel_times), in us; none off CUDA."""
+    return bc.kernel_times(fn, calls) if DEVICE == "cuda" else {}
 
 
 def decode_inputs(layer, batch) -> list:

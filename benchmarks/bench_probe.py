@@ -69,24 +69,6 @@ def graph_time(calls, iters=40):
     return bc.graph_time_calls(calls, iters=iters)
 
 
-def kernel_times(calls) -> dict:
-    """Device time per step of each kernel of `calls` (eager, under the profiler; after one warm-up round):
-    which of the step's launches the batch's time goes to."""
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for fn in calls:
-            fn()
-        torch.cuda.synchronize()
-    totals: dict = {}
-    for ev in prof.events():
-        us = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0)
-        if us > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
-            totals[ev.name[:60]] = totals.get(ev.name[:60], 0.0) + us
-    return {name: us / len(calls) for name, us in sorted(totals.items(), key=lambda kv: -kv[1])}
-
-
 class Copy:
     """One independent set of probe weights, tapped rows and requests (its own pool slots)."""
 
@@ -211,7 +193,9 @@ def main():
             "new_pct_of_measured_step": r["new_cold_us"] / (measured_ms * 10) if measured_ms else None,
             "current_pct_of_measured_step": r["current_cold_us"] / (measured_ms * 10) if measured_ms else None,
         })
-        r["kernels_us"] = kernel_times(cold("step_new"))
+        steps = cold("step_new")
+        r["kernels_us"] = {name: us / len(steps) for name, us in
+                           bc.kernel_times(lambda: [step() for step in steps], calls=1).items()}
         rows.append(r)
         print(json.dumps(r), flush=True)
         if batch in sweep_batches:
@@ -279,11 +263,11 @@ def main():
                   "| batch | BLOCK_N | BLOCK_K | splits | us |", "|---:|---:|---:|---:|---:|"]
         lines += [f"| {s['batch']} | {s['qkv_block_n']} | {s['qkv_block_k']} | {s['qkv_splits']} | "
                   f"{s['new_step_no_taps_cold_us']:.1f} |" for s in sweep_rows]
+    kernels = list(dict.fromkeys(k for r in rows for k in r["kernels_us"]))  # every batch's, first seen first
     lines += ["", "Device time per step by kernel (new step without taps, eager under the profiler, cold):", "",
-              "| batch | " + " | ".join(k for k in rows[0]["kernels_us"]) + " |",
-              "|---:|" + "---:|" * len(rows[0]["kernels_us"])]
-    lines += [f"| {r['batch']} | " + " | ".join(f"{r['kernels_us'].get(k, 0.0):.1f}" for k in rows[0]["kernels_us"])
-              + " |" for r in rows]
+              "| batch | " + " | ".join(kernels) + " |", "|---:|" + "---:|" * len(kernels)]
+    lines += [f"| {r['batch']} | " + " | ".join(f"{r['kernels_us'].get(k, 0.0):.1f}" for k in kernels) + " |"
+              for r in rows]
     if attn_rows:
         lines += ["", "Attention key block and splits sweep (new step without taps, cold; q|k|v at the launcher's "
                   "default tile):", "", "| batch | key block | splits | us |", "|---:|---:|---:|---:|"]

@@ -9,5 +9,6 @@
 # worker descheduled (the CPU servers always get one, from launch/cpu_shims.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-if [ "${SGLANG_EXT_TEST_WORKERS:-2}" != "0" ]; then export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"; fi
-bash launch/setup.sh && exec .venv/bin/python -m pytest -q -n "${SGLANG_EXT_TEST_WORKERS:-2}" --dist loadfile "$@"
+workers="${SGLANG_EXT_TEST_WORKERS:-2}"
+if [ "$workers" != "0" ]; then export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"; fi
+bash launch/setup.sh && exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"
