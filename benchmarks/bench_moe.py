@@ -39,6 +39,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import replace
 
 import torch
 
@@ -300,6 +301,12 @@ def accuracy_on_own_routing(x, layer, config) -> dict:
             "bit_reproducible": bool(torch.equal(out, run()[0]) and torch.equal(out, run()[0]))}
 
 
+def table_config(layer, tokens: int):
+    """The row fused_moe_fp8 takes for this layer without a config (its router's expert count decides
+    the many-pairs rows)."""
+    return moe_kernels.select_config(tokens, layer["router_weight"].shape[0], TOP_K)
+
+
 def gemv_sweep(layers, bw, rows, kernel_rows, save, batches, deadline=float("inf")):
     """Decode GEMV variants (`moe_kernels.decode_gemv_variants`) beside the table's pick, per model
     and batch, all on the same token batches (so the same routing and bytes); `x_vs_table` > 1:
@@ -316,7 +323,7 @@ def gemv_sweep(layers, bw, rows, kernel_rows, save, batches, deadline=float("inf
             xs = decode_inputs(layer, batch)
             table_us = None
             for config in [None] + moe_kernels.decode_gemv_variants(batch):
-                chosen = config or moe_kernels.select_config(batch)
+                chosen = config or table_config(layer, batch)
                 row = {"model": model, "tokens": batch, "config": chosen.short(), "is_table": config is None}
                 try:
                     r = bench_decode(model, layer, batch, bw, check=False, config=config, xs=xs)
@@ -427,7 +434,7 @@ def precompile_gemv(models, batches, workers) -> float:
     for model in models:
         e = MODELS[model]
         for batch in batches:
-            for config in [moe_kernels.select_config(batch)] + moe_kernels.decode_gemv_variants(batch):
+            for config in [moe_kernels.select_config(batch, e, TOP_K)] + moe_kernels.decode_gemv_variants(batch):
                 fronts.setdefault((e, moe_kernels._decode_token_pad(batch), config.block_m),
                                   ("front", e, batch, config.block_m))
                 experts.setdefault(config, ("experts", 32, batch, config))
@@ -499,11 +506,34 @@ def sweep_candidates():
     return decode, prefill
 
 
-def sweep_plan(models, batches, prefill_tokens, kinds=("decode", "prefill")):
+def decode_tma_candidates() -> dict:
+    """The grouped TMA rows (two one-dot mlp1 passes, h requantised by mlp1, operand tiles by TMA) at
+    decode's 5..16 tokens, where the table ran the GEMV path (5..8: one pair a program, so an expert is
+    read once per pair) and pointer-loaded split-K rows (9..16) until session 17. Why: the TMA rows were
+    tuned at 17..128 tokens (session 8) and never timed below; at 8 tokens 20b's 32 pairs fall on ~20-22
+    of its 32 experts, and a block of 16 rows reads each of them once. Session 17 took two of them into the table (the many-pairs
+    row at 5..8 tokens, the 64-wide mlp2 at 9..32); also here: the rows they replaced, for A/Bs. Labels are `--moe-row-ab`'s (diag_pdl.py)."""
+    t32 = moe_kernels.TMA_DECODE_ROW
+    return {
+        "tma32": t32,                                          # the many-pairs row (17..32 until session 17)
+        "tma128": moe_kernels.select_config(128),             # the 33..128 row (mlp1 3 stages, mlp2 n64)
+        "tma32_s3": replace(t32, mlp1_stages=3),  # 54 KB a program: 4 an SM, one wave at ~20 experts
+        "tma32_n64": moe_kernels.TMA_DECODE_ROW_WIDE_MLP2,     # the 9..32 rows since session 17
+        "tma32_n16": replace(t32, mlp2_block_n=16),
+        "tma32_s3_n64": replace(t32, mlp1_stages=3, mlp2_block_n=64, mlp2_stages=3),
+        # the rows these replaced (session 17), for A/Bs against the table as it is now
+        "split16": moe_kernels.SPLIT_K_DECODE_ROW,
+        "gemv8": moe_kernels.select_config(8),
+    }
+
+
+def sweep_plan(models, batches, prefill_tokens, kinds=("decode", "prefill"), decode_candidates="split"):
     """(kind, model, tokens, config or None = the table's) in priority order, so a budget cut
     drops the least wanted: 120b decode, 120b prefill, then 20b (`kinds`: which of the two).
     The table's own config is measured beside the candidates in the same run."""
     decode, prefill = sweep_candidates()
+    tma = list(decode_tma_candidates().values())
+    decode = {"split": decode, "tma": tma, "all": decode + tma}[decode_candidates]
     plan = []
     for model in sorted(models, key=lambda m: m != "120b"):
         if "decode" in kinds:
@@ -514,21 +544,25 @@ def sweep_plan(models, batches, prefill_tokens, kinds=("decode", "prefill")):
 
 
 def run_sweep(layers, bw, ceil, deadline, rows, save, batches=(1, 2, 4, 8, 16, 32), prefill_tokens=8192,
-              kinds=("decode", "prefill")):
+              kinds=("decode", "prefill"), decode_candidates="split"):
     """Launch configurations vs the table's, while time lasts (each new config compiles first).
     Each row also records the error vs `moe_ref` and whether two calls agree bit for bit. A
-    config that fails (compile error, out of shared memory) is an error row; the sweep goes on."""
-    for kind, model, tokens, config in sweep_plan(list(layers), batches, prefill_tokens, kinds):
+    config that fails (compile error, out of shared memory) is an error row; the sweep goes on.
+    Decode candidates of one (model, tokens) run on the same token batches, so on the same experts."""
+    batches_of = {}
+    for kind, model, tokens, config in sweep_plan(list(layers), batches, prefill_tokens, kinds, decode_candidates):
         if time.time() > deadline:
             rows.append({"error": "--budget-s reached: the remaining candidates skipped"})
             break
-        chosen = config or moe_kernels.select_config(tokens)
+        chosen = config or table_config(layers[model], tokens)
         row = {"kind": kind, "model": model, "tokens": tokens, "config": chosen.short(), "is_table": config is None}
         try:
             layer = layers[model]
             if kind == "decode":
-                r = bench_decode(model, layer, tokens, bw, check=False, config=config)
-                row.update(time_us=r["time_us"], pct_of_copy_bw=r["pct_of_copy_bw"])
+                xs = batches_of.setdefault((model, tokens), decode_inputs(layer, tokens))
+                r = bench_decode(model, layer, tokens, bw, check=False, config=config, xs=xs)
+                row.update(time_us=r["time_us"], pct_of_copy_bw=r["pct_of_copy_bw"],
+                           experts_touched=r["experts_touched"])
             else:
                 r = bench_prefill(model, layer, tokens, ceil, config=config, with_peers=False)
                 row.update(time_us=r["time_ms"] * 1e3, TFLOPs=r["TFLOPs"])
@@ -579,6 +613,10 @@ def main():
     ap.add_argument("--sweep-batches", default="1,2,4,8,16,32")
     ap.add_argument("--sweep-kinds", default="decode,prefill",
                     help="which shapes the config sweep times: decode, prefill or both")
+    ap.add_argument("--decode-candidates", default="split", choices=("split", "tma", "all"),
+                    help="the sweep's decode candidates: split-K rows, the TMA rows at 5..16 tokens "
+                         "(decode_tma_candidates), or both")
+    ap.add_argument("--stem", default="bench_moe", help="results file stem")
     ap.add_argument("--gemv-sweep", action="store_true",
                     help="only the decode GEMV variants beside the table's pick (no main tables, no config sweep)")
     ap.add_argument("--gemv-batches", default="1,2,4,8")
@@ -605,8 +643,9 @@ def main():
     def save():  # after every section: a run cut short by a timeout still leaves its numbers
         meta = run_meta("python " + " ".join(sys.argv), {
             "ceilings": ceil, "elapsed_s": round(time.time() - t_start, 1), "errors": errors, "device": DEVICE,
-            "table": {str(b): c.short() for b, c in moe_kernels.H200_HIDDEN_2880_CONFIGS}})
-        write_results(args.out, "bench_moe", meta, rows, markdown(meta, rows, ceil))
+            "table": {str(b): c.short() for b, c in moe_kernels.H200_HIDDEN_2880_CONFIGS},
+            "many_pairs_rows": {f"{lo}..{hi}": c.short() for lo, hi, c in moe_kernels.H200_MANY_PAIRS_CONFIGS}})
+        write_results(args.out, args.stem, meta, rows, markdown(meta, rows, ceil))
         return meta
 
     def attempt(fn):
@@ -663,7 +702,7 @@ def main():
     if not args.no_sweep:
         attempt(lambda: run_sweep(layers, bw, ceil, t_start + args.budget_s, rows["sweep"], save,
                                   [int(b) for b in args.sweep_batches.split(",")], args.prefill_tokens,
-                                  tuple(args.sweep_kinds.split(","))))
+                                  tuple(args.sweep_kinds.split(",")), args.decode_candidates))
     meta = save()
     print(markdown(meta, rows, ceil))
 

@@ -172,7 +172,8 @@ def sweep_batch(layer, tokens, bw, rows, deadline, variants):
                 "bit_reproducible": bool(torch.equal(out, again))}
 
     # the whole layer: shipped, then every one-shot variant
-    shipped = timed({**base, "part": "layer", "variant": "shipped " + moe_kernels.select_config(tokens).short()},
+    shipped_row = moe_kernels.select_config(tokens, rw.shape[0], TOP_K)
+    shipped = timed({**base, "part": "layer", "variant": "shipped " + shipped_row.short()},
                     layer_bytes,
                     [lambda x=x, o=o: moe_kernels.fused_moe_fp8(x, *args, top_k=TOP_K, limit=LIMIT, out=o)
                      for x, o in zip(xs, outs)],

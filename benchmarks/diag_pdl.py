@@ -280,6 +280,83 @@ def wide_tile_row(model_name: str, batch: int, context: int, rounds: int, check:
     return closeness_row(model_name, batch, context, ("narrow", "wide"), wide, rounds, check)
 
 
+def table_with_row(tokens: int, config):
+    """The MoE table with `config` for exactly `tokens` tokens (rows below and above unchanged; the caller
+    also empties H200_MANY_PAIRS_CONFIGS, which select_config consults first)."""
+    from sglang_ext.kernels import moe
+
+    table = moe.H200_HIDDEN_2880_CONFIGS
+    below = tuple(r for r in table if r[0] < tokens)
+    above = tuple(r for r in table if r[0] > tokens)
+    return below + ((tokens, config),) + above
+
+
+def moe_row_rows(model_name: str, batch: int, context: int, labels: list, rounds: int, check: int) -> list:
+    """One model and inputs: the step captured with the MoE table's row for `batch` tokens, then once per
+    candidate (bench_moe.decode_tma_candidates, by label) for exactly that token count; each candidate's graph
+    paired against the table's (rounds of 3 replays). The rows sum h / the output in other orders, so the
+    logits are compared for closeness, not bits. PDL as the table sets it (on at batch 1..4 only)."""
+    from bench_moe import decode_tma_candidates
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels import moe
+
+    candidates = decode_tma_candidates()
+    table, many_pairs = moe.H200_HIDDEN_2880_CONFIGS, moe.H200_MANY_PAIRS_CONFIGS
+    shipped = moe.select_config(batch, MODELS[model_name].num_experts).short()
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    outs = {}
+    base = bc.capture_graph(lambda: outs.__setitem__("table", model.forward(**inputs)))
+    base.replay()
+    torch.cuda.synchronize()
+    reference = outs["table"].clone()
+    rows = []
+    for label in labels:
+        moe.H200_HIDDEN_2880_CONFIGS = table_with_row(batch, candidates[label])
+        moe.H200_MANY_PAIRS_CONFIGS = ()
+        try:
+            assert moe.select_config(batch, MODELS[model_name].num_experts) is candidates[label]
+            graph = bc.capture_graph(lambda: outs.__setitem__("cand", model.forward(**inputs)))
+        finally:
+            moe.H200_HIDDEN_2880_CONFIGS, moe.H200_MANY_PAIRS_CONFIGS = table, many_pairs
+        mismatches = 0
+        for _ in range(check):
+            graph.replay()
+            torch.cuda.synchronize()
+            mismatches += int(not torch.equal(outs["cand"], reference))
+        row = ab_row(model_name, batch, context, ("table", "row"), check, mismatches, paired(base, graph, rounds),
+                     candidate=label, table_config=shipped,
+                     candidate_config=candidates[label].short())
+        graph.replay()
+        torch.cuda.synchronize()
+        row["logits_max_abs_diff"] = (outs["cand"].float() - reference.float()).abs().max().item()
+        row["argmax_equal"] = (outs["cand"].argmax(-1) == reference.argmax(-1)).float().mean().item()
+        rows.append(row)
+        print(row, flush=True)
+        del graph
+    del base
+    model = None
+    outs.clear()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def moe_row_markdown(meta: dict, rows: list) -> str:
+    lines = ab_head(
+        "MoE decode rows in the decode step: the table's against a candidate", meta,
+        "Same model and inputs captured with the MoE table's row for the batch's token count, then with a "
+        "candidate row (benchmarks/bench_moe.py decode_tma_candidates) for exactly that count. Paired rounds of "
+        "3 replays; diff = row - table. The rows sum in other orders: bits are not expected equal (closeness "
+        "columns in the second table; on these random-weight models any two summation orders land far apart, "
+        "argmax included).", rows, ("table", "table"), ("row", "row"))
+    configs = bc.md_table(rows, [("model", "model", None), ("batch", "batch", None), ("candidate", "candidate", None),
+                                 ("table's row", "table_config", None), ("candidate's row", "candidate_config", None),
+                                 ("logits max abs diff", "logits_max_abs_diff", "{:.3g}"),
+                                 ("argmax equal", "argmax_equal", "{:.3f}")])
+    return "\n".join(lines + [configs, ""]) + "\n"
+
+
 def fp8_gemm_backend_row(mode: str, model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
     """The same model and inputs captured twice: the dense FP8 layers on our kernel (SGLANG_EXT_FP8_GEMM unset)
     vs under SGLANG_EXT_FP8_GEMM=`mode` (sglang_ext/layers/fp8_backend.py: DeepGEMM where that mode sends a GEMM);
@@ -335,6 +412,7 @@ def ab_table(rows: list, a: tuple, b: tuple) -> str:
     """The A/B rows' table: a / b = (column label, row key stem), e.g. ("plain", "plain") for plain_us
     and tok_s_plain. A "KV table width" column where the rows carry one (--table-widths)."""
     width = [("KV table width", "table_width", None)] if any("table_width" in r for r in rows) else []
+    width += [("candidate", "candidate", None)] if any("candidate" in r for r in rows) else []
     return bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"]),
                          "bits": f"{r['bit_checks'] - r['bit_mismatches']}/{r['bit_checks']} equal"} for r in rows],
                        [("model", "model", None), ("batch", "batch", None), ("context", "context", None), *width,
@@ -435,6 +513,9 @@ def main():
                     "wide TMA tile vs the narrow split-K tile, written to diag_wide_tile.*")
     ap.add_argument("--fp8-gemm-ab", default="", help="instead: the dense FP8 layers on our kernel vs "
                     "SGLANG_EXT_FP8_GEMM=<this mode>, written to diag_fp8_gemm_<mode>.*")
+    ap.add_argument("--moe-row-ab", default="", help="instead: candidate MoE rows by label (bench_moe.py "
+                    "decode_tma_candidates, comma-separated) for exactly the batch's token count vs the table's row, "
+                    "written to diag_moe_row.*")
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
@@ -455,6 +536,14 @@ def main():
                     print({k: v for k, v in rows[-1].items() if k != "critical_path"}, flush=True)
         bc.write_results(args.out, args.stem or "diag_rope_fusion", meta, rows, rope_fusion_markdown(meta, rows))
         print(rope_fusion_markdown(meta, rows))
+        return
+    if args.moe_row_ab:
+        labels = args.moe_row_ab.split(",")
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows += moe_row_rows(m, b, args.context, labels, args.rounds, args.check)
+                bc.write_results(args.out, args.stem or "diag_moe_row", meta, rows, moe_row_markdown(meta, rows))
+        print(moe_row_markdown(meta, rows))
         return
     if args.fp8_gemm_ab:
         for m in args.models.split(","):

@@ -100,6 +100,13 @@
 #   bash benchmarks/run_h200.sh gpu17     # (one GPU) the gpu tests gpu16 did not reach (not run yet)
 #   bash benchmarks/run_h200.sh probe17   # (one GPU) probe attention sweep with its own splits; 20b probe overhead,
 #                                         # 200 paired rounds (not run yet)
+#   bash benchmarks/run_h200.sh moe17     # (one GPU) the grouped TMA MoE rows at 8 tokens in the decode step (A/B),
+#                                         # their kernel sweep at 8 / 16 tokens, then gpu17's tests on 8 workers
+#   bash benchmarks/run_h200.sh moe17b    # (one GPU) after the many-pairs rule and the 9..16 TMA row: the 16-token A/B
+#                                         # against the old split-K row, 20b at 5..7 tokens, MoE gpu tests, TP1 rows
+#   bash benchmarks/run_h200.sh moe17c    # (one GPU) the final rows (7/8 bound, 64-wide mlp2 at 9..16): MoE gpu tests,
+#                                         # a 32-token A/B of that mlp2, TP1 rows (20b's probe over 200 rounds)
+#   bash benchmarks/run_h200.sh moe17d    # (one GPU) the table with the 64-wide mlp2 at 17..32 too: MoE gpu tests, TP1 rows
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -776,6 +783,56 @@ gpu17)  # one GPU: what gpu16 did not reach (prepared in session 16, not run): t
         tests/test_kernel_moe_decode.py
     step gpu_test_norm_rope_probe 180 python -m pytest -q -p no:cacheprovider -m gpu --durations=20 \
         tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py tests/test_probe_kernel.py
+    ;;
+moe17)  # one GPU (session 17): the TMA rows (two one-dot mlp1 passes, blocks of 16 rows) where the table runs
+        # the GEMV path (8 tokens: an expert read once per pair); first in the step, paired against the table
+        # (20b, then 120b), then the MoE layer alone at 8 / 16 tokens, then the gpu tests gpu17 has, on 8 xdist
+        # workers (their time is the compiles: the CPU's 16 cores, not the GPU)
+    step diag_moe_row 230 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 8 --rounds 40 \
+        --check 3 --moe-row-ab tma32,tma32_s3,tma128 --stem diag_moe_row_b8
+    step sweep_moe_tma 150 python benchmarks/bench_moe.py --out "$R" --sweep-only --sweep-kinds decode \
+        --sweep-batches 8,16 --decode-candidates tma --budget-s 120 --stem bench_moe_tma_rows
+    step gpu_test_gpu17 200 python -m pytest -q -p no:cacheprovider -m gpu -n 8 --durations=20 \
+        tests/test_kernel_moe_decode.py tests/test_kernel_residual_norm.py tests/test_kernel_rope_kv.py \
+        tests/test_probe_kernel.py
+    ;;
+moe17b)  # one GPU (session 17; ran: its MoE gpu tests ran out of memory on 8 workers, 18 of 51, and passed in
+         # moe17c on 2), on the table with the many-pairs rule (20b at 8 tokens) and the TMA row at 9..16:
+         # that row against the split-K row it replaced in the step (16 tokens), the 20b layer at 5..7 tokens
+         # (below the rule's bound), the MoE gpu tests on 8 workers, then the TP1 decode rows and a 20b batch-8
+         # profile
+    step diag_moe_row 200 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 16 --rounds 40 \
+        --check 3 --moe-row-ab split16,tma32_n64 --stem diag_moe_row_b16
+    step sweep_moe_tma 90 python benchmarks/bench_moe.py --out "$R" --models 20b --sweep-only --sweep-kinds decode \
+        --sweep-batches 5,6,7 --decode-candidates tma --budget-s 70 --stem bench_moe_tma_rows_t5_7
+    step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu -n 8 --durations=20 tests/test_kernel_moe.py \
+        tests/test_layers.py
+    step bench_decode_tp1 240 python benchmarks/bench_decode.py --models 20b,120b --batches 1,8,16,32,64 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_moe17
+    step profile_20b_b8 60 python benchmarks/bench_decode.py --models 20b --batches 8 --contexts 8192 --configs 1:1:1 \
+        --no-probe --profile --out "$R" --stem bench_decode_20b_b8_profile
+    ;;
+moe17c)  # one GPU (session 17), on the table as it then was: the many-pairs bound at 7/8 of the experts and the
+         # 64-wide mlp2 at 9..16 tokens (moe17d: at 17..32 too). The MoE gpu tests on 2 workers (8 ran out of memory in moe17b: each
+         # worker keeps both models' full-size experts and their fp32 dequantised copies), the layers' serially;
+         # the 64-wide mlp2 at 32 tokens in the step; the TP1 decode rows, 20b's probe over 200 paired rounds
+    step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu -n 2 --durations=20 tests/test_kernel_moe.py
+    step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_layers.py
+    step diag_moe_row 90 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 32 --rounds 40 \
+        --check 3 --moe-row-ab tma32_n64 --stem diag_moe_row_b32
+    step bench_decode_20b 150 python benchmarks/bench_decode.py --models 20b --batches 1,8,16,32,64,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_moe17
+    step bench_decode_120b 110 python benchmarks/bench_decode.py --models 120b --batches 1,8,16,32,64 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_moe17
+    ;;
+moe17d)  # one GPU (session 17): moe17c's tests and TP1 rows on the final table (17..32 tokens with the 64-wide
+         # mlp2 as well)
+    step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu -n 2 --durations=20 tests/test_kernel_moe.py
+    step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_layers.py
+    step bench_decode_20b 150 python benchmarks/bench_decode.py --models 20b --batches 1,8,16,32,64,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_moe17d
+    step bench_decode_120b 110 python benchmarks/bench_decode.py --models 120b --batches 1,8,16,32,64 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_moe17d
     ;;
 probe17)  # one GPU (prepared in session 16, not run): the probe's attention sweep with the launcher's own split
           # counts (9 / 5 at 64 / 128 rows), and the 20b probe overhead over 200 paired rounds, enough to resolve

@@ -258,8 +258,6 @@ class MoeConfig:
 # - T > 128 (session 14): the pair sort (count + align) in chunks of 256 pairs, not 128: 8192 tokens, 120b's
 #   128 experts, 64-row blocks, same bits (benchmarks/results/diag_prefill_small.md): 53.5 -> 29.7 us a layer;
 #   512 needs 256 KB of shared memory (does not compile on an H200). Not measured below 8192 tokens.
-_DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
-                       mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2)
 #
 # T <= 8: the GEMV path (`gemv=True`: one pair per program, 32 W1 / 64 W2 rows, K in 3 splits of 8
 # blocks, 5 stages), from the H200 GEMV sweep (benchmarks/results/sweeps/moe_gemv.md, fastest
@@ -280,14 +278,31 @@ _DECODE_SPLIT_K = dict(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3
 # -20..-16) and batch 4 -56 us against n1/w2 / n2/w4 per token, logits bit-equal; n4/w2 and
 # n16/w8 per pair were slower. At T = 8 the one-shot path ties the GEMV row on 120b (216 vs 217
 # us) and loses on 20b (207 vs 181: 32 pairs on 32 experts, each pair re-reads its expert)
-# (results/sweeps/moe_decode_t8_*.md), so 5..8 tokens keep the GEMV row.
+# (results/sweeps/moe_decode_t8_*.md), so 5..8 tokens keep the GEMV row (where pairs are many for the
+# experts, session 17 takes blocks of sorted pairs instead: H200_MANY_PAIRS_CONFIGS below).
+#
+# T 9..16 (session 17): the 17..32 row's kernels (TMA_DECODE_ROW: blocks of 16 sorted pairs, two one-dot mlp1
+# passes, TMA tiles), never timed below 17 tokens before, with 64-wide mlp2 tiles, instead of the pointer-loaded
+# split-K row. The MoE layer alone, CUDA graphs over the same token batches (benchmarks/results/
+# bench_moe_tma_rows.md), us, split-K row -> TMA_DECODE_ROW / with 64-wide mlp2: T=16 120b 390.2 -> 358.2 / 356.1,
+# 20b 235.0 -> 231.7 / 227.7. In the whole decode step at 8k, paired CUDA graphs (diag_moe_row_b16.md, against
+# TMA_DECODE_ROW):
+# the split-K row +893.4 us on 120b (+5.71 %), +32.2 on 20b; the 64-wide mlp2 -112.6 / -95.0 us, bits equal.
+# T 17..32 (session 17): the same 64-wide mlp2 (was 32): 32 tokens, paired graphs (diag_moe_row_b32.md) 20b
+# -95.9 us (IQR -107.2..-88.0), 120b -107.4 (-120.6..-91.9), bits equal. Measured at 16 and 32 tokens only
+# (9..15 and 17..31 not), on the full experts (not TP shards).
+# The 9..16 row until session 17 (pointer loads, split-K 2/2), kept as the benchmarks' point of comparison.
+SPLIT_K_DECODE_ROW = MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3, mlp2_block_n=32,
+                               mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2, mlp2_split_k=2)
+TMA_DECODE_ROW = MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4, mlp2_block_n=32, mlp2_warps=4,
+                           mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)
+TMA_DECODE_ROW_WIDE_MLP2 = replace(TMA_DECODE_ROW, mlp2_block_n=64)
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (1, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
     (4, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
     (8, MoeConfig(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=3, mlp2_split_k=3, gemv=True)),
-    (16, MoeConfig(**_DECODE_SPLIT_K, mlp2_split_k=2)),
-    (32, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
-                   mlp2_block_n=32, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)),
+    (16, TMA_DECODE_ROW_WIDE_MLP2),
+    (32, TMA_DECODE_ROW_WIDE_MLP2),
     (128, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                     mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)),
     (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
@@ -307,8 +322,28 @@ TWO_DOT_PREFILL_CONFIG = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, m
                                    mlp2_warps=4, mlp2_stages=3, group_m=4)
 
 
-def select_config(num_tokens: int) -> MoeConfig:
-    """The table's row for `num_tokens`."""
+# (min tokens, max tokens, config) taken before H200_HIDDEN_2880_CONFIGS where the pairs are at least 7/8 of the
+# router's experts (8 * tokens * top_k >= 7 * E), so many touched experts carry more than one pair. The GEMV
+# row (one pair a program) then streams such an expert from HBM once per pair; a block of 16 sorted pairs reads
+# it once. Session 17, paired CUDA graphs of the whole decode step at 8k context, 8 tokens
+# (benchmarks/results/diag_moe_row_b8.md): 20b (32 pairs on 32 experts) 5908.5 -> 5596.9 us (-312.3, IQR
+# -316.9..-306.2; the MoE layer alone 180.7 -> 168.8 us, ~20 experts touched, bench_moe_tma_rows.md); on 120b
+# (32 pairs on 128 experts, ~27.5 touched) the same row is +919.2 us (layer 207.1 -> 230.6), so it keeps the
+# GEMV row. The bound is where the 20b layer alone crossed over (bench_moe_tma_rows_t5_7.md, GEMV -> this row,
+# us): 7 tokens (28 pairs) 164.1 -> 157.4, 6 tokens (24 pairs) 151.1 -> 157.6. At 5 tokens (20 pairs, below the
+# bound) this row took 133.4 against the GEMV row's 129.5, but three 64-wide-mlp2 variants 124.9-127.0: a
+# possible win below the bound, from one run of one token count, not taken. Not measured: 7 tokens in the
+# step, and the experts' tensor-parallel shards (I 1440 / 720), which the rule also covers.
+H200_MANY_PAIRS_CONFIGS: tuple[tuple[int, int, MoeConfig], ...] = ((5, 8, TMA_DECODE_ROW),)
+
+
+def select_config(num_tokens: int, num_experts: int = 0, top_k: int = 4) -> MoeConfig:
+    """The table's row for `num_tokens` routed top-`top_k` over the router's `num_experts` (all experts, not
+    this rank's: what sets how many pairs land on one expert; 0: not known, the table's row as for few pairs)."""
+    if num_experts and 8 * num_tokens * top_k >= 7 * num_experts:
+        for low, high, config in H200_MANY_PAIRS_CONFIGS:
+            if low <= num_tokens <= high:
+                return config
     for max_tokens, config in H200_HIDDEN_2880_CONFIGS:
         if num_tokens <= max_tokens:
             return config
@@ -1917,12 +1952,13 @@ def align_pairs(topk_ids: torch.Tensor, num_local: int, expert_offset: int, bloc
     return sorted_pairs, block_expert, max_blocks
 
 
-def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out):
-    """Every host-side check, before anything is launched: (num_local, inter, config, out)."""
+def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out, num_experts=0, top_k=4):
+    """Every host-side check, before anything is launched: (num_local, inter, config, out). Without a
+    `config`, the table's row for x's tokens over `num_experts` router experts (select_config)."""
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"fused_moe_fp8: x must be [T, H] with a unit last stride, got {tuple(x.shape)}")
     num_local, inter = _check_weights(x.shape[1], w1, w1_scale_inv, b1, w2, w2_scale_inv, b2)
-    config = config or select_config(x.shape[0])
+    config = config or select_config(x.shape[0], num_experts, top_k)
     _check_config(config)
     if config.gemv_fma:
         for rows, k_dim, split, warps in ((2 * config.mlp1_block_n, x.shape[1], config.mlp1_split_k, config.mlp1_warps),
@@ -2158,7 +2194,9 @@ def fused_moe_fp8(
     `config` overrides the table (`select_config`); `out` receives the result (CUDA-graph
     buffers); with `return_routing` also returns (topk_weights, topk_ids int32).
     No host syncs: capturable in a CUDA graph."""
-    num_local, inter, config, out = _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out)
+    num_local, inter, config, out = _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out,
+                                                num_experts=router_weight.shape[0] if router_weight.dim() == 2 else 0,
+                                                top_k=top_k)
     if router_weight.dim() != 2 or router_weight.shape[1] != x.shape[1]:
         raise ValueError(f"fused_moe_fp8: router_weight must be [E, {x.shape[1]}], got {tuple(router_weight.shape)}")
     if expert_offset < 0 or expert_offset + num_local > router_weight.shape[0]:

@@ -173,7 +173,7 @@ def test_ref_without_activation_quant_is_experts_torch(num_tokens, expert_offset
 
 
 # token counts of the full-shape GPU test: at least one in every bucket of the config table
-GPU_TABLE_TOKENS = (1, 4, 6, 12, 32, 37, 512, 1100)
+GPU_TABLE_TOKENS = (1, 4, 6, 8, 12, 32, 37, 512, 1100)  # on 20b's 32 experts 6 keeps GEMV, 8 takes many pairs
 
 
 def test_config_table_covers_every_token_count():
@@ -186,12 +186,59 @@ def test_config_table_covers_every_token_count():
         assert cfg is next(c for b, c in mod.H200_HIDDEN_2880_CONFIGS if t <= b)
     # h is requantised once, in mlp1's epilogue, in every bucket (see the table's comment)
     assert all(c.fused_requant for _, c in mod.H200_HIDDEN_2880_CONFIGS)
-    # the GPU test (compiled, CUDA graph, run-to-run bit equality) runs every config the table holds
-    assert {id(mod.select_config(t)) for t in GPU_TABLE_TOKENS} == {id(c) for _, c in mod.H200_HIDDEN_2880_CONFIGS}
-    # the interpreted sweep runs the table's split-K decode rows
-    table_tokens = [t for _, t, config, *_ in moe_cases(mod) if config is None]
-    split = {id(c) for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_split_k > 1 or c.mlp2_split_k > 1}
-    assert split <= {id(mod.select_config(t)) for t in table_tokens}
+    # the GPU test (compiled, CUDA graph, run-to-run bit equality; 20b's 32-expert router) runs every config the
+    # table holds, the many-pairs rows included
+    every = {id(c) for _, c in mod.H200_HIDDEN_2880_CONFIGS} | {id(c) for *_, c in mod.H200_MANY_PAIRS_CONFIGS}
+    assert {id(mod.select_config(t, 32, TOP_K)) for t in GPU_TABLE_TOKENS} == every
+    # the interpreted sweep runs the table's decode rows above one-shot (GEMV, many pairs, 16-row TMA blocks)
+    ran = {id(mod.select_config(t, experts, TOP_K)) for _, t, config, *_, experts in moe_cases(mod) if config is None}
+    decode = {id(mod.select_config(t, e, TOP_K)) for t, e in ((6, 32), (8, 32), (16, 32))}
+    assert len(decode) == 3 and decode <= ran
+
+
+def test_many_pairs_rule():
+    """5..8 tokens whose pairs are at least 7/8 of the router's experts (20b's 32 at 7 and 8 tokens) take
+    the 16-row blocks, which read a touched expert once; fewer pairs, or 120b's 128 experts, keep the GEMV
+    row (one pair a program); an unknown expert count keeps the table's row; the rule goes by all the
+    router's experts, which is what fused_moe_fp8 passes (not this rank's share)."""
+    mod = _kernel_module()
+    gemv, grouped = mod.select_config(8), mod.TMA_DECODE_ROW
+    assert gemv.gemv and grouped.tma and grouped.block_m == 16
+    assert mod.select_config(8, 32) is grouped and mod.select_config(7, 32, top_k=4) is grouped
+    assert mod.select_config(5, 20) is grouped  # 20 pairs on 20 experts
+    assert mod.select_config(5, 22) is grouped and mod.select_config(5, 23) is gemv  # 8 * 20 vs 7 * E
+    for tokens, experts in ((8, 128), (6, 32), (5, 32), (8, 0)):
+        assert mod.select_config(tokens, experts) is gemv, (tokens, experts)
+    assert mod.select_config(8, 64, top_k=8) is grouped and mod.select_config(8, 64, top_k=4) is gemv
+    # outside 5..8 the rule leaves the table's row, however many pairs
+    for tokens in (1, 4, 12, 16, 64):
+        assert mod.select_config(tokens, 4) is mod.select_config(tokens)
+
+
+def test_fused_moe_passes_the_routers_expert_count(monkeypatch):
+    """fused_moe_fp8 asks the table with the router's expert count and top_k; fused_experts_fp8 (routing
+    given: the count unknown) without one. No kernel runs: the spy raises once it has the arguments."""
+    mod = _kernel_module()
+    seen = []
+
+    class Asked(Exception):
+        pass
+
+    def spy(num_tokens, num_experts=0, top_k=4):
+        seen.append((num_tokens, num_experts, top_k))
+        raise Asked
+
+    monkeypatch.setattr(mod, "select_config", spy)
+    hidden = inter = 128
+    router = make_router(24, hidden, seed=1, device="cpu")
+    experts = make_experts(6, hidden, inter, seed=2, device="cpu")
+    x = make_x(7, hidden, seed=3, device="cpu")
+    with pytest.raises(Asked):
+        mod.fused_moe_fp8(x, *router, *experts, top_k=3, expert_offset=6)
+    ids = torch.zeros((7, 3), dtype=torch.int32)
+    with pytest.raises(Asked):
+        mod.fused_experts_fp8(x, torch.ones((7, 3)), ids, *experts)
+    assert seen == [(7, 24, 3), (7, 0, 4)]
 
 
 def test_decode_front_takes_decode_batches_only():
@@ -238,7 +285,7 @@ def test_gemv_variants_are_covered():
     assert {c.block_m > 1 for c in tested} == {True, False}
     assert {c.mlp2_split_k > 1 for c in tested} == {True, False}
     # The table: the one-shot kernels up to 4 tokens (bench_moe_decode.md), the GEMV sweep's winner
-    # for 5..8, the split-K kernels above.
+    # for 5..8 (unless the pairs are many for the experts: H200_MANY_PAIRS_CONFIGS), the grouped rows above.
     table = mod.H200_HIDDEN_2880_CONFIGS
     assert [c.oneshot for t, c in table] == [t <= 4 for t, _ in table]
     assert [c.gemv for t, c in table] == [4 < t <= 8 for t, _ in table]
@@ -287,11 +334,13 @@ def test_one_dot_config():
     one = replace(base, mlp1_one_dot=True)
     mod._check_config(one)
     assert one.short() == base.short().replace(f"/s{base.mlp1_stages} ", f"/s{base.mlp1_stages}/1dot ", 1)
-    # the table's one-dot rows are those of 17+ tokens, in two passes with TMA tiles (the launcher falls
-    # back to pointer loads where an operand does not suit the copy engine); below, split-K, GEMV, one-shot
+    # the table's one-dot rows are those of 9+ tokens (and the many-pairs rows), in two passes with TMA tiles
+    # (the launcher falls back to pointer loads where an operand does not suit the copy engine); below, GEMV
+    # and one-shot
     assert all(c.mlp1_passes == 2 and c.tma for _, c in mod.H200_HIDDEN_2880_CONFIGS if c.mlp1_one_dot)
-    assert all(mod.select_config(t).tma for t in (17, 32, 33, 128, 129, 8192))
-    assert not any(mod.select_config(t).mlp1_one_dot or mod.select_config(t).tma for t in (1, 4, 8, 16))
+    assert all(c.mlp1_passes == 2 and c.tma for *_, c in mod.H200_MANY_PAIRS_CONFIGS)
+    assert all(mod.select_config(t).tma for t in (9, 16, 17, 32, 33, 128, 129, 8192))
+    assert not any(mod.select_config(t).mlp1_one_dot or mod.select_config(t).tma for t in (1, 4, 8))
     with pytest.raises(ValueError, match="mlp1_one_dot"):
         mod._check_config(replace(mod.select_config(8), mlp1_one_dot=True))  # gemv
     with pytest.raises(ValueError, match="mlp1_one_dot"):
@@ -567,7 +616,9 @@ def moe_cases(mod):
     bound = mod.DECODE_FRONT_MAX_TOKENS
     return [
         ("decode table T=1 (one-shot)", 1, None, 0, 8, True, False, NUM_EXPERTS),
-        ("decode table T=6 (GEMV)", 6, None, 0, 8, True, False, NUM_EXPERTS),
+        ("decode table T=6 (GEMV: 24 pairs on a 32-expert router), EP rank 0..7", 6, None, 0, 8, True, False, 32),
+        ("decode table T=7, many pairs (28 on 8 router experts): 16-row TMA blocks", 7, None, 0, 8, True, False,
+         NUM_EXPERTS),
         (f"decode table T={bound}, 32-expert router, EP rank 8..11, no b2", bound, None, 8, 4, False, False, 32),
         ("narrow fp32-h tiles, EP rank 2..5, no b2", 5, C(16, 32, 4, 2, 32, 4, 2), 2, 4, False, False, NUM_EXPERTS),
         ("fused requant, grouped, multi-program sort", 64, C(64, 128, 4, 2, 128, 4, 2, group_m=2, align_chunk=32),
