@@ -107,6 +107,8 @@
 #   bash benchmarks/run_h200.sh moe17c    # (one GPU) the final rows (7/8 bound, 64-wide mlp2 at 9..16): MoE gpu tests,
 #                                         # a 32-token A/B of that mlp2, TP1 rows (20b's probe over 200 rounds)
 #   bash benchmarks/run_h200.sh moe17d    # (one GPU) the table with the 64-wide mlp2 at 17..32 too: MoE gpu tests, TP1 rows
+#   bash benchmarks/run_h200.sh xptr18    # (one GPU) mlp1 with x's rows by pointers, no gather launch (MoeConfig.tma_x
+#                                         # off): gpu tests, layer sweep, step A/B at 8 / 16 / 32 (prepared, not run)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -833,6 +835,18 @@ moe17d)  # one GPU (session 17): moe17c's tests and TP1 rows on the final table 
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_moe17d
     step bench_decode_120b 110 python benchmarks/bench_decode.py --models 120b --batches 1,8,16,32,64 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_moe17d
+    ;;
+xptr18)  # one GPU (prepared in session 17, not run): the TMA decode rows without their x gather launch (mlp1 reads
+         # the block's x rows by pointers, W1 still by TMA): the one-dot gpu tests (compiled: the new cases against
+         # the pointer kernels' bits), the layer alone at 8 / 16 / 32 tokens beside the table's rows, then the step:
+         # 20b batch 8 (many-pairs row), both models at 16 and 32 (the 64-wide mlp2 rows)
+    step gpu_test_one_dot 150 python -m pytest -q -p no:cacheprovider -m gpu -n 2 -k one_dot tests/test_kernel_moe.py
+    step sweep_moe_xptr 120 python benchmarks/bench_moe.py --out "$R" --sweep-only --sweep-kinds decode \
+        --sweep-batches 8,16,32 --decode-candidates tma --budget-s 100 --stem bench_moe_tma_rows_xptr
+    step diag_moe_row_b8 90 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 8 --rounds 40 \
+        --check 3 --moe-row-ab tma32_xptr --stem diag_moe_row_xptr_b8
+    step diag_moe_row_b16_32 180 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 16,32 \
+        --rounds 40 --check 3 --moe-row-ab tma32_n64_xptr --stem diag_moe_row_xptr_b16_32
     ;;
 probe17)  # one GPU (prepared in session 16, not run): the probe's attention sweep with the launcher's own split
           # counts (9 / 5 at 64 / 128 rows), and the 20b probe overhead over 200 paired rounds, enough to resolve

@@ -178,6 +178,12 @@ class MoeConfig:
     # (gather included), mlp2 1013 -> 904; 20b 1862 -> 1716, 862 -> 785; 120b TP4 (I 720) mlp1
     # 797 (its two-dot row) -> 578, mlp2 450 -> 451.
     tma: bool = False
+    # tma: x's tiles by TMA too, from x gathered into the sorted order by its own launch (True), or mlp1 loads
+    # the block's x rows by pointers straight from the front's codes, W1 still by TMA, and no gather launch
+    # (False). Why: at decode x is a few KB that mlp1 reads from L2, and the gather is one more launch a layer
+    # (2.5 us of 20b's ~230 us at batch 8, benchmarks/results/bench_decode_20b_b8_profile.md). Not measured
+    # on the H200 yet: no table row uses it.
+    tma_x: bool = True
 
     @property
     def fused_requant(self) -> bool:
@@ -199,7 +205,7 @@ class MoeConfig:
                 + (f"/r{self.mlp1_maxnreg}" if self.mlp1_maxnreg else "")
                 + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}"
                 + (f"/r{self.mlp2_maxnreg}" if self.mlp2_maxnreg else "") + f" g{self.group_m}"
-                + (" tma" if self.tma else ""))
+                + (" tma" if self.tma else "") + (" xptr" if self.tma and not self.tma_x else ""))
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
         if self.align_chunk != 128:
@@ -422,6 +428,8 @@ def _check_config(config: MoeConfig) -> None:
                        or max(config.block_m, config.mlp2_block_n) > 256):
         raise ValueError("MoeConfig.tma: two mlp1 passes, h requantised by mlp1, no mlp2 split-K, tiles of "
                          "<= 256 rows (the copy engine's box)")
+    if not config.tma_x and not config.tma:
+        raise ValueError("MoeConfig.tma_x: x's loads with TMA or by pointers apply to the TMA rows only (tma)")
     if config.fuse_combine or config.gemv_fma or config.pdl:
         raise ValueError("MoeConfig: fuse_combine, gemv_fma and pdl need gemv")
     if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:
@@ -952,16 +960,16 @@ def _gather_rows_kernel(XQ, XG, SORTED_PAIRS, BLOCK_EXPERT, num_pairs, hidden, T
 def _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, first_row, k_first, k_last, hidden, inter, limit, alpha,
                stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n, stride_b1_e,
                BLOCK_M: tl.constexpr, ROWS: tl.constexpr, HAS_B1: tl.constexpr, DOT_FP32: tl.constexpr,
-               x_desc=None, w1_desc=None, block_row=0, TMA: tl.constexpr = False):
+               x_desc=None, w1_desc=None, block_row=0, TMA: tl.constexpr = False, X_TMA: tl.constexpr = True):
     """One pass of `_mlp1_kernel` with MoeConfig.mlp1_passes: W1 rows [first_row, first_row + ROWS)
     (ROWS <= 128 and first_row a multiple of ROWS: one 128-row scale block, so one scalar scale per K
     step) against the block's x rows over K blocks [k_first, k_last), bias and activation applied:
     h [BLOCK_M, ROWS // 2]. The sums are the one-dot path's, element for element.
 
-    TMA (MoeConfig.tma): the x tile from x_desc (x gathered into the sorted order: its rows
-    block_row .. + BLOCK_M) and the W1 tile from w1_desc (W1 as [E * 2I, H]), zero-filled past H by
-    the copy engine; rows of a pass past 2I read the next expert's rows (or zeros past the last) into
-    h columns the store drops."""
+    TMA (MoeConfig.tma): the W1 tile from w1_desc (W1 as [E * 2I, H]), zero-filled past H by the copy
+    engine; rows of a pass past 2I read the next expert's rows (or zeros past the last) into h columns
+    the store drops. With X_TMA the x tile from x_desc (x gathered into the sorted order: its rows
+    block_row .. + BLOCK_M), else x's rows by pointers as without TMA."""
     BLOCK_K: tl.constexpr = 128
     offs_k = tl.arange(0, BLOCK_K)
     num_k_groups = tl.cdiv(hidden, BLOCK_K)
@@ -976,7 +984,10 @@ def _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, first_row, k_first, 
     acc = tl.zeros([BLOCK_M, ROWS], dtype=tl.float32)
     for kb in range(k_first, k_last):
         if TMA:
-            a = x_desc.load([block_row, kb * BLOCK_K])
+            if X_TMA:
+                a = x_desc.load([block_row, kb * BLOCK_K])
+            else:
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k < hidden - kb * BLOCK_K)[None, :], other=0.0)
             w = tl.trans(w1_desc.load([w_coord, kb * BLOCK_K]))
         else:
             k_ok = offs_k < hidden - kb * BLOCK_K
@@ -1026,7 +1037,8 @@ def _mlp1_kernel(
     ONE_DOT: tl.constexpr = False,  # MoeConfig.mlp1_one_dot: one dot over 2 * BLOCK_N contiguous W1 rows
     PASSES: tl.constexpr = 1,  # MoeConfig.mlp1_passes (ONE_DOT, SPLIT_K 1): 1 or 2 passes of _mlp1_pass
     x_desc=None, w1_desc=None,  # TMA: descriptors of x gathered into sorted order and of W1 as [E * 2I, H]
-    TMA: tl.constexpr = False,  # MoeConfig.tma (two passes): x and W1 tiles by TMA
+    TMA: tl.constexpr = False,  # MoeConfig.tma (two passes): W1 tiles by TMA
+    X_TMA: tl.constexpr = True,  # with TMA: x's tiles too (MoeConfig.tma_x), else x's rows by pointers from XQ
 ):
     BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
     tl.static_assert(PASSES == 1 or (ONE_DOT and SPLIT_K == 1), "mlp1 passes: one-dot, no split-K")
@@ -1066,10 +1078,11 @@ def _mlp1_kernel(
         ROWS: tl.constexpr = BLOCK_N  # W1 rows a pass: 2 * BLOCK_N / PASSES
         h_lo = _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, pid_n * (2 * BLOCK_N), k_first, k_last,
                           hidden, inter, limit, alpha, stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n,
-                          stride_b1_e, BLOCK_M, ROWS, HAS_B1, DOT_FP32, x_desc, w1_desc, pid_m * BLOCK_M, TMA)
+                          stride_b1_e, BLOCK_M, ROWS, HAS_B1, DOT_FP32, x_desc, w1_desc, pid_m * BLOCK_M, TMA, X_TMA)
         h_hi = _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, pid_n * (2 * BLOCK_N) + ROWS, k_first,
                           k_last, hidden, inter, limit, alpha, stride_w1_e, stride_w1_n, stride_w1s_e, stride_w1s_n,
-                          stride_b1_e, BLOCK_M, ROWS, HAS_B1, DOT_FP32, x_desc, w1_desc, pid_m * BLOCK_M, TMA)
+                          stride_b1_e, BLOCK_M, ROWS, HAS_B1, DOT_FP32, x_desc, w1_desc, pid_m * BLOCK_M, TMA,
+                          X_TMA)
         h = tl.reshape(tl.permute(tl.join(h_lo, h_hi), (0, 2, 1)), [BLOCK_M, BLOCK_N])
     elif ONE_DOT:
         # W1 rows 2c (gate), 2c+1 (linear) of the tile's columns, contiguous as stored: one
@@ -2121,11 +2134,12 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
     if config.tma:
         w1_rows = w1.view(-1, hidden) if w1.is_contiguous() else None  # [E * 2I, H]
         if w1_rows is not None and tma_2d_ok(xq) and tma_2d_ok(w1_rows):
-            xg = torch.empty((rows, hidden), dtype=FP8, device=dev)
-            _gather_rows_kernel[(rows // GATHER_BLOCK_R,)](
-                xq, xg, sorted_pairs, block_expert, num_pairs, hidden, TOP_K=top_k, BLOCK_M=bm, BLOCK_R=GATHER_BLOCK_R,
-                BLOCK_H=min(1024, _next_pow2(hidden)), num_warps=4)
-            x_desc = descriptor(xg, [bm, QUANT_GROUP])
+            if config.tma_x:
+                xg = torch.empty((rows, hidden), dtype=FP8, device=dev)
+                _gather_rows_kernel[(rows // GATHER_BLOCK_R,)](
+                    xq, xg, sorted_pairs, block_expert, num_pairs, hidden, TOP_K=top_k, BLOCK_M=bm,
+                    BLOCK_R=GATHER_BLOCK_R, BLOCK_H=min(1024, _next_pow2(hidden)), num_warps=4)
+                x_desc = descriptor(xg, [bm, QUANT_GROUP])
             w1_desc = descriptor(w1_rows, [config.mlp1_block_n, QUANT_GROUP])
         w2_rows = w2.view(-1, inter) if w2.is_contiguous() else None  # [E * H, I]
         if w2_rows is not None and tma_2d_ok(hq) and tma_2d_ok(w2_rows):
@@ -2140,7 +2154,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
         HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
         ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
-        x_desc=x_desc, w1_desc=w1_desc, TMA=x_desc is not None,
+        x_desc=x_desc, w1_desc=w1_desc, TMA=w1_desc is not None, X_TMA=x_desc is not None,
         num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
         **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
     )

@@ -366,7 +366,8 @@ def test_one_dot_config():
                        (replace(mod.select_config(1), tma=True), "oneshot"),
                        (replace(one, tma=True), "MoeConfig.tma: two mlp1 passes"),
                        (replace(two_pass, tma=True, mlp2_split_k=2), "MoeConfig.tma"),
-                       (replace(two_pass, tma=True, mlp1_block_n=64), "MoeConfig.tma")):
+                       (replace(two_pass, tma=True, mlp1_block_n=64), "MoeConfig.tma"),
+                       (replace(two_pass, tma_x=False), "MoeConfig.tma_x")):
         with pytest.raises(ValueError, match=match):
             mod._check_config(bad)
     q1, s1, b1, q2, s2, b2 = make_experts(4, HIDDEN, INTER, seed=0)
@@ -720,7 +721,8 @@ def one_dot_cases(mod):
     split-K 3 (320: one K group per split), the old two-dot prefill row's tile (block_m 64, 8 warps),
     two passes: a pass wholly past 2I (I 160), a partly valid second pass (I 224: rows 384..447 of
     384..511), 32-row passes with fp32 h; two passes with TMA tiles (the table's prefill row), one
-    with h rows the copy engine cannot take (mlp2 keeps its pointer loads)."""
+    with h rows the copy engine cannot take (mlp2 keeps its pointer loads), two with W1 by TMA and x's
+    rows by pointers (MoeConfig.tma_x off: no gather launch)."""
     C = mod.MoeConfig
     return [
         ("fused requant, H 288 I 160, 6 experts, biases", 37,
@@ -751,6 +753,12 @@ def one_dot_cases(mod):
          True, False, True),
         ("TMA mlp1, mlp2 on pointers (h rows of 200 B: not 16-byte aligned), H 288 I 200, 5 experts", 19,
          C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2, tma=True), 288, 200, 5, 0, True, True, False),
+        ("TMA W1 with x's rows by pointers (no gather), H 288 I 160 (ragged K, a pass past 2I), 6 experts", 7,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2, tma=True, tma_x=False), 288, 160, 6, 0,
+         True, True, False),
+        ("TMA W1, x by pointers, EP rank 2..6, routing given", 13,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, mlp1_passes=2, tma=True, tma_x=False), 320, 288, 5, 2,
+         True, True, True),
     ]
 
 
@@ -761,7 +769,7 @@ def expected_moe_descriptors(config, inter: int, device) -> list:
 
     if not config.tma or not tma_supported(torch.device(device)):
         return []
-    mlp1 = [[config.block_m, 128], [config.mlp1_block_n, 128]]
+    mlp1 = [[config.block_m, 128]] * config.tma_x + [[config.mlp1_block_n, 128]]
     return mlp1 + ([[config.block_m, 128], [config.mlp2_block_n, 128]] if inter % 16 == 0 else [])
 
 
@@ -782,7 +790,7 @@ def check_one_dot(mod, device) -> dict:
         x = make_x(num_tokens, hidden, seed=seed + 2, device=device)
         weights, ids = route(x, *router, TOP_K)
         outs = {}
-        two_dot = replace(config, mlp1_one_dot=False, mlp1_passes=1, tma=False)
+        two_dot = replace(config, mlp1_one_dot=False, mlp1_passes=1, tma=False, tma_x=True)
         for label, cfg in (("one_dot", config), ("two_dot", two_dot)):
             with recording_descriptors() as built:
                 if given:
