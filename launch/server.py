@@ -35,6 +35,22 @@ class ServerFailed(RuntimeError):
     pass
 
 
+# Sets the parent-death signal (prctl PR_SET_PDEATHSIG = 1, SIGKILL = 9), then execs the command: the
+# setting survives exec, and the kernel sends SIGKILL once the thread that started the wrapper exits.
+_DIE_WITH_PARENT = "import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def with_parent_death(command: list[str]) -> list[str]:
+    """`command`, started so that it gets SIGKILL when the thread that started it exits, however that ends.
+    Why: servers run in their own session (so stop() can kill their whole group), so a test run or demo killed
+    by a signal, whose stop() never ran, left its servers and their schedulers running beside the next run
+    (SGLang's own subprocesses die with the launcher). A wrapper, not Popen's preexec_fn, which may deadlock
+    in a process with threads. Linux only: elsewhere the command as it is."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-c", _DIE_WITH_PARENT, *command]
+
+
 class SGLangServer:
     """`with SGLangServer(model, extra_args) as srv:` -> srv.url; stopped on exit."""
 
@@ -61,8 +77,9 @@ class SGLangServer:
     def start(self) -> "SGLangServer":
         env = cpu_server_env(vocab_dir=self.vocab_dir) if self.cpu else dict(os.environ)
         self._log = open(self.log_path, "w")
-        # Own process group: stop() signals the launcher and every child it spawned.
-        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+        # Own process group: stop() signals the launcher and every child it spawned; and tied to the thread
+        # that starts it (the one that stops it), in case that never happens.
+        self.proc = subprocess.Popen(with_parent_death(self.command()), stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         deadline = time.time() + self.startup_timeout
         while time.time() < deadline:

@@ -89,3 +89,62 @@ def test_cpu_servers_run_one_intra_op_thread(monkeypatch):
     assert cpu_server_env()["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert cpu_server_env()["OMP_NUM_THREADS"] == "2"
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent (or an init) to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux only")
+@pytest.mark.parametrize("tied", [True, False])
+def test_server_launcher_dies_with_the_process_that_started_it(tmp_path, monkeypatch, tied):
+    """A test run or demo killed by a signal leaves no server behind: SGLangServer starts its launcher through
+    with_parent_death, whose command gets SIGKILL when the process that started it dies. Untied (the control),
+    the command outlives its killed parent, as the servers of a killed test run did."""
+    import os
+    import signal
+
+    from sglang_ext.launch import server
+
+    pidfile = tmp_path / "pid"
+    sleeper = [sys.executable, "-c", f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "
+                                     "time.sleep(120)"]
+    child = server.with_parent_death(sleeper) if tied else sleeper
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, time; subprocess.Popen({child!r}); "
+                                                     "time.sleep(120)"])
+    pid = None
+    try:
+        deadline = time.time() + 30
+        while not (pidfile.exists() and pidfile.read_text()) and time.time() < deadline:
+            time.sleep(0.05)
+        pid = int(pidfile.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 10
+        while _alive(pid) and time.time() < deadline and tied:
+            time.sleep(0.05)
+        time.sleep(0 if tied else 0.5)
+        assert _alive(pid) is not tied, f"tied={tied}: the command is {'alive' if _alive(pid) else 'gone'}"
+    finally:
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+    if tied:  # the server's launcher goes through the same wrapper
+        started = []
+
+        def recording_popen(args, **kwargs):
+            started.append(list(args))
+            raise server.ServerFailed("recorded")
+
+        srv = server.SGLangServer("/nonexistent", cpu=True, log_path=tmp_path / "server.log")
+        monkeypatch.setattr(server.subprocess, "Popen", recording_popen)
+        with pytest.raises(server.ServerFailed, match="recorded"):
+            srv.start()
+        srv._log.close()
+        assert started == [server.with_parent_death(srv.command())]
