@@ -511,9 +511,9 @@ def decode_tma_candidates() -> dict:
     decode's 5..16 tokens, where the table ran the GEMV path (5..8: one pair a program, so an expert is
     read once per pair) and pointer-loaded split-K rows (9..16) until session 17. Why: the TMA rows were
     tuned at 17..128 tokens (session 8) and never timed below; at 8 tokens 20b's 32 pairs fall on ~20-22
-    of its 32 experts, and a block of 16 rows reads each of them once. Session 17 took two of them into the table (the many-pairs
-    row at 5..8 tokens, the 64-wide mlp2 at 9..32); also here: those rows without their x gather launch
-    (`_xptr`) and the rows they replaced, for A/Bs. Labels are `--moe-row-ab`'s (diag_pdl.py)."""
+    of its 32 experts, and a block of 16 rows reads each of them once. Session 17 took two of them into the
+    table (the many-pairs row at 5..8 tokens, the 64-wide mlp2 at 9..32); also here: those rows without their
+    x gather launch (`_xptr`) and the rows they replaced, for A/Bs. Labels are `--moe-row-ab`'s (diag_pdl.py)."""
     t32 = moe_kernels.TMA_DECODE_ROW
     return {
         "tma32": t32,                                          # the many-pairs row (17..32 until session 17)

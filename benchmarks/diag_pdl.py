@@ -109,6 +109,22 @@ def table_with_mlp2_per_pair(block_n: int, warps: int):
                  for t, c in moe.H200_HIDDEN_2880_CONFIGS)
 
 
+def count_mismatches(graph, outs: dict, key, reference, check: int) -> int:
+    """Replays of `graph` (`check` of them) whose output outs[key] differs from `reference` in any bit."""
+    mismatches = 0
+    for _ in range(check):
+        graph.replay()
+        torch.cuda.synchronize()
+        mismatches += int(not torch.equal(outs[key], reference))
+    return mismatches
+
+
+def closeness(out: torch.Tensor, reference: torch.Tensor) -> dict:
+    """How far one graph's logits land from another's: max abs difference, argmax agreement."""
+    return {"logits_max_abs_diff": (out.float() - reference.float()).abs().max().item(),
+            "argmax_equal": (out.argmax(-1) == reference.argmax(-1)).float().mean().item()}
+
+
 def capture_ab(model, inputs, switch, rounds: int, check: int):
     """model.forward captured twice, with switch(False) then switch(True) applied at capture (switch(None)
     after); the True graph's logits against the False graph's on `check` replays, then paired rounds.
@@ -123,11 +139,7 @@ def capture_ab(model, inputs, switch, rounds: int, check: int):
     graphs[False].replay()
     torch.cuda.synchronize()
     reference = outs[False].clone()
-    mismatches = 0
-    for _ in range(check):
-        graphs[True].replay()
-        torch.cuda.synchronize()
-        mismatches += int(not torch.equal(outs[True], reference))
+    mismatches = count_mismatches(graphs[True], outs, True, reference, check)
     return graphs, outs, reference, mismatches, paired(graphs[False], graphs[True], rounds)
 
 
@@ -256,8 +268,7 @@ def closeness_row(model_name: str, batch: int, context: int, stems: tuple, switc
     row = ab_row(model_name, batch, context, stems, check, mismatches, timing)
     graphs[True].replay()
     torch.cuda.synchronize()
-    row["logits_max_abs_diff"] = (outs[True].float() - reference.float()).abs().max().item()
-    row["argmax_equal"] = (outs[True].argmax(-1) == reference.argmax(-1)).float().mean().item()
+    row.update(closeness(outs[True], reference))
     graphs.clear()
     outs.clear()
     model = None
@@ -320,18 +331,13 @@ def moe_row_rows(model_name: str, batch: int, context: int, labels: list, rounds
             graph = bc.capture_graph(lambda: outs.__setitem__("cand", model.forward(**inputs)))
         finally:
             moe.H200_HIDDEN_2880_CONFIGS, moe.H200_MANY_PAIRS_CONFIGS = table, many_pairs
-        mismatches = 0
-        for _ in range(check):
-            graph.replay()
-            torch.cuda.synchronize()
-            mismatches += int(not torch.equal(outs["cand"], reference))
+        mismatches = count_mismatches(graph, outs, "cand", reference, check)
         row = ab_row(model_name, batch, context, ("table", "row"), check, mismatches, paired(base, graph, rounds),
                      candidate=label, table_config=shipped,
                      candidate_config=candidates[label].short())
         graph.replay()
         torch.cuda.synchronize()
-        row["logits_max_abs_diff"] = (outs["cand"].float() - reference.float()).abs().max().item()
-        row["argmax_equal"] = (outs["cand"].argmax(-1) == reference.argmax(-1)).float().mean().item()
+        row.update(closeness(outs["cand"], reference))
         rows.append(row)
         print(row, flush=True)
         del graph
