@@ -362,6 +362,9 @@ def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None, dec
                G(64, more, num_stages=4), G(64, 0, num_stages=4, hw_round=False)]
         if m > 4:  # 5+ FMAs per weight byte: CUDA cores fall behind HBM; keep two for the record
             fma = fma[:2]
+            # the 8-warp 128-wide blocks the heuristic takes from 5 rows (tuned at 16) with fewer / more K
+            # splits and deeper stages: never swept at 5..8 rows before session 18
+            dot += [G(128, s, num_warps=8, num_stages=st) for s, st in ((4, 4), (6, 4), (12, 3), (0, 4), (0, 5))]
         entries = []
         if decode_set == "oneshot":
             entries += oneshot_candidates(mod, m, n, k, device)
@@ -488,15 +491,21 @@ def heuristic_entries(mod, m: int, n: int, k: int, device=None) -> list:
     return [resolve_split(mod, e, m, n, k, device) for e in out]
 
 
+def sweep_entries(mod, m: int, n: int, k: int, dev, decode_set: str = "all") -> tuple[list, list]:
+    """(the heuristic's entries, every entry sweep_shape times in its order: those first, then the candidates);
+    sweep_shape's rows are in the same order."""
+    heuristics = heuristic_entries(mod, m, n, k, dev)
+    cands = sweep_candidates(mod, m, n, k, dev, decode_set)
+    return heuristics, [h for h in heuristics if h not in cands] + cands
+
+
 def sweep_shape(mod, fp8, shape, layer, m, iters, deadline, bw, decode_set="all") -> list:
     n, k, bias, w_list = layer["n"], layer["k"], layer["bias"], layer["w"]
     dev = w_list[0][0].device
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     x_q, x_s = mod.quantize_activation_group128(x)
     y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    heuristics = heuristic_entries(mod, m, n, k, dev)
-    cands = sweep_candidates(mod, m, n, k, dev, decode_set)
-    cands = [h for h in heuristics if h not in cands] + cands
+    heuristics, cands = sweep_entries(mod, m, n, k, dev, decode_set)
     # every candidate's output against fp32 torch maths on the same quantised operands (first copy)
     w0, s0 = w_list[0]
     want = fp8.dequantize_activation_group128(x_q, x_s) @ fp8.dequantize_weight_block128(w0, s0).t()

@@ -363,6 +363,161 @@ def moe_row_markdown(meta: dict, rows: list) -> str:
     return "\n".join(lines + [configs, ""]) + "\n"
 
 
+# The dense layers as the decode step calls them: qkv on the input norm's FP8 codes, o on attention's bf16 output
+GEMV_SHAPES = (("qkv", "prequant"), ("o", "linear"))
+
+
+def gemv_sweep(batch: int, budget_s: float, iters: int = 20) -> tuple[list, dict]:
+    """The dense decode GEMV's candidates at `batch` rows, each layer alone (bench_fp8_gemm.sweep_shape: CUDA
+    graphs over enough weight copies to defeat L2). Returns (the sweep's rows, {shape: [(us, config)] fastest
+    first}): a config's time is its best over the two x forms, and the step runs it in the form the shape needs."""
+    import time
+
+    import bench_fp8_gemm as bf
+
+    mod, fp8 = bf.import_project()
+    dev = torch.device("cuda")
+    bw, l2 = bf.copy_bandwidth(), bf.l2_bytes()
+    deadline = time.time() + budget_s
+    rows, ranked = [], {}
+    for shape, _ in GEMV_SHAPES:
+        n, k = bf.SHAPES[shape]
+        layer = bf.prepare_shape(fp8, shape, dev, l2, with_bf16=False)
+        _, entries = bf.sweep_entries(mod, batch, n, k, dev)
+        got = bf.sweep_shape(mod, fp8, shape, layer, batch, iters, deadline, bw)
+        assert len(got) == len(entries)
+        best: dict = {}
+        for r, e in zip(got, entries):
+            cfg = bf._entry(e)[0]
+            if r.get("linear_us") and (cfg not in best or r["linear_us"] < best[cfg]):
+                best[cfg] = r["linear_us"]
+        ranked[shape] = sorted(((us, cfg) for cfg, us in best.items()), key=lambda t: t[0])
+        rows += got
+        del layer
+        torch.cuda.empty_cache()
+    return rows, ranked
+
+
+def gemv_candidates(batch: int, ranked: dict, top: int) -> list:
+    """(label, {(N, K): config}) for the step A/B: each shape's `top` fastest configs alone that are not the
+    table's, then the fastest of each shape together."""
+    import bench_fp8_gemm as bf
+
+    from sglang_ext.kernels import fp8_gemm
+
+    out, best = [], {}
+    for shape, how in GEMV_SHAPES:
+        n, k = bf.SHAPES[shape]
+        table = fp8_gemm.gemm_config(batch, n, k, None, x_prequantized=how == "prequant")  # H200 SM count
+        others = [cfg for _, cfg in ranked.get(shape, []) if cfg != table][:top]
+        out += [(f"{shape} {cfg.short()}", {(n, k): cfg}) for cfg in others]
+        if others:
+            best[(n, k)] = others[0]
+    if len(best) > 1:
+        out.append(("both " + " + ".join(c.short() for c in best.values()), best))
+    return out
+
+
+def gemv_row_rows(model_name: str, batch: int, context: int, candidates: list, rounds: int, check: int) -> list:
+    """One model and inputs: the step captured with the dense GEMMs' table configs, then once per candidate
+    (gemv_candidates) with those configs for its shapes at `batch` rows (fp8_gemm.gemm_config patched while
+    capturing; each candidate must have been asked for, or the A/B would compare the table with itself);
+    paired rounds. Other K splits sum in other orders: logits compared for closeness."""
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels import fp8_gemm
+
+    shipped = fp8_gemm.gemm_config
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    outs = {}
+    base = bc.capture_graph(lambda: outs.__setitem__("table", model.forward(**inputs)))
+    base.replay()
+    torch.cuda.synchronize()
+    reference = outs["table"].clone()
+    rows = []
+    for label, override in candidates:
+        asked = set()
+
+        def patched(m, n, k, device=None, x_prequantized=False, override=override, asked=asked):
+            if m == batch and (n, k) in override:
+                asked.add((n, k))
+                return override[(n, k)]
+            return shipped(m, n, k, device, x_prequantized)
+
+        fp8_gemm.gemm_config = patched
+        try:
+            graph = bc.capture_graph(lambda: outs.__setitem__("cand", model.forward(**inputs)))
+        finally:
+            fp8_gemm.gemm_config = shipped
+        assert asked == set(override), f"{label}: the step never asked for {set(override) - asked}"
+        mismatches = count_mismatches(graph, outs, "cand", reference, check)
+        row = ab_row(model_name, batch, context, ("table", "row"), check, mismatches, paired(base, graph, rounds),
+                     candidate=label)
+        graph.replay()
+        torch.cuda.synchronize()
+        row.update(closeness(outs["cand"], reference))
+        rows.append(row)
+        print(row, flush=True)
+        del graph
+    del base
+    model = None
+    outs.clear()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def gemv_markdown(meta: dict, rows: list, sweep: dict) -> str:
+    lines = ab_head(
+        "Dense FP8 decode GEMV configs in the decode step: the table's against the sweep's fastest", meta,
+        "First each dense layer alone at the batch's rows (bench_fp8_gemm.py's decode sweep, CUDA graphs over "
+        "weight copies that defeat L2; the five fastest per shape below), then the same model and inputs captured "
+        "with the table's configs and with a candidate's for its shape(s) (fp8_gemm.gemm_config patched while "
+        "capturing). Paired rounds of 3 replays; diff = row - table. Other K splits sum in other orders: bits are "
+        "not expected equal (closeness columns below).", rows, ("table", "table"), ("row", "row"))
+    lines += closeness_table(rows)
+    for batch, ranked in sweep.items():
+        for shape, best in ranked.items():
+            lines += [f"## {shape} alone at {batch} rows: the five fastest configs", "",
+                      bc.md_table([{"config": c.short(), "us": us} for us, c in best[:5]],
+                                  [("config", "config", None), ("us", "us", "{:.2f}")]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def session17_tables_row(model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
+    """The same model and inputs captured with session 17's decode tables (the MoE's TMA rows gather x by their
+    own launch; the dense GEMV at 5..8 rows on the 8-warp 128-wide row for every K) and with today's (no gather
+    at 5..128 tokens, MoeConfig.tma_x; o on x_once at 5..8 rows); paired rounds, diff = today - session 17."""
+    from dataclasses import replace
+
+    from sglang_ext.kernels import fp8_gemm, moe
+
+    table, many_pairs = moe.H200_HIDDEN_2880_CONFIGS, moe.H200_MANY_PAIRS_CONFIGS
+    x_once_blocks = fp8_gemm.X_ONCE_MIN_K_BLOCKS_AT_8_ROWS
+
+    def switch(today):
+        if today is False:
+            moe.H200_HIDDEN_2880_CONFIGS = tuple((t, replace(c, tma_x=True)) for t, c in table)
+            moe.H200_MANY_PAIRS_CONFIGS = tuple((lo, hi, replace(c, tma_x=True)) for lo, hi, c in many_pairs)
+            fp8_gemm.X_ONCE_MIN_K_BLOCKS_AT_8_ROWS = 1 << 30
+        else:
+            moe.H200_HIDDEN_2880_CONFIGS, moe.H200_MANY_PAIRS_CONFIGS = table, many_pairs
+            fp8_gemm.X_ONCE_MIN_K_BLOCKS_AT_8_ROWS = x_once_blocks
+
+    return closeness_row(model_name, batch, context, ("s17", "s18"), switch, rounds, check)
+
+
+def session17_tables_markdown(meta: dict, rows: list) -> str:
+    lines = ab_head(
+        "Session 18's decode tables against session 17's, in the decode step", meta,
+        "Same model and inputs captured with session 17's tables (the MoE's TMA rows gather x in their own launch; "
+        "the dense GEMV at 5..8 rows on the 8-warp 128-wide split-K row) and with session 18's (no x gather at "
+        "5..128 tokens, MoeConfig.tma_x; o on the x_once kernel at 5..8 rows). Paired rounds of 3 replays; diff = "
+        "s18 - s17. o's K splits sum in another order: closeness columns below.", rows, ("s17", "s17"),
+        ("s18", "s18"))
+    return "\n".join(lines + closeness_table(rows)) + "\n"
+
+
 def fp8_gemm_backend_row(mode: str, model_name: str, batch: int, context: int, rounds: int, check: int) -> dict:
     """The same model and inputs captured twice: the dense FP8 layers on our kernel (SGLANG_EXT_FP8_GEMM unset)
     vs under SGLANG_EXT_FP8_GEMM=`mode` (sglang_ext/layers/fp8_backend.py: DeepGEMM where that mode sends a GEMM);
@@ -522,6 +677,12 @@ def main():
     ap.add_argument("--moe-row-ab", default="", help="instead: candidate MoE rows by label (bench_moe.py "
                     "decode_tma_candidates, comma-separated) for exactly the batch's token count vs the table's row, "
                     "written to diag_moe_row.*")
+    ap.add_argument("--session17-ab", action="store_true", help="instead: session 18's decode tables against "
+                    "session 17's in the step")
+    ap.add_argument("--gemv-ab", action="store_true", help="instead: the dense decode GEMV's sweep at each batch's "
+                    "rows (layers alone), then its fastest configs against the table's in the step")
+    ap.add_argument("--gemv-top", type=int, default=2, help="--gemv-ab: candidates per shape taken into the step")
+    ap.add_argument("--sweep-budget-s", type=float, default=150.0, help="--gemv-ab: time for each batch's sweep")
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
@@ -550,6 +711,28 @@ def main():
                 rows += moe_row_rows(m, b, args.context, labels, args.rounds, args.check)
                 bc.write_results(args.out, args.stem or "diag_moe_row", meta, rows, moe_row_markdown(meta, rows))
         print(moe_row_markdown(meta, rows))
+        return
+    if args.session17_ab:
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows.append(session17_tables_row(m, b, args.context, args.rounds, args.check))
+                print(rows[-1], flush=True)
+                md = session17_tables_markdown(meta, rows)
+                bc.write_results(args.out, args.stem or "diag_session17_tables", meta, rows, md)
+        print(md)
+        return
+    if args.gemv_ab:
+        sweep_rows, ranked_by_batch = [], {}
+        for b in (int(x) for x in args.batches.split(",")):
+            got, ranked = gemv_sweep(b, args.sweep_budget_s)
+            sweep_rows += got
+            ranked_by_batch[b] = ranked
+            candidates = gemv_candidates(b, ranked, args.gemv_top)
+            for m in args.models.split(","):
+                rows += gemv_row_rows(m, b, args.context, candidates, args.rounds, args.check)
+                md = gemv_markdown(meta, rows, ranked_by_batch)
+                bc.write_results(args.out, args.stem or "diag_gemv_row", {**meta, "sweep": sweep_rows}, rows, md)
+        print(md)
         return
     if args.fp8_gemm_ab:
         for m in args.models.split(","):

@@ -107,8 +107,13 @@
 #   bash benchmarks/run_h200.sh moe17c    # (one GPU) the final rows (7/8 bound, 64-wide mlp2 at 9..16): MoE gpu tests,
 #                                         # a 32-token A/B of that mlp2, TP1 rows (20b's probe over 200 rounds)
 #   bash benchmarks/run_h200.sh moe17d    # (one GPU) the table with the 64-wide mlp2 at 17..32 too: MoE gpu tests, TP1 rows
+#   bash benchmarks/run_h200.sh final18   # (one GPU) session 18's tests and TP1 rows: MoE rows without x gather at
+#                                         # 5..128 tokens, o's x_once GEMV at 5..8 rows
+#   bash benchmarks/run_h200.sh final18b  # (one GPU) the fp8 GEMM gpu test in full + session 18's tables vs 17's, paired
 #   bash benchmarks/run_h200.sh xptr18    # (one GPU) mlp1 with x's rows by pointers, no gather launch (MoeConfig.tma_x
-#                                         # off): gpu tests, layer sweep, step A/B at 8 / 16 / 32 (prepared, not run)
+#                                         # off): gpu tests, layer sweep, step A/B at 8 / 16 / 32 (run in session 18)
+#   bash benchmarks/run_h200.sh gemv18    # (one GPU) the dense decode GEMV at 8 rows: sweep + step A/B (diag_pdl
+#                                         # --gemv-ab); the 33..128-token MoE row without its x gather, step A/B
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -836,7 +841,33 @@ moe17d)  # one GPU (session 17): moe17c's tests and TP1 rows on the final table 
     step bench_decode_120b 110 python benchmarks/bench_decode.py --models 120b --batches 1,8,16,32,64 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_moe17d
     ;;
-xptr18)  # one GPU (prepared in session 17, not run): the TMA decode rows without their x gather launch (mlp1 reads
+final18)  # one GPU (session 18): gpu tests and TP1 rows on the final tables (MoE 5..128 tokens without the x gather
+          # launch, the dense o GEMV on x_once at 5..8 rows)
+    step gpu_test_fp8_gemm 100 python tests/test_kernel_fp8_gemm.py --gpu
+    step gpu_test_moe 150 python -m pytest -q -p no:cacheprovider -m gpu -n 2 --durations=20 tests/test_kernel_moe.py
+    step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_layers.py
+    step bench_decode_20b 150 python benchmarks/bench_decode.py --models 20b --batches 1,8,16,32,64,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_final18
+    step bench_decode_120b 110 python benchmarks/bench_decode.py --models 120b --batches 1,8,16,32,64 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_final18
+    ;;
+final18b)  # one GPU (session 18): final18's fp8 GEMM gpu test, which ran past its 100 s there (now with 8 rows), and
+           # today's decode tables against session 17's in one paired run per model and batch
+    step gpu_test_fp8_gemm 200 python tests/test_kernel_fp8_gemm.py --gpu
+    step diag_session17_tables 200 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 8,16,64 \
+        --rounds 30 --check 3 --session17-ab --stem diag_session17_tables
+    ;;
+gemv18)  # one GPU (session 18): the dense qkv / o decode GEMV at 8 rows was never swept (its 8-warp 128-wide split-K
+         # row came from the 16-row sweep; 513 us of 20b's batch-8 step, ~30 % of copy bandwidth): the layers alone,
+         # then the fastest configs in the step, both models; then the 33..128-token MoE row without its x gather
+    step diag_gemv_row_b8 330 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 8 --rounds 40 \
+        --check 3 --gemv-ab --gemv-top 2 --sweep-budget-s 140 --stem diag_gemv_row_b8
+    step diag_moe_row_b64_128 100 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 64,128 \
+        --rounds 30 --check 3 --moe-row-ab tma128_xptr --stem diag_moe_row_xptr_b64_128
+    step diag_moe_row_120b_b64 70 python benchmarks/diag_pdl.py --out "$R" --models 120b --batches 64 \
+        --rounds 30 --check 3 --moe-row-ab tma128_xptr --stem diag_moe_row_xptr_120b_b64
+    ;;
+xptr18)  # one GPU (prepared in session 17, run in session 18): the TMA decode rows without their x gather launch (mlp1 reads
          # the block's x rows by pointers, W1 still by TMA): the one-dot gpu tests (compiled: the new cases against
          # the pointer kernels' bits), the layer alone at 8 / 16 / 32 tokens beside the table's rows, then the step:
          # 20b batch 8 (many-pairs row), both models at 16 and 32 (the 64-wide mlp2 rows)

@@ -948,6 +948,14 @@ def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None
     return split_k_gemv_config(m, n, k, device)
 
 
+# 5..8 rows: from this many K blocks (gpt-oss o: 4096 = 32 blocks) the x_once kernel with 4 K blocks a program
+# (64-wide, 4 warps, 5 stages) instead of the 8-warp 128-wide row tuned at 16 rows. Why: the first sweep at 8 rows
+# (session 18, benchmarks/results/diag_gemv_row_b8.md): o alone 11.32 -> 10.51 us; in the whole decode step at 8k,
+# paired CUDA graphs, 20b -18.3 us (IQR -23.5..-14.3), 120b -28.3 (-32.6..-24.1). qkv (23 blocks) kept its row:
+# 10.81 us against 12.90 for the same x_once tile, +103.8 / +186.4 us in the step. Measured at 8 rows only.
+X_ONCE_MIN_K_BLOCKS_AT_8_ROWS = 32
+
+
 def split_k_gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None) -> Fp8GemvConfig:
     """The split-K decode kernels' pick: tensor-core blocks with W as the 64-row MMA side; their weight slabs
     stream through cp.async stages (num_stages - 1 in flight, no registers held), where the FMA
@@ -963,6 +971,10 @@ def split_k_gemv_config(m: int, n: int, k: int, device: torch.device | str | Non
     (`vector_reduce`) was no faster there (9.4 / 11.3, 8.2 / 9.6)."""
     if m <= 4:
         cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=5, use_dot=True, x_once=True)
+    elif m <= 8 and triton.cdiv(k, GROUP) >= X_ONCE_MIN_K_BLOCKS_AT_8_ROWS:
+        # 5..8 rows, long K (gpt-oss o): x_once, 4 K blocks a program (session 18, see the constant)
+        return Fp8GemvConfig(block_n=64, split_k=triton.cdiv(triton.cdiv(k, GROUP), 4), num_warps=4, num_stages=5,
+                             use_dot=True, x_once=True)
     else:
         cfg = Fp8GemvConfig(block_n=128, num_warps=8, num_stages=3, use_dot=True)
     return replace(cfg, split_k=_auto_split_gemv(min(m, 16), n, k, cfg.block_n, num_sms(device)))

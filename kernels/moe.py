@@ -181,8 +181,13 @@ class MoeConfig:
     # tma: x's tiles by TMA too, from x gathered into the sorted order by its own launch (True), or mlp1 loads
     # the block's x rows by pointers straight from the front's codes, W1 still by TMA, and no gather launch
     # (False). Why: at decode x is a few KB that mlp1 reads from L2, and the gather is one more launch a layer
-    # (2.5 us of 20b's ~230 us at batch 8, benchmarks/results/bench_decode_20b_b8_profile.md). Not measured
-    # on the H200 yet: no table row uses it.
+    # (2.5 us of 20b's ~230 us at batch 8, benchmarks/results/bench_decode_20b_b8_profile.md). H200, the whole
+    # decode step at 8k, paired CUDA graphs, bits equal (benchmarks/results/diag_moe_row_xptr_b8.md,
+    # diag_moe_row_xptr_b16_32.md): 20b batch 8 / 16 / 32 -88.3 / -82.1 / -80.4 us, 120b batch 16 / 32
+    # -141.7 / -149.3; the 33..128 row (diag_moe_row_xptr_b64_128.md, diag_moe_row_xptr_120b_b64.md): 20b batch
+    # 64 / 128 -117.4 / -220.7, 120b batch 64 -360.0. So the table's 5..128-token rows run without the gather
+    # (the layer alone gains only 1-4 us at 8..32 tokens: most of the step's gain is the launch and its gap,
+    # bench_moe_tma_rows_xptr.md). The prefill row (129+ tokens, x tens of MB) keeps it: not measured.
     tma_x: bool = True
 
     @property
@@ -297,20 +302,25 @@ class MoeConfig:
 # T 17..32 (session 17): the same 64-wide mlp2 (was 32): 32 tokens, paired graphs (diag_moe_row_b32.md) 20b
 # -95.9 us (IQR -107.2..-88.0), 120b -107.4 (-120.6..-91.9), bits equal. Measured at 16 and 32 tokens only
 # (9..15 and 17..31 not), on the full experts (not TP shards).
+# Session 18: 5..128 tokens run these rows without the x gather launch (MoeConfig.tma_x off, see its comment).
 # The 9..16 row until session 17 (pointer loads, split-K 2/2), kept as the benchmarks' point of comparison.
 SPLIT_K_DECODE_ROW = MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3, mlp2_block_n=32,
                                mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2, mlp2_split_k=2)
 TMA_DECODE_ROW = MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4, mlp2_block_n=32, mlp2_warps=4,
                            mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)
 TMA_DECODE_ROW_WIDE_MLP2 = replace(TMA_DECODE_ROW, mlp2_block_n=64)
+# The table's rows: the same kernels with x's rows by pointers, no gather launch (MoeConfig.tma_x, session 18)
+TMA_DECODE_ROW_XPTR = replace(TMA_DECODE_ROW, tma_x=False)
+TMA_DECODE_ROW_WIDE_MLP2_XPTR = replace(TMA_DECODE_ROW_WIDE_MLP2, tma_x=False)
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
     (1, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
     (4, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
     (8, MoeConfig(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=3, mlp2_split_k=3, gemv=True)),
-    (16, TMA_DECODE_ROW_WIDE_MLP2),
-    (32, TMA_DECODE_ROW_WIDE_MLP2),
+    (16, TMA_DECODE_ROW_WIDE_MLP2_XPTR),
+    (32, TMA_DECODE_ROW_WIDE_MLP2_XPTR),
     (128, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
-                    mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)),
+                    mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True,
+                    tma_x=False)),
     (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                         mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4, mlp1_one_dot=True, mlp1_passes=2,
                         tma=True, align_chunk=256)),
@@ -340,7 +350,7 @@ TWO_DOT_PREFILL_CONFIG = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, m
 # bound) this row took 133.4 against the GEMV row's 129.5, but three 64-wide-mlp2 variants 124.9-127.0: a
 # possible win below the bound, from one run of one token count, not taken. Not measured: 7 tokens in the
 # step, and the experts' tensor-parallel shards (I 1440 / 720), which the rule also covers.
-H200_MANY_PAIRS_CONFIGS: tuple[tuple[int, int, MoeConfig], ...] = ((5, 8, TMA_DECODE_ROW),)
+H200_MANY_PAIRS_CONFIGS: tuple[tuple[int, int, MoeConfig], ...] = ((5, 8, TMA_DECODE_ROW_XPTR),)
 
 
 def select_config(num_tokens: int, num_experts: int = 0, top_k: int = 4) -> MoeConfig:

@@ -153,3 +153,23 @@ def test_a_row_that_does_not_fit_is_named_not_skipped(tmp_path, monkeypatch):
     assert missing["batch"] == 2 and missing["does_not_fit"].startswith("KV 2199.0 GB")
     md = (tmp_path / "bench_decode.md").read_text()
     assert "Not timed:" in md and "gpt-oss-tiny EP1 DP1 TP1 batch 2 context 32: KV 2199.0 GB" in md
+
+
+def test_gemv_step_candidates_leave_out_the_tables_own_config():
+    """diag_pdl.py --gemv-ab takes each shape's fastest configs that are not the table's (an A/B of the table
+    against itself would measure nothing), each alone, then both shapes' fastest together."""
+    import diag_pdl
+
+    from sglang_ext.kernels import fp8_gemm
+
+    G = fp8_gemm.Fp8GemvConfig
+    qkv_table = fp8_gemm.gemm_config(8, 5120, 2880, None, x_prequantized=True)
+    o_table = fp8_gemm.gemm_config(8, 2880, 4096, None)
+    fast, slow = G(64, 4, x_once=True), G(32, 0, num_stages=4)
+    ranked = {"qkv": [(5.0, qkv_table), (6.0, fast), (7.0, slow)], "o": [(4.0, slow), (4.5, o_table)]}
+    got = diag_pdl.gemv_candidates(8, ranked, top=2)
+    assert [override for _, override in got] == [
+        {(5120, 2880): fast}, {(5120, 2880): slow}, {(2880, 4096): slow},
+        {(5120, 2880): fast, (2880, 4096): slow}]
+    assert all(qkv_table not in o.values() and o_table not in o.values() for _, o in got)
+    assert diag_pdl.gemv_candidates(8, {"qkv": [(5.0, qkv_table)]}, top=2) == []

@@ -149,7 +149,7 @@ def test_heuristic_configs_are_launchable():
     mod = _kernel_module()
     for n, k in ((5120, 2880), (2880, 4096), (201088, 2880), (320, 192)):
         k_blocks = -(-k // 128)
-        for m, prequant in [(m, False) for m in (1, 4, 16, 17, 64, 65, 256, 257, 1024, 8192)] + [(1, True), (4, True)]:
+        for m, prequant in [(m, False) for m in (1, 4, 8, 16, 17, 64, 65, 256, 257, 1024, 8192)] + [(1, True), (4, True)]:
             cfg = mod.gemm_config(m, n, k, x_prequantized=prequant)
             if m <= 16 and cfg.oneshot:  # no split at all: narrow tiles make the programs
                 assert m <= mod.ONESHOT_MAX_ROWS and cfg.split_k == 1 and cfg.block_n & (cfg.block_n - 1) == 0, cfg
@@ -195,6 +195,22 @@ def test_decode_picks_the_one_shot_kernel_where_measured():
     assert {c.short() for c in variants if c.oneshot} == {f"gvosn{bn}w{w}" for bn, w in mod.ONESHOT_SWEEP[1]}
     assert not [c for c in mod.fixed_cost_variants(8, 5120, 2880) if c.oneshot]
     assert mod.pow2_chunks(23) == (16, 8) and mod.pow2_chunks(32) == (32, 0) and mod.pow2_chunks(3) == (2, 1)
+
+
+def test_5_to_8_rows_take_x_once_where_k_is_long():
+    """5..8 rows at 32+ K blocks (o's 4096) take the x_once kernel with 4 K blocks a program, the pick of the
+    8-row sweep and step A/B (benchmarks/results/diag_gemv_row_b8.md); qkv's 23 blocks, 4 and 9+ rows keep
+    their rows. The sweep's case list runs that pick in the interpreter (_gemv_cases)."""
+    mod = _kernel_module()
+    for m in (5, 8):
+        for pq in (False, True):
+            cfg = mod.gemm_config(m, 2880, 4096, x_prequantized=pq)
+            assert cfg.short() == "gvdotn64s8w4xost5" and mod.gemv_splits(cfg, m, 2880, 4096) == (8, 4), cfg
+        qkv = mod.gemm_config(m, 5120, 2880, x_prequantized=True)
+        assert not qkv.x_once and (qkv.block_n, qkv.num_warps, qkv.num_stages) == (128, 8, 3), qkv
+    assert not mod.gemm_config(9, 2880, 4096).x_once and mod.gemm_config(9, 2880, 4096).block_n == 128
+    assert mod.gemm_config(4, 2880, 4096).x_once and mod.gemm_config(4, 2880, 4096).split_k != 8
+    assert (6, 136, 4096, torch.bfloat16, mod.gemm_config(6, 136, 4096), True) in _gemv_cases()
 
 
 def test_prefill_rows_follow_the_h200_tile_sweep():
@@ -292,6 +308,8 @@ def _gemv_cases():
         (2, 72, 320, bf16, G(64, 2, x_once=True, batched_dot=True, vector_reduce=True), True),
         (15, 72, 192, f32, G(64, 2, x_once=True, batched_dot=True, inline_reduce=False), True),
         (19, 72, 192, f16, G(64, 1, x_once=True, num_stages=2), False),
+        # the 5..8-row pick at 32+ K blocks (gpt-oss o): x_once, 4 K blocks a program, 8 splits
+        (6, 136, 4096, bf16, G(64, 8, num_stages=5, x_once=True), True),
     )
 
 
@@ -529,7 +547,7 @@ def test_kernels_match_oracle_interpreted():
 # ---------------------------------------------------------------------------------------------
 
 GPU_SHAPES = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
-GPU_M = {"qkv": (1, 4, 16, 32, 64, 256, 1024, 4096), "o": (1, 4, 16, 32, 64, 256, 1024, 4096),
+GPU_M = {"qkv": (1, 4, 8, 16, 32, 64, 256, 1024, 4096), "o": (1, 4, 8, 16, 32, 64, 256, 1024, 4096),
          "lm_head": (1, 4, 16, 64)}
 
 

@@ -202,8 +202,8 @@ def test_many_pairs_rule():
     row (one pair a program); an unknown expert count keeps the table's row; the rule goes by all the
     router's experts, which is what fused_moe_fp8 passes (not this rank's share)."""
     mod = _kernel_module()
-    gemv, grouped = mod.select_config(8), mod.TMA_DECODE_ROW
-    assert gemv.gemv and grouped.tma and grouped.block_m == 16
+    gemv, grouped = mod.select_config(8), mod.TMA_DECODE_ROW_XPTR
+    assert gemv.gemv and grouped.tma and not grouped.tma_x and grouped.block_m == 16
     assert mod.select_config(8, 32) is grouped and mod.select_config(7, 32, top_k=4) is grouped
     assert mod.select_config(5, 20) is grouped  # 20 pairs on 20 experts
     assert mod.select_config(5, 22) is grouped and mod.select_config(5, 23) is gemv  # 8 * 20 vs 7 * E
