@@ -518,8 +518,10 @@ def decode_tma_candidates() -> dict:
     t32 = moe_kernels.TMA_DECODE_ROW
     return {
         "tma32": t32,                      # the many-pairs row as session 17 took it (x gathered; 17..32 before)
-        "tma128": moe_kernels.select_config(128),             # the 33..128 row (mlp1 3 stages, mlp2 n64)
-        "tma128_xptr": replace(moe_kernels.select_config(128), tma_x=False),  # that row without its x gather
+        # the 33..128 row (mlp1 3 stages, mlp2 n64) with its x gather launch, as before session 18; and without it,
+        # the table's row since then
+        "tma128": replace(moe_kernels.select_config(128), tma_x=True),
+        "tma128_xptr": moe_kernels.select_config(128),
         "tma32_s3": replace(t32, mlp1_stages=3),  # 54 KB a program: 4 an SM, one wave at ~20 experts
         "tma32_n64": moe_kernels.TMA_DECODE_ROW_WIDE_MLP2,     # the 9..32 rows of session 17 (x gathered)
         "tma32_n16": replace(t32, mlp2_block_n=16),

@@ -328,6 +328,8 @@ def moe_row_rows(model_name: str, batch: int, context: int, labels: list, rounds
         moe.H200_MANY_PAIRS_CONFIGS = ()
         try:
             assert moe.select_config(batch, MODELS[model_name].num_experts) is candidates[label]
+            if candidates[label].short() == shipped:
+                raise ValueError(f"--moe-row-ab {label}: that is the table's own row at {batch} tokens")
             graph = bc.capture_graph(lambda: outs.__setitem__("cand", model.forward(**inputs)))
         finally:
             moe.H200_HIDDEN_2880_CONFIGS, moe.H200_MANY_PAIRS_CONFIGS = table, many_pairs
@@ -370,7 +372,7 @@ GEMV_SHAPES = (("qkv", "prequant"), ("o", "linear"))
 def gemv_sweep(batch: int, budget_s: float, iters: int = 20) -> tuple[list, dict]:
     """The dense decode GEMV's candidates at `batch` rows, each layer alone (bench_fp8_gemm.sweep_shape: CUDA
     graphs over enough weight copies to defeat L2). Returns (the sweep's rows, {shape: [(us, config)] fastest
-    first}): a config's time is its best over the two x forms, and the step runs it in the form the shape needs."""
+    first}), each config timed in the x form the step calls that shape with (GEMV_SHAPES)."""
     import time
 
     import bench_fp8_gemm as bf
@@ -380,7 +382,7 @@ def gemv_sweep(batch: int, budget_s: float, iters: int = 20) -> tuple[list, dict
     bw, l2 = bf.copy_bandwidth(), bf.l2_bytes()
     deadline = time.time() + budget_s
     rows, ranked = [], {}
-    for shape, _ in GEMV_SHAPES:
+    for shape, how in GEMV_SHAPES:
         n, k = bf.SHAPES[shape]
         layer = bf.prepare_shape(fp8, shape, dev, l2, with_bf16=False)
         _, entries = bf.sweep_entries(mod, batch, n, k, dev)
@@ -388,8 +390,8 @@ def gemv_sweep(batch: int, budget_s: float, iters: int = 20) -> tuple[list, dict
         assert len(got) == len(entries)
         best: dict = {}
         for r, e in zip(got, entries):
-            cfg = bf._entry(e)[0]
-            if r.get("linear_us") and (cfg not in best or r["linear_us"] < best[cfg]):
+            cfg, form = bf._entry(e)
+            if r.get("linear_us") and form == how:
                 best[cfg] = r["linear_us"]
         ranked[shape] = sorted(((us, cfg) for cfg, us in best.items()), key=lambda t: t[0])
         rows += got
@@ -408,7 +410,9 @@ def gemv_candidates(batch: int, ranked: dict, top: int) -> list:
     out, best = [], {}
     for shape, how in GEMV_SHAPES:
         n, k = bf.SHAPES[shape]
-        table = fp8_gemm.gemm_config(batch, n, k, None, x_prequantized=how == "prequant")  # H200 SM count
+        # split resolved as the sweep's entries are (bench_fp8_gemm.resolve_split), so equal kernels compare equal
+        table = bf.resolve_split(fp8_gemm, fp8_gemm.gemm_config(batch, n, k, None, x_prequantized=how == "prequant"),
+                                 batch, n, k)  # H200 SM count
         others = [cfg for _, cfg in ranked.get(shape, []) if cfg != table][:top]
         out += [(f"{shape} {cfg.short()}", {(n, k): cfg}) for cfg in others]
         if others:
@@ -467,7 +471,7 @@ def gemv_row_rows(model_name: str, batch: int, context: int, candidates: list, r
     return rows
 
 
-def gemv_markdown(meta: dict, rows: list, sweep: dict) -> str:
+def gemv_markdown(meta: dict, rows: list, sweep: list) -> str:
     lines = ab_head(
         "Dense FP8 decode GEMV configs in the decode step: the table's against the sweep's fastest", meta,
         "First each dense layer alone at the batch's rows (bench_fp8_gemm.py's decode sweep, CUDA graphs over "
@@ -476,11 +480,15 @@ def gemv_markdown(meta: dict, rows: list, sweep: dict) -> str:
         "capturing). Paired rounds of 3 replays; diff = row - table. Other K splits sum in other orders: bits are "
         "not expected equal (closeness columns below).", rows, ("table", "table"), ("row", "row"))
     lines += closeness_table(rows)
-    for batch, ranked in sweep.items():
-        for shape, best in ranked.items():
-            lines += [f"## {shape} alone at {batch} rows: the five fastest configs", "",
-                      bc.md_table([{"config": c.short(), "us": us} for us, c in best[:5]],
-                                  [("config", "config", None), ("us", "us", "{:.2f}")]), ""]
+    forms = dict(GEMV_SHAPES)
+    for shape, form in GEMV_SHAPES:
+        for batch in sorted({r["M"] for r in sweep if r["shape"] == shape}):
+            timed = sorted((r for r in sweep if r["shape"] == shape and r["M"] == batch and r.get("linear_us")),
+                           key=lambda r: r["linear_us"])
+            lines += [f"## {shape} alone at {batch} rows: the five fastest configs in each x form (the step's: "
+                      f"{'pre-quantised' if forms[shape] == 'prequant' else 'bf16 x'})", "",
+                      bc.md_table([r for r in timed if r["x"] == form][:5] + [r for r in timed if r["x"] != form][:5],
+                                  [("config", "config", None), ("x", "x", None), ("us", "linear_us", "{:.2f}")]), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -722,15 +730,14 @@ def main():
         print(md)
         return
     if args.gemv_ab:
-        sweep_rows, ranked_by_batch = [], {}
+        sweep_rows = []
         for b in (int(x) for x in args.batches.split(",")):
             got, ranked = gemv_sweep(b, args.sweep_budget_s)
             sweep_rows += got
-            ranked_by_batch[b] = ranked
             candidates = gemv_candidates(b, ranked, args.gemv_top)
             for m in args.models.split(","):
                 rows += gemv_row_rows(m, b, args.context, candidates, args.rounds, args.check)
-                md = gemv_markdown(meta, rows, ranked_by_batch)
+                md = gemv_markdown(meta, rows, sweep_rows)
                 bc.write_results(args.out, args.stem or "diag_gemv_row", {**meta, "sweep": sweep_rows}, rows, md)
         print(md)
         return

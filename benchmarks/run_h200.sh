@@ -109,7 +109,7 @@
 #   bash benchmarks/run_h200.sh moe17d    # (one GPU) the table with the 64-wide mlp2 at 17..32 too: MoE gpu tests, TP1 rows
 #   bash benchmarks/run_h200.sh final18   # (one GPU) session 18's tests and TP1 rows: MoE rows without x gather at
 #                                         # 5..128 tokens, o's x_once GEMV at 5..8 rows
-#   bash benchmarks/run_h200.sh final18b  # (one GPU) the fp8 GEMM gpu test in full + session 18's tables vs 17's, paired
+#   bash benchmarks/run_h200.sh final18b  # (one GPU) the fp8 GEMM gpu test (cut at 200 s in its run) + session 18's tables vs 17's
 #   bash benchmarks/run_h200.sh xptr18    # (one GPU) mlp1 with x's rows by pointers, no gather launch (MoeConfig.tma_x
 #                                         # off): gpu tests, layer sweep, step A/B at 8 / 16 / 32 (run in session 18)
 #   bash benchmarks/run_h200.sh gemv18    # (one GPU) the dense decode GEMV at 8 rows: sweep + step A/B (diag_pdl
@@ -852,12 +852,13 @@ final18)  # one GPU (session 18): gpu tests and TP1 rows on the final tables (Mo
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_final18
     ;;
 final18b)  # one GPU (session 18): final18's fp8 GEMM gpu test, which ran past its 100 s there (now with 8 rows), and
-           # today's decode tables against session 17's in one paired run per model and batch
-    step gpu_test_fp8_gemm 200 python tests/test_kernel_fp8_gemm.py --gpu
+           # today's decode tables against session 17's in one paired run per model and batch. Run: the gemm test
+           # ran past 200 s too, in its one-shot section after the full-shape rows (limit now 300)
+    step gpu_test_fp8_gemm 300 python tests/test_kernel_fp8_gemm.py --gpu
     step diag_session17_tables 200 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 8,16,64 \
         --rounds 30 --check 3 --session17-ab --stem diag_session17_tables
     ;;
-gemv18)  # one GPU (session 18): the dense qkv / o decode GEMV at 8 rows was never swept (its 8-warp 128-wide split-K
+gemv18)  # one GPU (session 18, run before its table change: tma128_xptr is now the table's row, so its A/B would raise): the dense qkv / o decode GEMV at 8 rows was never swept (its 8-warp 128-wide split-K
          # row came from the 16-row sweep; 513 us of 20b's batch-8 step, ~30 % of copy bandwidth): the layers alone,
          # then the fastest configs in the step, both models; then the 33..128-token MoE row without its x gather
     step diag_gemv_row_b8 330 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 8 --rounds 40 \
@@ -867,7 +868,7 @@ gemv18)  # one GPU (session 18): the dense qkv / o decode GEMV at 8 rows was nev
     step diag_moe_row_120b_b64 70 python benchmarks/diag_pdl.py --out "$R" --models 120b --batches 64 \
         --rounds 30 --check 3 --moe-row-ab tma128_xptr --stem diag_moe_row_xptr_120b_b64
     ;;
-xptr18)  # one GPU (prepared in session 17, run in session 18): the TMA decode rows without their x gather launch (mlp1 reads
+xptr18)  # one GPU (prepared in session 17, run in session 18 before the table took its rows: its _xptr A/Bs would now raise): the TMA decode rows without their x gather launch (mlp1 reads
          # the block's x rows by pointers, W1 still by TMA): the one-dot gpu tests (compiled: the new cases against
          # the pointer kernels' bits), the layer alone at 8 / 16 / 32 tokens beside the table's rows, then the step:
          # 20b batch 8 (many-pairs row), both models at 16 and 32 (the 64-wide mlp2 rows)

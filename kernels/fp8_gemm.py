@@ -950,9 +950,11 @@ def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None
 
 # 5..8 rows: from this many K blocks (gpt-oss o: 4096 = 32 blocks) the x_once kernel with 4 K blocks a program
 # (64-wide, 4 warps, 5 stages) instead of the 8-warp 128-wide row tuned at 16 rows. Why: the first sweep at 8 rows
-# (session 18, benchmarks/results/diag_gemv_row_b8.md): o alone 11.32 -> 10.51 us; in the whole decode step at 8k,
-# paired CUDA graphs, 20b -18.3 us (IQR -23.5..-14.3), 120b -28.3 (-32.6..-24.1). qkv (23 blocks) kept its row:
-# 10.81 us against 12.90 for the same x_once tile, +103.8 / +186.4 us in the step. Measured at 8 rows only.
+# (session 18, benchmarks/results/diag_gemv_row_b8.md): o alone from bf16 x (as the step calls it) 11.46 -> 10.56 us;
+# in the whole decode step at 8k, paired CUDA graphs, 20b -18.3 us (IQR -23.5..-14.3), 120b -28.3 (-32.6..-24.1).
+# qkv (23 blocks) kept its row: 10.81 us pre-quantised against 12.90 for the x_once tile of 4 K blocks a program
+# (with the vector split sum), +103.8 / +186.4 us in the step. Measured at 8 rows only, on gpt-oss o's N (45
+# 64-wide tiles); where N alone fills the SMs (the lm_head) the split-K row keeps its auto split.
 X_ONCE_MIN_K_BLOCKS_AT_8_ROWS = 32
 
 
@@ -968,10 +970,12 @@ def split_k_gemv_config(m: int, n: int, k: int, device: torch.device | str | Non
     program (`x_once`, 5 stages: the whole 4-block slab in flight): the fixed-cost sweep
     (`benchmarks/results/sweeps/fp8_gemm_decode_fixed_cost.md`) measured qkv 9.3 / 10.8 us at M =
     1 / 4 (loop kernel 10.9 / 12.1) and o 8.2 / 8.8 us (10.1 / 11.6); the one-load split sum
-    (`vector_reduce`) was no faster there (9.4 / 11.3, 8.2 / 9.6)."""
+    (`vector_reduce`) was no faster there (9.4 / 11.3, 8.2 / 9.6). At 5..8 rows with long K (o) the x_once
+    kernel too, 4 K blocks a program (X_ONCE_MIN_K_BLOCKS_AT_8_ROWS)."""
     if m <= 4:
         cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=5, use_dot=True, x_once=True)
-    elif m <= 8 and triton.cdiv(k, GROUP) >= X_ONCE_MIN_K_BLOCKS_AT_8_ROWS:
+    elif (m <= 8 and triton.cdiv(k, GROUP) >= X_ONCE_MIN_K_BLOCKS_AT_8_ROWS
+          and triton.cdiv(n, 64) < num_sms(device)):
         # 5..8 rows, long K (gpt-oss o): x_once, 4 K blocks a program (session 18, see the constant)
         return Fp8GemvConfig(block_n=64, split_k=triton.cdiv(triton.cdiv(k, GROUP), 4), num_warps=4, num_stages=5,
                              use_dot=True, x_once=True)

@@ -186,7 +186,7 @@ class MoeConfig:
     # diag_moe_row_xptr_b16_32.md): 20b batch 8 / 16 / 32 -88.3 / -82.1 / -80.4 us, 120b batch 16 / 32
     # -141.7 / -149.3; the 33..128 row (diag_moe_row_xptr_b64_128.md, diag_moe_row_xptr_120b_b64.md): 20b batch
     # 64 / 128 -117.4 / -220.7, 120b batch 64 -360.0. So the table's 5..128-token rows run without the gather
-    # (the layer alone gains only 1-4 us at 8..32 tokens: most of the step's gain is the launch and its gap,
+    # (the layer alone gains only 1-5 us at 8..32 tokens: most of the step's gain is the launch and its gap,
     # bench_moe_tma_rows_xptr.md). The prefill row (129+ tokens, x tens of MB) keeps it: not measured.
     tma_x: bool = True
 

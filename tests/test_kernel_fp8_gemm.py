@@ -209,7 +209,9 @@ def test_5_to_8_rows_take_x_once_where_k_is_long():
         qkv = mod.gemm_config(m, 5120, 2880, x_prequantized=True)
         assert not qkv.x_once and (qkv.block_n, qkv.num_warps, qkv.num_stages) == (128, 8, 3), qkv
     assert not mod.gemm_config(9, 2880, 4096).x_once and mod.gemm_config(9, 2880, 4096).block_n == 128
-    assert mod.gemm_config(4, 2880, 4096).x_once and mod.gemm_config(4, 2880, 4096).split_k != 8
+    assert mod.gemm_config(4, 2880, 4096).x_once  # 4 rows: the x_once row of M <= 4 (a split it resolves itself)
+    lm_head = mod.gemm_config(8, 201088, 4096)  # N alone fills the SMs: the split-K row keeps its auto split
+    assert not lm_head.x_once and mod.gemv_splits(lm_head, 8, 201088, 4096)[0] == 1, lm_head
     assert (6, 136, 4096, torch.bfloat16, mod.gemm_config(6, 136, 4096), True) in _gemv_cases()
 
 
