@@ -480,13 +480,12 @@ def gemv_markdown(meta: dict, rows: list, sweep: list) -> str:
         "capturing). Paired rounds of 3 replays; diff = row - table. Other K splits sum in other orders: bits are "
         "not expected equal (closeness columns below).", rows, ("table", "table"), ("row", "row"))
     lines += closeness_table(rows)
-    forms = dict(GEMV_SHAPES)
     for shape, form in GEMV_SHAPES:
         for batch in sorted({r["M"] for r in sweep if r["shape"] == shape}):
             timed = sorted((r for r in sweep if r["shape"] == shape and r["M"] == batch and r.get("linear_us")),
                            key=lambda r: r["linear_us"])
             lines += [f"## {shape} alone at {batch} rows: the five fastest configs in each x form (the step's: "
-                      f"{'pre-quantised' if forms[shape] == 'prequant' else 'bf16 x'})", "",
+                      f"{'pre-quantised' if form == 'prequant' else 'bf16 x'})", "",
                       bc.md_table([r for r in timed if r["x"] == form][:5] + [r for r in timed if r["x"] != form][:5],
                                   [("config", "config", None), ("x", "x", None), ("us", "linear_us", "{:.2f}")]), ""]
     return "\n".join(lines) + "\n"
