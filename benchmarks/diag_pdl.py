@@ -164,7 +164,7 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
     inputs = model.decode_inputs(context)
     graphs, outs, _, mismatches, timing = capture_ab(model, inputs, set_pdl, rounds, check)
     row = ab_row(model_name, batch, context, ("plain", "pdl"), check, mismatches, timing)
-    if batch == 1:
+    if batch <= 16:  # the PDL range (kernels/pdl.py PDL_MAX_ROWS)
         row["critical_path"] = critical_path(graphs[True], MODELS[model_name].num_layers)
     # MoE one-shot mlp2 as the per-pair kernel (kernels/moe_decode.py), PDL on, against the table's
     from sglang_ext.kernels import moe
@@ -200,6 +200,86 @@ def step_row(model_name: str, batch: int, context: int, rounds: int, check: int,
     model = None
     torch.cuda.empty_cache()
     return row
+
+
+def families_rows(model_name: str, batch: int, context: int, variants: list, rounds: int, check: int,
+                  profile: bool = True) -> list:
+    """PDL with some kernel families launched plainly (kernels/pdl.py set_pdl_plain), each variant against
+    the plain step (PDL off) of the same model and inputs: paired rounds, the variant's logits against the
+    plain graph's on `check` replays. `variants` = family sets; the empty set is every kernel as a
+    dependent. With `profile`, the critical paths of the plain step and of each variant's."""
+    from model_step import MODELS, ModelStep, Sharding
+
+    from sglang_ext.kernels.pdl import set_pdl, set_pdl_plain
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    layers = MODELS[model_name].num_layers
+    outs: dict = {}
+    set_pdl(False)
+    try:
+        plain = bc.capture_graph(lambda: outs.__setitem__("plain", model.forward(**inputs)))
+    finally:
+        set_pdl(None)
+    plain.replay()
+    torch.cuda.synchronize()
+    reference = outs["plain"].clone()
+    rows = []
+    for families in variants:
+        label = "+".join(sorted(families)) or "none"
+        set_pdl(True)
+        set_pdl_plain(families)
+        try:
+            graph = bc.capture_graph(lambda: outs.__setitem__(label, model.forward(**inputs)))
+        finally:
+            set_pdl(None)
+            set_pdl_plain(None)
+        mismatches = count_mismatches(graph, outs, label, reference, check)
+        row = ab_row(model_name, batch, context, ("plain", "pdl"), check, mismatches, paired(plain, graph, rounds),
+                     candidate=f"plain launch: {label}")
+        if profile:
+            row["critical_path"] = critical_path(graph, layers)
+        rows.append(row)
+        del graph
+    if profile and rows:
+        rows[0]["critical_path_plain"] = critical_path(plain, layers)
+    del plain
+    model = None
+    torch.cuda.empty_cache()
+    return rows
+
+
+def families_markdown(meta: dict, rows: list) -> str:
+    lines = ab_head(
+        "PDL with kernel families launched plainly, on the decode step", meta,
+        "Same model and inputs: the plain step (no PDL) against PDL with the named kernel families launched "
+        "plainly (kernels/pdl.py PDL_PLAIN_FAMILIES: their programs still wait and release, so their successors "
+        "start early, but they start only once their predecessor has finished; 'none': every kernel a "
+        "dependent). Families: gemv (the dense K-loop GEMV; until session 19's second run also its x_once kernel, "
+        "now gemv_xonce), attention (the split-loop decode), moe (mlp1 and "
+        "mlp2, GEMV and TMA rows), moe_combine. Paired rounds of 3 replays; diff = variant - plain. Bits: the "
+        "variant's logits against the plain graph's.",
+        rows, ("plain", "plain"), ("PDL", "pdl"))
+    for r in rows:
+        cp = r.get("critical_path_plain")
+        if cp:
+            total = sum(k["increment_us"] for k in cp)
+            lines += ["", f"## {r['model']} batch {r['batch']}: the plain step's critical path (profiler, "
+                      f"{total:.0f} us of increments)", "",
+                      bc.md_table(cp[:20], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
+                                            ("increment us", "increment_us", "{:.1f}"),
+                                            ("increment per call", "per_call", "{:.2f}"),
+                                            ("duration us", "duration_us", "{:.1f}")])]
+    for r in rows:
+        cp = r.get("critical_path")
+        if cp:
+            total = sum(k["increment_us"] for k in cp)
+            lines += ["", f"## {r['model']} batch {r['batch']}, {r['candidate']}: critical path ({total:.0f} us)", "",
+                      bc.md_table(cp[:20], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
+                                            ("increment us", "increment_us", "{:.1f}"),
+                                            ("increment per call", "per_call", "{:.2f}"),
+                                            ("duration us", "duration_us", "{:.1f}")])]
+    return "\n".join(lines) + "\n"
 
 
 def rope_fusion_row(model_name: str, batch: int, context: int, rounds: int, check: int,
@@ -693,6 +773,9 @@ def main():
     ap.add_argument("--table-widths", default="0", help="--rope-fusion-ab: KV table widths to run (0: the "
                     "context; 131072: a server's req_to_token)")
     ap.add_argument("--no-picks", action="store_true", help="--rope-fusion-ab: skip the other one-shot picks")
+    ap.add_argument("--families", default="", help="instead: PDL with kernel families launched plainly, "
+                    "variants separated by ';', each a comma list or 'none' (e.g. 'none;moe;moe,gemv')")
+    ap.add_argument("--no-profile", action="store_true", help="--families: skip the critical paths")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
@@ -748,6 +831,16 @@ def main():
         md = fp8_gemm_backend_markdown(meta, rows, args.fp8_gemm_ab)
         bc.write_results(args.out, args.stem or f"diag_fp8_gemm_{args.fp8_gemm_ab}", meta, rows, md)
         print(md)
+        return
+    if args.families:
+        variants = [frozenset() if v.strip() == "none" else frozenset(f.strip() for f in v.split(","))
+                    for v in args.families.split(";")]
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows += families_rows(m, b, args.context, variants, args.rounds, args.check, not args.no_profile)
+                md = families_markdown(meta, rows)
+                bc.write_results(args.out, args.stem or "diag_pdl_families", meta, rows, md)
+                print(md, flush=True)
         return
     if args.wide_tile_ab:
         for m in args.models.split(","):

@@ -114,6 +114,12 @@
 #                                         # off): gpu tests, layer sweep, step A/B at 8 / 16 / 32 (run in session 18)
 #   bash benchmarks/run_h200.sh gemv18    # (one GPU) the dense decode GEMV at 8 rows: sweep + step A/B (diag_pdl
 #                                         # --gemv-ab); the 33..128-token MoE row without its x gather, step A/B
+#   bash benchmarks/run_h200.sh pdl19     # (one GPU) PDL for the 5..16-row decode chain: bits gpu test, step A/B at 8 / 16
+#   bash benchmarks/run_h200.sh pdl19b    # (one GPU) PDL at 4..16 rows with kernel families launched plainly: A/B
+#   bash benchmarks/run_h200.sh pdl19c    # (one GPU) the chosen PDL families: bits gpu test, step A/B at 2..16, TP1 rows
+#   bash benchmarks/run_h200.sh pdl19d    # (one GPU) qkv's K-loop GEMV plain at 8 rows: A/B; gpu tests of the PDL kernels
+#   bash benchmarks/run_h200.sh pdl19e    # (one GPU) the final PDL table: bits gpu test, TP1 rows at batch 8 / 16
+#   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
 #   bash benchmarks/run_h200.sh oq14      # (one GPU) prefill attention + o's FP8 groups in one launch: gpu test, 8k prefill
 #   bash benchmarks/run_h200.sh xq14      # (one GPU) the MoE reads x's groups from the post-attention norm: gpu test, 8k prefill
@@ -1025,6 +1031,54 @@ b1)  # one GPU: where a batch-1 decode step's time goes (launch floor, GEMV fixe
     step ncu_b1 240 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
         --section SchedulerStats python benchmarks/diag_decode_b1.py --ncu-kernels
+    ;;
+pdl19)  # one GPU (session 19): PDL for the 5..16-row decode chain (the split-K GEMVs, the split-loop attention,
+        # the MoE's GEMV / TMA rows and the combine now wait for their predecessor): the step's bits with and
+        # without PDL at 1..16 rows (gpu test), then the step's time PDL on vs off at batch 8 / 16, both models
+    step gpu_test_pdl 200 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_pdl.py
+    step diag_pdl_b8_16 330 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 8,16 \
+        --rounds 40 --check 20 --stem diag_pdl_b8_16
+    ;;
+pdl19b)  # one GPU (session 19): pdl19 found PDL over the 5..16-row chain -73 us at 20b batch 8 but +103..+218 us
+         # elsewhere, the MoE kernels slower as dependents; which families to launch plainly (kernels/pdl.py
+         # PDL_PLAIN_FAMILIES), each variant against the plain step, batch 4 (where session 18 ran the GEMVs and
+         # the split-loop attention plainly: the last variant), 8 and 16
+    step diag_pdl_families 560 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 4,8,16 \
+        --rounds 30 --check 10 --families 'none;moe;moe,gemv;moe,attention;attention,gemv,moe,moe_combine' \
+        --stem diag_pdl_families
+    ;;
+pdl19c)  # one GPU (session 19): the chosen table (kernels/pdl.py PDL_PLAIN_FROM_ROWS: the MoE always, the GEMVs from
+         # 9 rows launched plainly): the step's bits with and without PDL, the step A/B at 2..16, TP1 rows
+    step gpu_test_pdl 200 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_pdl.py
+    step diag_pdl_b2_16 200 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 2,4,8,16 \
+        --rounds 40 --check 10 --stem diag_pdl_session19
+    step bench_decode_20b 150 python benchmarks/bench_decode.py --models 20b --batches 1,4,8,16 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_pdl19
+    step bench_decode_120b 120 python benchmarks/bench_decode.py --models 120b --batches 1,4,8,16 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_pdl19
+    ;;
+pdl19d)  # one GPU (session 19): at 8 rows, the K-loop GEMV (qkv) plain with o's x_once GEMV still a dependent;
+         # then the gpu tests of the kernels that gained the PDL wait (launched as dependents up to 16 rows now)
+    step diag_pdl_families_b8 150 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 8 \
+        --rounds 40 --check 10 --no-profile --families 'moe;moe,gemv;moe,gemv,gemv_xonce' --stem diag_pdl_families_b8
+    step gpu_test_moe 180 python -m pytest -q -p no:cacheprovider -m gpu -n 2 --durations=10 tests/test_kernel_moe.py
+    step gpu_test_fp8_gemm_decode 150 python tests/test_kernel_fp8_gemm.py --gpu-decode
+    step gpu_test_sink_full 120 python tests/test_kernel_sink_attention.py --gpu-full
+    step gpu_test_layers 90 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_layers.py
+    ;;
+pdl19e)  # one GPU (session 19): the final table (the K-loop GEMV plain at every size): the step's bits with and
+         # without PDL (gpu test), TP1 rows at batch 8 / 16
+    step gpu_test_pdl 150 python -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_pdl.py
+    step bench_decode_20b 100 python benchmarks/bench_decode.py --models 20b --batches 8,16 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_pdl19e
+    step bench_decode_120b 80 python benchmarks/bench_decode.py --models 120b --batches 8,16 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_pdl19e
+    ;;
+dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
+          # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)
+    export DEEPGEMM_PEER_ROOT="$PWD/.peers/deepgemm" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+    export DG_JIT_CACHE_DIR="$DEEPGEMM_PEER_ROOT/jit_cache" PYTHONPATH="$DEEPGEMM_PEER_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    step diag_moe_deepgemm 400 python benchmarks/diag_moe_deepgemm.py --out "$R" --models 120b,20b --tokens 8192,1024
     ;;
 x2)
     step nccl 60 python benchmarks/perf_model.py --measure-nccl --nproc 2 --out "$R"

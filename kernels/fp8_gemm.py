@@ -327,6 +327,7 @@ def _fp8_gemv_kernel(
     INLINE_REDUCE: tl.constexpr,
     RED_CHUNK: tl.constexpr,  # the last arriver's splits per load (see _gemv_epilogue)
     ROUND_BF16: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: nothing before the wait
 ):
     """Decode (M <= 16): C[M, N] = X[M, K] W[N, K]^T, one program per (BLOCK_N columns, K split).
 
@@ -338,6 +339,7 @@ def _fp8_gemv_kernel(
     64 rows feed Hopper's wgmma) and the x rows, repeated up to 16, the B operand, so no MMA
     row is spent on padding rows of x. Either way each block's sum is scaled once by
     a_scale * w_scale; split 0 starts at the bias; split-K reduces as `_fp8_gemm_kernel` does."""
+    pdl_wait_then_release(USE_PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -452,6 +454,7 @@ def _fp8_gemv_kernel_xonce(
     INLINE_REDUCE: tl.constexpr,
     RED_CHUNK: tl.constexpr,
     ROUND_BF16: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: nothing before the wait
 ):
     """Decode (M <= 16), x once per program: program (n tile, split) owns K blocks
     [split * KBP, split * KBP + KBP); it loads x, both scales and the bias for all of them and
@@ -475,6 +478,7 @@ def _fp8_gemv_kernel_xonce(
       - BATCHED: no loop at all, the [KBP, BLOCK_N, 128] slab in one load and one dot batched
         over the blocks (Triton lowers it to mma.sync on f16 operands, exact for e4m3).
       - FMA: no loop, the slab in one load (registers, no shared memory), per-block fp32 sums."""
+    pdl_wait_then_release(USE_PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -1327,7 +1331,8 @@ def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, 
                      QUANTIZE_X=quantize_x, HW_ROUND=cfg.hw_round and not _interpreted(),
                      HAS_BIAS=bias is not None, SPLIT_K=split > 1, INLINE_REDUCE=counters is not None,
                      RED_CHUNK=_red_chunk(cfg, split, rows_p2), ROUND_BF16=round_bf16,
-                     num_warps=cfg.num_warps)
+                     num_warps=cfg.num_warps,
+                     **pdl_launch_kwargs(x.device, rows, "gemv_xonce" if cfg.x_once else "gemv"))
         if cfg.x_once:
             _fp8_gemv_kernel_xonce[(tiles, split)](
                 *args, *strides, KBP=per_split, BATCHED=cfg.batched_dot,

@@ -1049,8 +1049,10 @@ def _mlp1_kernel(
     x_desc=None, w1_desc=None,  # TMA: descriptors of x gathered into sorted order and of W1 as [E * 2I, H]
     TMA: tl.constexpr = False,  # MoeConfig.tma (two passes): W1 tiles by TMA
     X_TMA: tl.constexpr = True,  # with TMA: x's tiles too (MoeConfig.tma_x), else x's rows by pointers from XQ
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: the routing is the previous launch's: nothing before the wait
 ):
     BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
+    pdl_wait_then_release(USE_PDL)
     tl.static_assert(PASSES == 1 or (ONE_DOT and SPLIT_K == 1), "mlp1 passes: one-dot, no split-K")
     tl.static_assert(not TMA or PASSES == 2, "mlp1 TMA: the two-pass kernel")
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
@@ -1226,8 +1228,10 @@ def _mlp2_kernel(
     SPLIT_K: tl.constexpr,
     h_desc=None, w2_desc=None,  # TMA: descriptors of h codes [rows, I] and of W2 as [E * H, I]
     TMA: tl.constexpr = False,  # MoeConfig.tma (fp8 h): h and W2 tiles by TMA
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: nothing before the wait
 ):
     BLOCK_K: tl.constexpr = 128
+    pdl_wait_then_release(USE_PDL)
     # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
     # (written out, not a helper: nested jit calls are slow in the interpreter)
     num_n = tl.cdiv(hidden, BLOCK_N)
@@ -1387,13 +1391,16 @@ def _mlp1_gemv_kernel(
     HAS_B1: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PDL: tl.constexpr,  # mlp2 is launched as our programmatic dependent
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: launched as the front's dependent: wait before anything
 ):
     """Decode mlp1: program (split, block, tile) streams BLOCK_W rows of its block's expert over
     KBP K blocks and stores the fp32 partial; the last of the (tiles of one 128-column h group) x
     (splits) programs to arrive sums their partials (all splits per load, in fixed order: bits
     independent of arrival order), adds b1, applies the gpt-oss activation and requantises the
     group; then resets its counter (no memset per call)."""
-    if PDL:  # mlp2's programs may start once all of ours are resident (they wait for h themselves)
+    if USE_PDL:  # the routing is the previous launch's
+        gdc_wait()
+    if PDL or USE_PDL:  # mlp2's programs may start once all of ours are resident (they wait for h themselves)
         gdc_launch_dependents()
     # Program -> (split, block, tile), the split fastest: an h group's programs run close together,
     # so its last arriver's epilogue overlaps other programs' streaming rather than all of them
@@ -1499,6 +1506,7 @@ def _mlp2_gemv_kernel(
     ZERO_BLOCK_T: tl.constexpr,  # FUSE_COMBINE: tokens per zero-fill program (the grid's last ones)
     PDL: tl.constexpr,  # launched as mlp1's programmatic dependent (see below)
     KBP_P2: tl.constexpr,  # next_pow2(KBP): the prefetch's K blocks
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: wait and release where PDL does (without PDL: no prefetch)
 ):
     """Decode mlp2: as `_mlp1_gemv_kernel`, over W2; the last of a (block, n tile)'s splits sums
     their partials in fixed order and adds b2 (no split: the program itself). FUSE_COMBINE: then
@@ -1534,12 +1542,13 @@ def _mlp2_gemv_kernel(
     w_scale = tl.load(W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n + k_first + col_kb,
                       mask=col_ok, other=0.0)
     w_rows = W2 + expert * stride_w2_e + cols.to(tl.int64) * stride_w2_n + k_first * 128
-    if PDL:
-        # Started while mlp1 still runs (its programs all resident): the slab depends on the routing
-        # only, so pull it into L2 now, one prefetch per 128-byte line, then wait for h.
-        offs_b = tl.arange(0, KBP_P2)
-        lines = tl.where(n_ok, w_rows, W2)[:, None] + (tl.minimum(offs_b, kb_count - 1) * 128)[None, :]
-        _prefetch_l2(lines)
+    if PDL or USE_PDL:
+        if PDL:
+            # Started while mlp1 still runs (its programs all resident): the slab depends on the routing
+            # only, so pull it into L2 now, one prefetch per 128-byte line, then wait for h.
+            offs_b = tl.arange(0, KBP_P2)
+            lines = tl.where(n_ok, w_rows, W2)[:, None] + (tl.minimum(offs_b, kb_count - 1) * 128)[None, :]
+            _prefetch_l2(lines)
         gdc_wait()
         gdc_launch_dependents()
     x_scale = tl.load(HS + col_row * num_kb + k_first + col_kb, mask=col_ok, other=0.0)  # h's: after the wait
@@ -1630,9 +1639,11 @@ def _combine_zero_rows(q, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_
 @triton.jit(do_not_specialize=["num_tokens"])
 def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
                     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT_K: tl.constexpr,
-                    PDL: tl.constexpr = False):
-    if PDL:  # launched before mlp2 finished (programmatic dependent launch): wait for all of it
+                    PDL: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+    if PDL or USE_PDL:  # launched before mlp2 finished (programmatic dependent launch): wait for all of it
         gdc_wait()
+    if USE_PDL:  # kernels/pdl.py: the next layer's kernels may start
+        gdc_launch_dependents()
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = tokens < num_tokens
     tokens = tokens.to(tl.int64)
@@ -2038,7 +2049,10 @@ def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert,
     use_dot = not config.gemv_fma
     interpreted = dev.type == "cpu"
     pdl = config.pdl and not interpreted  # griddepcontrol is PTX: the interpreter runs launches in order
-    launch = dict(launch_pdl=True) if pdl else {}
+    chain = pdl_launch_kwargs(dev, num_tokens, "moe")  # kernels/pdl.py: each launch a dependent of the one before
+    tail = pdl_launch_kwargs(dev, num_tokens, "moe_combine")
+    launch = dict(launch_pdl=pdl or chain["launch_pdl"], USE_PDL=chain["USE_PDL"])
+    launch_combine = dict(launch_pdl=pdl or tail["launch_pdl"], USE_PDL=tail["USE_PDL"])
     block_w = 2 * config.mlp1_block_n
     kbp1, splits1, ncol1 = gemv_shape(hidden, bm, config.mlp1_split_k, use_dot)
     kbp2, splits2, ncol2 = gemv_shape(inter, bm, config.mlp2_split_k, use_dot)
@@ -2059,7 +2073,7 @@ def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert,
         TOP_K=top_k, ROWS=bm, BLOCK_W=block_w, KBP=kbp1, NCOL=ncol1, SPLITS=splits1,
         RED_CHUNK=_gemv_red_chunk(splits1, 2 * bm * QUANT_GROUP, config.mlp1_warps),
         USE_DOT=use_dot, HAS_B1=b1 is not None, DOT_FP32=interpreted, PDL=pdl,
-        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
+        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
     )
     pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=dev)
     part2 = torch.empty((splits2, rows, hidden), dtype=torch.float32, device=dev) if splits2 > 1 else pair_out
@@ -2074,14 +2088,14 @@ def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert,
         TOP_K=top_k, ROWS=bm, BLOCK_N=block_n, KBP=kbp2, NCOL=ncol2, SPLITS=splits2,
         RED_CHUNK=_gemv_red_chunk(splits2, bm * block_n, config.mlp2_warps),
         USE_DOT=use_dot, HAS_B2=b2 is not None, DOT_FP32=interpreted, FUSE_COMBINE=fuse,
-        K_PAD=_next_pow2(top_k), ZERO_BLOCK_T=COMBINE_ZERO_BLOCK_T, PDL=pdl, KBP_P2=_next_pow2(kbp2),
+        K_PAD=_next_pow2(top_k), ZERO_BLOCK_T=COMBINE_ZERO_BLOCK_T, PDL=launch["launch_pdl"], KBP_P2=_next_pow2(kbp2),
         num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **launch,
     )
     if not fuse:
         block_h = min(1024, _next_pow2(hidden))
         _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
             pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,
-            TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, SPLIT_K=1, PDL=pdl, num_warps=4, **launch,
+            TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, SPLIT_K=1, PDL=pdl, num_warps=4, **launch_combine,
         )
     return out
 
@@ -2127,6 +2141,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
     # without BLAS (55 ms per 64x128x128 tile); an fp32 multiply-and-sum of the same e4m3
     # values (exact products, fp32 sums) takes ~3 ms and differs only in summation order.
     interpreted = dev.type == "cpu"
+    chain = pdl_launch_kwargs(dev, num_tokens, "moe")  # kernels/pdl.py: each launch a dependent of the one before
     if fused:
         hq = torch.empty((rows, inter), dtype=FP8, device=dev)
         hs = torch.empty((rows, _cdiv(inter, QUANT_GROUP)), dtype=torch.float32, device=dev)
@@ -2165,7 +2180,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
         ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
         x_desc=x_desc, w1_desc=w1_desc, TMA=w1_desc is not None, X_TMA=x_desc is not None,
-        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages,
+        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
         **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
     )
     pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.float32, device=dev)
@@ -2179,13 +2194,14 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
         HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted, SPLIT_K=split2,
         h_desc=h_desc, w2_desc=w2_desc, TMA=h_desc is not None,
-        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages,
+        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **chain,
         **({"maxnreg": config.mlp2_maxnreg} if config.mlp2_maxnreg and not interpreted else {}),
     )
     block_h = min(1024, _next_pow2(hidden))
     _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
         pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,
         TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, SPLIT_K=split2, num_warps=4,
+        **pdl_launch_kwargs(dev, num_tokens, "moe_combine"),
     )
     return out
 

@@ -55,19 +55,52 @@ def pdl_enabled(device: torch.device) -> bool:
     return os.environ.get("SGLANG_EXT_PDL", "1") != "0"
 
 
-# Up to this many token rows a launch is a programmatic dependent: the one-shot decode kernels'
-# range, where the step is a chain of short kernels. H200, paired graphs: batch 1 120b 2773 ->
-# 2600 us, batch 4 -1.4 % (benchmarks/results/diag_pdl.md); at batch 8, where the GEMVs and the
-# MoE are split-K and grouped kernels without PDL, the few PDL launches left cost +0.2 %
-# (results/history/diag_pdl_session6_every_row_count.md), -0.06 % (noise) with this limit.
-PDL_MAX_ROWS = 4
+# Up to this many token rows a launch is a programmatic dependent. Batch 1-4 (the one-shot decode
+# kernels, session 6), H200, paired graphs: batch 1 120b 2773 -> 2600 us, batch 4 -1.4 %
+# (benchmarks/results/diag_pdl.md). At 5..16 rows the split-K GEMVs, the split-loop decode attention
+# and the MoE's GEMV / TMA rows had no wait of their own, so only the norms, the front and the merge
+# could start early: +0.2 % at batch 8 (results/history/diag_pdl_session6_every_row_count.md).
+# Session 19 gave each of them the wait (at its top: nothing but a request's length and row first),
+# so the 2..16-row chain runs as dependents too, but for the families PDL_PLAIN_FROM_ROWS names.
+PDL_MAX_ROWS = 16
 
 
-def pdl_launch_kwargs(device: torch.device, rows: int) -> dict:
+# Kernel families (a launcher's `family`) launched plainly in the PDL range, from this many rows: their
+# programs still wait and release (a wait in a kernel that was not launched as a dependent returns at once),
+# so their successors start early, but they themselves start only once their predecessor has finished. Why:
+# a dependent's programs are placed on the SMs while its predecessor's still hold some of them, and a heavy
+# kernel placed unevenly runs longer, its successors too (20b batch 16 with the GEMVs as dependents: the
+# full-layer attention after qkv 87.7 -> 101.9 us a call). H200, paired graphs, diff against the plain step
+# (benchmarks/results/diag_pdl_families.md), us, 20b / 120b:
+#   every kernel a dependent        batch 4 -106.8 / -162.9, batch 8 -43.3 / +142.0, batch 16 +136.5 / +182.7
+#   moe plain                       batch 8  -75.0 / -93.4,  batch 16 +153.9 / +231.8
+#   moe and gemv plain              batch 8  -56.2 / -74.7,  batch 16  -68.5 / -100.3
+#   gemv, attention, moe, moe_combine plain (at batch 4 near session 18's step, whose GEMVs and split-loop
+#   attention had no wait or release):  batch 4 -78.2 / -124.5, batch 8 -24.4 / +1.2, batch 16 -33.2 / -68.4
+# so the MoE's mlp1 / mlp2 (GEMV and TMA rows) always, and the dense GEMV's K-loop kernel ("gemv": qkv at 5..16
+# rows, o at 9..16); its x_once kernel ("gemv_xonce": o at 5..8 rows, both at 2..4) stays a dependent. At 8 rows
+# (diag_pdl_families_b8.md): moe plain -82.9 / -107.9, + the K-loop GEMV -99.4 / -127.6, + x_once too -70.2 /
+# -101.1. With the GEMVs plain from 9 rows only (qkv a dependent at 2..8) against the plain step
+# (diag_pdl_session19.md): batch 2 / 4 / 8 / 16 -98.9 / -105.5 / -81.1 / -68.1 us on 20b, -155.5 / -162.0 /
+# -96.9 / -107.8 on 120b, bits equal (2 and 4 run no K-loop GEMV: the same as this table); batch 3, 5..7 and
+# 9..15 not measured.
+PDL_PLAIN_FROM_ROWS: dict = {"moe": 1, "gemv": 1}
+_plain_override: dict | None = None
+
+
+def set_pdl_plain(families) -> None:
+    """Launch these kernel families plainly at every row count from now on (None: back to
+    PDL_PLAIN_FROM_ROWS); benchmarks compare sets in one process. CUDA graphs keep what they captured."""
+    global _plain_override
+    _plain_override = None if families is None else {f: 1 for f in families}
+
+
+def pdl_launch_kwargs(device: torch.device, rows: int, family: str = "") -> dict:
     """The launch keywords of a kernel that calls `pdl_wait_then_release(USE_PDL)`, for a launch
-    over `rows` token rows (requests at decode)."""
+    over `rows` token rows (requests at decode); `family` names the kernel for PDL_PLAIN_FROM_ROWS."""
     use = rows <= PDL_MAX_ROWS and pdl_enabled(device)
-    return {"USE_PDL": use, "launch_pdl": use}
+    plain_from = (PDL_PLAIN_FROM_ROWS if _plain_override is None else _plain_override).get(family)
+    return {"USE_PDL": use, "launch_pdl": use and (plain_from is None or rows < plain_from)}
 
 
 @triton.jit

@@ -550,6 +550,7 @@ def _sink_decode_kernel(
     K_NEW=None, V_NEW=None, COS_SIN=None, LOC=None,
     stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, stride_cs=0,
     ROPE: tl.constexpr = False, ROUND_BF16: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     """One (request, kv head, split): the GROUP q heads of the kv head against one run of keys, so each
     K/V block is read once for the whole group. A request whose keys fit one split writes the final
@@ -563,12 +564,17 @@ def _sink_decode_kernel(
     at the newest position) rotates k, stores k and v at LOC[b] (rope_kv's maths and roundings: the same
     bits as rope_store_kv before the launch) and then, past a CTA barrier that makes the stores visible to
     its own threads, reads its keys as usual, the newest one from the cache it just wrote. No other
-    program reads that slot."""
+    program reads that slot.
+
+    USE_PDL (kernels/pdl.py): the request's length and row are written before the step, so they are
+    loaded before the wait; everything else (q, the slot ids and keys: rope_kv, the previous launch
+    without RopeKV, writes the newest one) after it."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SEQ_LENS + b).to(tl.int32)
     req_row = tl.load(REQ_POOL_IDX + b).to(tl.int64)
+    pdl_wait_then_release(USE_PDL)
     k_lo, k_hi, n_used = _split_range(seq_len, window_left, split, num_splits, min_split_blocks, BLOCK_N)
     if split >= n_used:
         if SPLIT and not FUSED_MERGE:
@@ -1534,6 +1540,7 @@ def sink_attention_decode(
         PREFETCH=config.prefetch, HAS_SINKS=sinks is not None,
         HAS_SLOT_MAP=slot_map is not None, DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages, **rope_kw,
+        **pdl_launch_kwargs(q.device, batch, "attention"),
     )
     if splits > 1 and counters is None:
         launch_merge(part_o, part_lse, sinks, out, seq_lens, window_left, config)

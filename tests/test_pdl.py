@@ -30,15 +30,48 @@ def test_pdl_is_off_on_cpu_and_under_the_interpreter(monkeypatch):
         pdl.set_pdl(None)
 
 
+def test_plain_families_start_plainly_but_keep_their_wait_and_release(monkeypatch):
+    # pdl_enabled as on an sm90 GPU, so the table alone decides (CPU: the kernels never see USE_PDL)
+    monkeypatch.setattr(pdl, "pdl_enabled", lambda device: True)
+    cuda = torch.device("cuda")
+    # the measured table (diag_pdl_families*.md)
+    assert pdl.PDL_PLAIN_FROM_ROWS == {"moe": 1, "gemv": 1}
+    for rows in (1, 4, 8, 16):
+        assert pdl.pdl_launch_kwargs(cuda, rows) == {"USE_PDL": True, "launch_pdl": True}
+        assert pdl.pdl_launch_kwargs(cuda, rows, "attention") == {"USE_PDL": True, "launch_pdl": True}
+        assert pdl.pdl_launch_kwargs(cuda, rows, "gemv_xonce") == {"USE_PDL": True, "launch_pdl": True}
+        # the MoE's expert kernels and the K-loop GEMV: wait and release in the kernel, a plain launch
+        assert pdl.pdl_launch_kwargs(cuda, rows, "moe") == {"USE_PDL": True, "launch_pdl": False}
+        assert pdl.pdl_launch_kwargs(cuda, rows, "gemv") == {"USE_PDL": True, "launch_pdl": False}
+    assert pdl.pdl_launch_kwargs(cuda, pdl.PDL_MAX_ROWS + 1, "attention") == {"USE_PDL": False, "launch_pdl": False}
+    pdl.PDL_PLAIN_FROM_ROWS["attention"] = 9  # a family plain from some row count on
+    try:
+        assert pdl.pdl_launch_kwargs(cuda, 8, "attention")["launch_pdl"]
+        assert not pdl.pdl_launch_kwargs(cuda, 9, "attention")["launch_pdl"]
+    finally:
+        del pdl.PDL_PLAIN_FROM_ROWS["attention"]
+    pdl.set_pdl_plain({"attention"})  # a benchmark's override: exactly these, at every row count
+    try:
+        assert not pdl.pdl_launch_kwargs(cuda, 1, "attention")["launch_pdl"]
+        assert pdl.pdl_launch_kwargs(cuda, 16, "gemv")["launch_pdl"]
+        assert pdl.pdl_launch_kwargs(cuda, 16, "moe")["launch_pdl"]
+        assert pdl.pdl_launch_kwargs(cuda, 16, "attention")["USE_PDL"]
+    finally:
+        pdl.set_pdl_plain(None)
+    assert not pdl.pdl_launch_kwargs(cuda, 16, "moe")["launch_pdl"]
+
+
 @pytest.mark.gpu
-def test_pdl_only_for_the_one_shot_row_counts():
+def test_pdl_only_up_to_its_row_limit():
     assert pdl.pdl_launch_kwargs(torch.device("cuda"), pdl.PDL_MAX_ROWS)["launch_pdl"] == pdl.pdl_enabled(
         torch.device("cuda"))
     assert pdl.pdl_launch_kwargs(torch.device("cuda"), pdl.PDL_MAX_ROWS + 1) == {"USE_PDL": False, "launch_pdl": False}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 3])
+# 1, 3: the one-shot kernels; 5: the split-K GEMVs (o on x_once), the split-loop attention and the MoE's GEMV
+# row (20 pairs on 32 experts); 8: the MoE's TMA row (many pairs); 16: the loop GEMV for o too
+@pytest.mark.parametrize("batch", [1, 3, 5, 8, 16])
 def test_decode_step_bits_equal_with_and_without_pdl(batch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm90+")
