@@ -253,32 +253,20 @@ def families_markdown(meta: dict, rows: list) -> str:
     lines = ab_head(
         "PDL with kernel families launched plainly, on the decode step", meta,
         "Same model and inputs: the plain step (no PDL) against PDL with the named kernel families launched "
-        "plainly (kernels/pdl.py PDL_PLAIN_FAMILIES: their programs still wait and release, so their successors "
+        "plainly (kernels/pdl.py PDL_PLAIN_FROM_ROWS: their programs still wait and release, so their successors "
         "start early, but they start only once their predecessor has finished; 'none': every kernel a "
         "dependent). Families: gemv (the dense K-loop GEMV; until session 19's second run also its x_once kernel, "
         "now gemv_xonce), attention (the split-loop decode), moe (mlp1 and "
         "mlp2, GEMV and TMA rows), moe_combine. Paired rounds of 3 replays; diff = variant - plain. Bits: the "
         "variant's logits against the plain graph's.",
         rows, ("plain", "plain"), ("PDL", "pdl"))
-    for r in rows:
-        cp = r.get("critical_path_plain")
-        if cp:
-            total = sum(k["increment_us"] for k in cp)
-            lines += ["", f"## {r['model']} batch {r['batch']}: the plain step's critical path (profiler, "
-                      f"{total:.0f} us of increments)", "",
-                      bc.md_table(cp[:20], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
-                                            ("increment us", "increment_us", "{:.1f}"),
-                                            ("increment per call", "per_call", "{:.2f}"),
-                                            ("duration us", "duration_us", "{:.1f}")])]
-    for r in rows:
-        cp = r.get("critical_path")
-        if cp:
-            total = sum(k["increment_us"] for k in cp)
-            lines += ["", f"## {r['model']} batch {r['batch']}, {r['candidate']}: critical path ({total:.0f} us)", "",
-                      bc.md_table(cp[:20], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
-                                            ("increment us", "increment_us", "{:.1f}"),
-                                            ("increment per call", "per_call", "{:.2f}"),
-                                            ("duration us", "duration_us", "{:.1f}")])]
+    for key, title in (("critical_path_plain", "the plain step"), ("critical_path", None)):
+        for r in rows:
+            cp = r.get(key)
+            if cp:
+                total = sum(k["increment_us"] for k in cp)
+                lines += ["", f"## {r['model']} batch {r['batch']}, {title or r['candidate']}: critical path "
+                          f"(profiler, {total:.0f} us of increments)", "", critical_path_table(cp, 20)]
     return "\n".join(lines) + "\n"
 
 
@@ -676,6 +664,14 @@ def ab_head(title: str, meta: dict, text: str, rows: list, a: tuple, b: tuple) -
             ab_table(rows, a, b), ""]
 
 
+def critical_path_table(cp: list, most: int = 24) -> str:
+    """critical_path's list as a markdown table (its first `most` kernels)."""
+    return bc.md_table(cp[:most], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
+                                   ("increment us", "increment_us", "{:.1f}"),
+                                   ("increment per call", "per_call", "{:.2f}"),
+                                   ("duration us", "duration_us", "{:.1f}")])
+
+
 def critical_path_sections(rows: list, step: str) -> list:
     """Markdown lines: each row's critical path (critical_path's table), titled '<step> step'."""
     lines = []
@@ -688,10 +684,7 @@ def critical_path_sections(rows: list, step: str) -> list:
                       "Increment = a kernel's end minus the previous kernel's end (or its own start after a "
                       "gap): what it adds to the step. Duration includes the time it waited for its "
                       "predecessor after starting early.", "",
-                      bc.md_table(cp[:24], [("kernel", "name", None), ("calls", "calls", "{:.0f}"),
-                                            ("increment us", "increment_us", "{:.1f}"),
-                                            ("increment per call", "per_call", "{:.2f}"),
-                                            ("duration us", "duration_us", "{:.1f}")])]
+                      critical_path_table(cp)]
     return lines
 
 
