@@ -202,24 +202,24 @@ def server_facts(url: str) -> dict:
 
 
 def start_with_progress(server, every: float = 20.0) -> None:
-    """server.start(), printing a line every `every` seconds so a slow start is visibly alive."""
+    """server.start() in the calling thread, a helper thread printing a line every `every` seconds so a slow
+    start is visibly alive. Not the other way round: the server is started with a parent-death signal
+    (launch/server.py with_parent_death), which the kernel sends when the *thread* that spawned it exits, so
+    a server spawned by a helper thread was killed as soon as that thread returned, right after it came up."""
     done = threading.Event()
-    error: list[BaseException] = []
-
-    def run():
-        try:
-            server.start()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            error.append(e)
-        finally:
-            done.set()
-
     t0 = time.perf_counter()
-    threading.Thread(target=run, name="sglang-ext-demo-start", daemon=True).start()
-    while not done.wait(every):
-        print(f"  ... starting ({time.perf_counter() - t0:.0f} s)", flush=True)
-    if error:
-        raise error[0]
+
+    def tick():
+        while not done.wait(every):
+            print(f"  ... starting ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    ticker = threading.Thread(target=tick, name="sglang-ext-demo-progress", daemon=True)
+    ticker.start()
+    try:
+        server.start()
+    finally:
+        done.set()
+        ticker.join()
 
 
 def served_model_id(url: str, fallback: str) -> str:

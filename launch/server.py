@@ -41,7 +41,8 @@ _DIE_WITH_PARENT = "import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); os.ex
 
 
 def with_parent_death(command: list[str]) -> list[str]:
-    """`command`, started so that it gets SIGKILL when the thread that started it exits, however that ends.
+    """`command`, started so that it gets SIGKILL when the thread that started it exits, however that ends
+    (the thread, not the process: spawn it from the thread that lives as long as it should, e.g. the main one).
     Why: servers run in their own session (so stop() can kill their whole group), so a test run or demo killed
     by a signal, whose stop() never ran, left its servers and their schedulers running beside the next run
     (SGLang's own subprocesses die with the launcher). A wrapper, not Popen's preexec_fn, which may deadlock

@@ -101,6 +101,37 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux only")
+def test_demo_start_keeps_the_server_it_spawned(tmp_path):
+    """The parent-death signal follows the thread that spawned the server: the demo's start_with_progress must
+    spawn it from the calling thread. (Spawned from a progress helper thread, the demo's server got SIGKILL as
+    that thread returned, right after it came up: every request then met a refused connection.)"""
+    from sglang_ext.launch import demo, server
+
+    pidfile = tmp_path / "pid"
+    sleeper = [sys.executable, "-c", f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "
+                                     "time.sleep(120)"]
+
+    class FakeServer:  # start() returns once the child runs, as SGLangServer.start returns once it is ready
+        proc = None
+
+        def start(self):
+            self.proc = subprocess.Popen(server.with_parent_death(sleeper))
+            deadline = time.time() + 30
+            while not (pidfile.exists() and pidfile.read_text()) and time.time() < deadline:
+                time.sleep(0.05)
+
+    fake = FakeServer()
+    try:
+        demo.start_with_progress(fake, every=0.05)
+        time.sleep(0.5)  # the signal, had it been sent, lands within moments
+        assert fake.proc.poll() is None, f"the server died after start_with_progress returned ({fake.proc.poll()})"
+    finally:
+        if fake.proc is not None:
+            fake.proc.kill()
+            fake.proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux only")
 @pytest.mark.parametrize("tied", [True, False])
 def test_server_launcher_dies_with_the_process_that_started_it(tmp_path, monkeypatch, tied):
     """A test run or demo killed by a signal leaves no server behind: SGLangServer starts its launcher through
