@@ -40,8 +40,8 @@ TOP_K = 4
 ALIGN = 128  # DeepGEMM's contiguous-layout row alignment
 
 
-def random_fp8(shape, device):
-    return (torch.randn(shape, device=device) * 0.5).to(torch.float8_e4m3fn)
+def random_fp8(shape, device, g: torch.Generator):
+    return (torch.randn(shape, device=device, generator=g) * 0.5).to(torch.float8_e4m3fn)
 
 
 def pad_k(t: torch.Tensor, k: int) -> torch.Tensor:
@@ -64,13 +64,13 @@ def measure(model: str, tokens: int, dg, padded: bool = False) -> dict:
     kb_h = (HIDDEN + 127) // 128
     kb_i = (INTER + 127) // 128
     g = torch.Generator(device=dev).manual_seed(0)
-    w1 = random_fp8((experts, 2 * INTER, HIDDEN), dev)
+    w1 = random_fp8((experts, 2 * INTER, HIDDEN), dev, g)
     w1s = torch.rand((experts, 2 * INTER // 128, kb_h), device=dev, generator=g) * 1e-2 + 1e-3
-    w2 = random_fp8((experts, HIDDEN, INTER), dev)
+    w2 = random_fp8((experts, HIDDEN, INTER), dev, g)
     w2s = torch.rand((experts, kb_h, kb_i), device=dev, generator=g) * 1e-2 + 1e-3
-    b1 = torch.randn((experts, 2 * INTER), device=dev, dtype=torch.bfloat16)
-    b2 = torch.randn((experts, HIDDEN), device=dev, dtype=torch.bfloat16)
-    x = torch.randn((tokens, HIDDEN), device=dev, dtype=torch.bfloat16)
+    b1 = torch.randn((experts, 2 * INTER), device=dev, generator=g).to(torch.bfloat16)
+    b2 = torch.randn((experts, HIDDEN), device=dev, generator=g).to(torch.bfloat16)
+    x = torch.randn((tokens, HIDDEN), device=dev, generator=g).to(torch.bfloat16)
     logits = torch.randn((tokens, experts), device=dev, generator=g)
     weights, ids = torch.softmax(logits, -1).topk(TOP_K, dim=-1)
     ids = ids.to(torch.int32)
@@ -91,7 +91,7 @@ def measure(model: str, tokens: int, dg, padded: bool = False) -> dict:
     xg = xq[token_of_row].contiguous()
     xgs = xs[token_of_row].contiguous()
     xgs_tma = dg.get_col_major_tma_aligned_tensor(xgs)  # DeepGEMM's scale layout, made once
-    hq = random_fp8((rows, INTER), dev)
+    hq = random_fp8((rows, INTER), dev, g)
     dg_x, dg_w1, dg_h, dg_w2 = xg, w1, hq, w2
     if padded:  # K to a multiple of 128, zeros past K (the scales keep their ceil(K / 128) columns)
         dg_x, dg_w1 = pad_k(xg, kb_h * 128), pad_k(w1, kb_h * 128)

@@ -1332,7 +1332,8 @@ def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, 
                      HAS_BIAS=bias is not None, SPLIT_K=split > 1, INLINE_REDUCE=counters is not None,
                      RED_CHUNK=_red_chunk(cfg, split, rows_p2), ROUND_BF16=round_bf16,
                      num_warps=cfg.num_warps,
-                     **pdl_launch_kwargs(x.device, rows, "gemv_xonce" if cfg.x_once else "gemv"))
+                     # the whole launch's rows: past PDL_MAX_ROWS (an explicit config's chunks) no PDL
+                     **pdl_launch_kwargs(x.device, m, "gemv_xonce" if cfg.x_once else "gemv"))
         if cfg.x_once:
             _fp8_gemv_kernel_xonce[(tiles, split)](
                 *args, *strides, KBP=per_split, BATCHED=cfg.batched_dot,

@@ -93,7 +93,7 @@ from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
-from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
+from sglang_ext.kernels.pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.kernels.tma import descriptor, tma_2d_ok
 from sglang_ext.layers.fp8 import (
     BLOCK as QUANT_GROUP,
@@ -1049,7 +1049,7 @@ def _mlp1_kernel(
     x_desc=None, w1_desc=None,  # TMA: descriptors of x gathered into sorted order and of W1 as [E * 2I, H]
     TMA: tl.constexpr = False,  # MoeConfig.tma (two passes): W1 tiles by TMA
     X_TMA: tl.constexpr = True,  # with TMA: x's tiles too (MoeConfig.tma_x), else x's rows by pointers from XQ
-    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: the routing is the previous launch's: nothing before the wait
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: nothing before the wait (the routing, x's rows: recent launches')
 ):
     BLOCK_K: tl.constexpr = 128  # = the quantisation group: one scale per row per K step
     pdl_wait_then_release(USE_PDL)
@@ -1391,14 +1391,14 @@ def _mlp1_gemv_kernel(
     HAS_B1: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PDL: tl.constexpr,  # mlp2 is launched as our programmatic dependent
-    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: launched as the front's dependent: wait before anything
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: wait before anything (the routing is the previous launch's)
 ):
     """Decode mlp1: program (split, block, tile) streams BLOCK_W rows of its block's expert over
     KBP K blocks and stores the fp32 partial; the last of the (tiles of one 128-column h group) x
     (splits) programs to arrive sums their partials (all splits per load, in fixed order: bits
     independent of arrival order), adds b1, applies the gpt-oss activation and requantises the
     group; then resets its counter (no memset per call)."""
-    if USE_PDL:  # the routing is the previous launch's
+    if USE_PDL:  # kernels/pdl.py: the routing is the previous launch's
         gdc_wait()
     if PDL or USE_PDL:  # mlp2's programs may start once all of ours are resident (they wait for h themselves)
         gdc_launch_dependents()
@@ -1528,6 +1528,9 @@ def _mlp2_gemv_kernel(
     col_row = block * ROWS + offs_c % ROWS
     col_pair = tl.load(SORTED_PAIRS + col_row)
     expert = tl.load(BLOCK_EXPERT + block)
+    # An unused block exits before any wait and stores nothing. If every block is unused (no local pair), the
+    # launch ends without waiting for mlp1 and its dependents may start while mlp1 runs: harmless, since
+    # mlp1's blocks are all unused then too and it stores nothing.
     if expert < 0:
         return
     expert = expert.to(tl.int64)
@@ -2048,7 +2051,7 @@ def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert,
     rows = max_blocks * bm
     use_dot = not config.gemv_fma
     interpreted = dev.type == "cpu"
-    pdl = config.pdl and not interpreted  # griddepcontrol is PTX: the interpreter runs launches in order
+    pdl = config.pdl and pdl_enabled(dev)  # griddepcontrol is sm90 PTX (not interpreted; SGLANG_EXT_PDL=0 too)
     chain = pdl_launch_kwargs(dev, num_tokens, "moe")  # kernels/pdl.py: each launch a dependent of the one before
     tail = pdl_launch_kwargs(dev, num_tokens, "moe_combine")
     launch = dict(launch_pdl=pdl or chain["launch_pdl"], USE_PDL=chain["USE_PDL"])

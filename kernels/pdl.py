@@ -74,9 +74,10 @@ PDL_MAX_ROWS = 16
 # (benchmarks/results/diag_pdl_families.md), us, 20b / 120b:
 #   every kernel a dependent        batch 4 -106.8 / -162.9, batch 8 -43.3 / +142.0, batch 16 +136.5 / +182.7
 #   moe plain                       batch 8  -75.0 / -93.4,  batch 16 +153.9 / +231.8
-#   moe and gemv plain              batch 8  -56.2 / -74.7,  batch 16  -68.5 / -100.3
-#   gemv, attention, moe, moe_combine plain (at batch 4 near session 18's step, whose GEMVs and split-loop
-#   attention had no wait or release):  batch 4 -78.2 / -124.5, batch 8 -24.4 / +1.2, batch 16 -33.2 / -68.4
+#   moe and both GEMV kernels plain batch 8  -56.2 / -74.7,  batch 16  -68.5 / -100.3
+#   both GEMV kernels, attention, moe, moe_combine plain (at batch 4 near session 18's step, whose GEMVs and
+#   split-loop attention had no wait or release): batch 4 -78.2 / -124.5, batch 8 -24.4 / +1.2, 16 -33.2 / -68.4
+# (that run's "gemv" family held the x_once kernel too; "gemv_xonce" is its own family since)
 # so the MoE's mlp1 / mlp2 (GEMV and TMA rows) always, and the dense GEMV's K-loop kernel ("gemv": qkv at 5..16
 # rows, o at 9..16); its x_once kernel ("gemv_xonce": o at 5..8 rows, both at 2..4) stays a dependent. At 8 rows
 # (diag_pdl_families_b8.md): moe plain -82.9 / -107.9, + the K-loop GEMV -99.4 / -127.6, + x_once too -70.2 /

@@ -566,9 +566,10 @@ def _sink_decode_kernel(
     its own threads, reads its keys as usual, the newest one from the cache it just wrote. No other
     program reads that slot.
 
-    USE_PDL (kernels/pdl.py): the request's length and row are written before the step, so they are
-    loaded before the wait; everything else (q, the slot ids and keys: rope_kv, the previous launch
-    without RopeKV, writes the newest one) after it."""
+    USE_PDL (kernels/pdl.py): the request's length and row, written before the step, are loaded before
+    the wait; q (the previous launch's) and the keys (rope_kv, the previous launch without RopeKV, writes
+    the newest one) after it, and with them the slot ids (written before the step, so they could go first:
+    not tried)."""
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
