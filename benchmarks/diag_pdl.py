@@ -249,6 +249,59 @@ def families_rows(model_name: str, batch: int, context: int, variants: list, rou
     return rows
 
 
+def probe_path_row(model_name: str, batch: int, context: int, rounds: int) -> dict:
+    """Where the probe's overhead goes (20b batch 1 sat at 0.32-0.41 % against the 0.25 % target in
+    sessions 18-19): the step captured without and with the probe (PDL as served), paired rounds, and both
+    graphs' critical paths (kernels of both streams in end order), with the per-kernel increments on - off."""
+    from model_step import MODELS, HarnessProbe, ModelStep, Sharding
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    inputs = model.decode_inputs(context)
+    layers = MODELS[model_name].num_layers
+    model.probe = None
+    graph_off = bc.capture_graph(lambda: model.forward(**inputs))
+    model.probe = HarnessProbe(model)
+    try:
+        graph_on = bc.capture_graph(lambda: model.forward(**inputs))
+    finally:
+        probe, model.probe = model.probe, None  # the on-graph keeps using the probe's buffers
+    off_s, on_s, diff, (q1, q3) = paired(graph_off, graph_on, rounds)
+    off_path, on_path = critical_path(graph_off, layers), critical_path(graph_on, layers)
+    off_by = {k["name"]: k for k in off_path}
+    on_by = {k["name"]: k for k in on_path}
+    delta = [{"name": n, "off_us": off_by.get(n, {}).get("increment_us", 0.0) / 5,
+              "on_us": on_by.get(n, {}).get("increment_us", 0.0) / 5} for n in set(off_by) | set(on_by)]
+    for d in delta:  # per replay (critical_path profiles 5)
+        d["diff_us"] = d["on_us"] - d["off_us"]
+    delta.sort(key=lambda d: -abs(d["diff_us"]))
+    del graph_off, graph_on, probe
+    model = None
+    torch.cuda.empty_cache()
+    return {"model": model_name, "batch": batch, "context": context, "off_us": off_s * 1e6, "on_us": on_s * 1e6,
+            "overhead_us": diff * 1e6, "overhead_pct": 100 * diff / off_s, "iqr_us": [q1 * 1e6, q3 * 1e6],
+            "critical_path_off": off_path, "critical_path_on": on_path, "delta": delta}
+
+
+def probe_path_markdown(meta: dict, rows: list) -> str:
+    lines = [f"# Where the probe's decode overhead goes ({meta.get('gpu', 'GPU')})", "",
+             f"`{meta['command']}` — {meta.get('date', '')}", "",
+             "The step without and with the probe (PDL as served), paired rounds of 3 replays; then each graph's "
+             "critical path (increments: a kernel's end minus the previous end, both streams in end order), per "
+             "replay, and the kernels whose increments moved most.", "",
+             bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"])} for r in rows],
+                         [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
+                          ("off us", "off_us", "{:.1f}"), ("on us", "on_us", "{:.1f}"),
+                          ("overhead us", "overhead_us", "{:+.1f}"), ("IQR us", "iqr", None),
+                          ("overhead %", "overhead_pct", "{:.2f}")])]
+    for r in rows:
+        lines += ["", f"## {r['model']} batch {r['batch']}: increments per replay that moved most (on - off)", "",
+                  bc.md_table(r["delta"][:16], [("kernel", "name", None), ("off us", "off_us", "{:.2f}"),
+                                                ("on us", "on_us", "{:.2f}"), ("diff us", "diff_us", "{:+.2f}")]),
+                  "", f"## {r['model']} batch {r['batch']}: the probe-on step's critical path (5 replays)", "",
+                  critical_path_table(r["critical_path_on"], 30)]
+    return "\n".join(lines) + "\n"
+
+
 def families_markdown(meta: dict, rows: list) -> str:
     lines = ab_head(
         "PDL with kernel families launched plainly, on the decode step", meta,
@@ -769,6 +822,8 @@ def main():
     ap.add_argument("--families", default="", help="instead: PDL with kernel families launched plainly, "
                     "variants separated by ';', each a comma list or 'none' (e.g. 'none;moe;moe,gemv')")
     ap.add_argument("--no-profile", action="store_true", help="--families: skip the critical paths")
+    ap.add_argument("--probe-path", action="store_true", help="instead: the step without and with the probe, "
+                    "paired, and where the difference goes (critical paths)")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
@@ -824,6 +879,14 @@ def main():
         md = fp8_gemm_backend_markdown(meta, rows, args.fp8_gemm_ab)
         bc.write_results(args.out, args.stem or f"diag_fp8_gemm_{args.fp8_gemm_ab}", meta, rows, md)
         print(md)
+        return
+    if args.probe_path:
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows.append(probe_path_row(m, b, args.context, args.rounds))
+                md = probe_path_markdown(meta, rows)
+                bc.write_results(args.out, args.stem or "diag_probe_path", meta, rows, md)
+                print(md, flush=True)
         return
     if args.families:
         variants = [frozenset() if v.strip() == "none" else frozenset(f.strip() for f in v.split(","))

@@ -119,6 +119,7 @@
 #   bash benchmarks/run_h200.sh pdl19c    # (one GPU) the chosen PDL families: bits gpu test, step A/B at 2..16, TP1 rows
 #   bash benchmarks/run_h200.sh pdl19d    # (one GPU) qkv's K-loop GEMV plain at 8 rows: A/B; gpu tests of the PDL kernels
 #   bash benchmarks/run_h200.sh pdl19e    # (one GPU) the final PDL table: bits gpu test, TP1 rows at batch 8 / 16
+#   bash benchmarks/run_h200.sh probe20   # (one GPU) the 20b probe's batch-1 overhead by kernel (prepared, not run)
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1074,6 +1075,11 @@ pdl19e)  # one GPU (session 19): the final table (the K-loop GEMV plain at every
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_pdl19e
     step bench_decode_120b 80 python benchmarks/bench_decode.py --models 120b --batches 8,16 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 60 --out "$R" --stem bench_decode_tp1_120b_pdl19e
+    ;;
+probe20)  # one GPU (prepared in session 19, not run): where the 20b probe's batch-1 overhead goes (0.32-0.41 %
+          # against 0.25 % in sessions 18-19): the step without and with the probe, paired, and both critical paths
+    step diag_probe_path 200 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1 --rounds 100 \
+        --probe-path --stem diag_probe_path
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)

@@ -44,12 +44,9 @@ def test_plain_families_start_plainly_but_keep_their_wait_and_release(monkeypatc
         assert pdl.pdl_launch_kwargs(cuda, rows, "moe") == {"USE_PDL": True, "launch_pdl": False}
         assert pdl.pdl_launch_kwargs(cuda, rows, "gemv") == {"USE_PDL": True, "launch_pdl": False}
     assert pdl.pdl_launch_kwargs(cuda, pdl.PDL_MAX_ROWS + 1, "attention") == {"USE_PDL": False, "launch_pdl": False}
-    pdl.PDL_PLAIN_FROM_ROWS["attention"] = 9  # a family plain from some row count on
-    try:
-        assert pdl.pdl_launch_kwargs(cuda, 8, "attention")["launch_pdl"]
-        assert not pdl.pdl_launch_kwargs(cuda, 9, "attention")["launch_pdl"]
-    finally:
-        del pdl.PDL_PLAIN_FROM_ROWS["attention"]
+    monkeypatch.setitem(pdl.PDL_PLAIN_FROM_ROWS, "attention", 9)  # a family plain from some row count on
+    assert pdl.pdl_launch_kwargs(cuda, 8, "attention")["launch_pdl"]
+    assert not pdl.pdl_launch_kwargs(cuda, 9, "attention")["launch_pdl"]
     pdl.set_pdl_plain({"attention"})  # a benchmark's override: exactly these, at every row count
     try:
         assert not pdl.pdl_launch_kwargs(cuda, 1, "attention")["launch_pdl"]
