@@ -61,6 +61,19 @@ def time_decode(model: ModelStep, context: int, probe: bool, eager: bool) -> flo
         model.probe = None
 
 
+def capture_probe_pair(model: ModelStep, inputs: dict):
+    """(graph without the probe, graph with it, the probe): the step captured twice from the same inputs.
+    The caller keeps the probe while it replays the second graph (it uses the probe's buffers)."""
+    model.probe = None
+    graph_off = bc.capture_graph(lambda: model.forward(**inputs))
+    model.probe = HarnessProbe(model)
+    try:
+        graph_on = bc.capture_graph(lambda: model.forward(**inputs))
+    finally:
+        probe, model.probe = model.probe, None
+    return graph_off, graph_on, probe
+
+
 def time_decode_probe_pair(model: ModelStep, context: int, rounds: int = 40, reps: int = 3,
                            spread: dict | None = None):
     """(off seconds, on seconds, overhead seconds): the step captured without and with the probe,
@@ -68,14 +81,7 @@ def time_decode_probe_pair(model: ModelStep, context: int, rounds: int = 40, rep
     alike; the overhead is the median of the per-round differences (a 0.25 % target is below
     the ~1 % spread of two separately timed captures). `spread`, if given, receives the
     differences' quartiles and their count: a median near the target says little without them."""
-    inputs = model.decode_inputs(context)
-    model.probe = None
-    graph_off = bc.capture_graph(lambda: model.forward(**inputs))
-    model.probe = HarnessProbe(model)
-    try:
-        graph_on = bc.capture_graph(lambda: model.forward(**inputs))
-    finally:
-        probe, model.probe = model.probe, None  # the on-graph keeps using the probe's buffers
+    graph_off, graph_on, probe = capture_probe_pair(model, model.decode_inputs(context))
     offs, ons = [], []
     for graph in (graph_off, graph_on, graph_off, graph_on):
         graph.replay()

@@ -253,26 +253,19 @@ def probe_path_row(model_name: str, batch: int, context: int, rounds: int) -> di
     """Where the probe's overhead goes (20b batch 1 sat at 0.32-0.41 % against the 0.25 % target in
     sessions 18-19): the step captured without and with the probe (PDL as served), paired rounds, and both
     graphs' critical paths (kernels of both streams in end order), with the per-kernel increments on - off."""
-    from model_step import MODELS, HarnessProbe, ModelStep, Sharding
+    from bench_decode import capture_probe_pair
+    from model_step import MODELS, ModelStep, Sharding
 
     model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
-    inputs = model.decode_inputs(context)
     layers = MODELS[model_name].num_layers
-    model.probe = None
-    graph_off = bc.capture_graph(lambda: model.forward(**inputs))
-    model.probe = HarnessProbe(model)
-    try:
-        graph_on = bc.capture_graph(lambda: model.forward(**inputs))
-    finally:
-        probe, model.probe = model.probe, None  # the on-graph keeps using the probe's buffers
+    graph_off, graph_on, probe = capture_probe_pair(model, model.decode_inputs(context))
     off_s, on_s, diff, (q1, q3) = paired(graph_off, graph_on, rounds)
-    off_path, on_path = critical_path(graph_off, layers), critical_path(graph_on, layers)
-    off_by = {k["name"]: k for k in off_path}
-    on_by = {k["name"]: k for k in on_path}
-    delta = [{"name": n, "off_us": off_by.get(n, {}).get("increment_us", 0.0) / 5,
-              "on_us": on_by.get(n, {}).get("increment_us", 0.0) / 5} for n in set(off_by) | set(on_by)]
-    for d in delta:  # per replay (critical_path profiles 5)
-        d["diff_us"] = d["on_us"] - d["off_us"]
+    replays = 5
+    off_path, on_path = critical_path(graph_off, layers, replays), critical_path(graph_on, layers, replays)
+    off_by = {k["name"]: k["increment_us"] / replays for k in off_path}
+    on_by = {k["name"]: k["increment_us"] / replays for k in on_path}
+    delta = [{"name": n, "off_us": off_by.get(n, 0.0), "on_us": on_by.get(n, 0.0),
+              "diff_us": on_by.get(n, 0.0) - off_by.get(n, 0.0)} for n in set(off_by) | set(on_by)]
     delta.sort(key=lambda d: -abs(d["diff_us"]))
     del graph_off, graph_on, probe
     model = None
