@@ -65,6 +65,8 @@ CANDIDATES = {
     "tma_g8": replace(TABLE, group_m=8),
     "tma_g1": replace(TABLE, group_m=1),
     "tma_mlp2s2": replace(TABLE, mlp2_stages=2),
+    # session 20: x's rows by pointers in mlp1 (no gather launch), as the 5..128-token rows since session 18
+    "tma_xptr": replace(TABLE, tma_x=False),
 }
 
 

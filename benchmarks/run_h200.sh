@@ -119,7 +119,8 @@
 #   bash benchmarks/run_h200.sh pdl19c    # (one GPU) the chosen PDL families: bits gpu test, step A/B at 2..16, TP1 rows
 #   bash benchmarks/run_h200.sh pdl19d    # (one GPU) qkv's K-loop GEMV plain at 8 rows: A/B; gpu tests of the PDL kernels
 #   bash benchmarks/run_h200.sh pdl19e    # (one GPU) the final PDL table: bits gpu test, TP1 rows at batch 8 / 16
-#   bash benchmarks/run_h200.sh probe20   # (one GPU) the 20b probe's batch-1 overhead by kernel (prepared, not run)
+#   bash benchmarks/run_h200.sh probe20   # (one GPU) the 20b probe's batch-1 overhead by kernel (run as part of s20a)
+#   bash benchmarks/run_h200.sh s20a      # (one GPU) probe20, then the MoE prefill row with x's rows by pointers
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1080,6 +1081,12 @@ probe20)  # one GPU (prepared in session 19, not run): where the 20b probe's bat
           # against 0.25 % in sessions 18-19): the step without and with the probe, paired, and both critical paths
     step diag_probe_path 200 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1 --rounds 100 \
         --probe-path --stem diag_probe_path
+    ;;
+s20a)  # one GPU (session 20): probe20, then the MoE prefill with x's rows by pointers (no gather launch)
+    step diag_probe_path 200 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1 --rounds 100 \
+        --probe-path --stem diag_probe_path
+    step diag_moe_prefill_xptr 150 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b \
+        --configs table,tma_xptr --stem diag_moe_prefill_xptr
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)
