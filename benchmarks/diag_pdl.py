@@ -275,6 +275,117 @@ def probe_path_row(model_name: str, batch: int, context: int, rounds: int) -> di
             "critical_path_off": off_path, "critical_path_on": on_path, "delta": delta}
 
 
+# --probe-variants: how the probe's step is launched beside the LM head (session 20). Each: (positions taken
+# inside the step's kernels, the step's three launches a PDL chain).
+PROBE_VARIANTS = {
+    "before": (False, False),  # before session 20: seq_lens - 1 and its int64 cast as two launches, plain chain
+    "positions": (True, False),  # the positions inside the kernels, plain chain
+    "served": (True, True),  # both
+}
+
+
+def tail_timeline(graph, keep_us: float = 420.0) -> list[dict]:
+    """The kernels of one replay that end in its last `keep_us` microseconds: start and end relative to the
+    replay's last end, the stream, so what runs beside the LM head can be read off."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [(e.time_range.start, e.time_range.end, e.name[:60], getattr(e, "device_resource_id", -1))
+               for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and e.time_range.end > e.time_range.start]
+    if not kernels:
+        return []
+    last = max(k[1] for k in kernels)
+    return [{"name": n, "stream": st, "start_us": a - last, "end_us": b - last, "duration_us": b - a}
+            for a, b, n, st in sorted(kernels) if b >= last - keep_us]
+
+
+def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, variants: list) -> dict:
+    """The step without the probe and with it launched each way of PROBE_VARIANTS, replayed round-robin in
+    the same rounds (each variant's overhead is paired against the same probe-off replays), with each
+    variant's critical path and the last ~400 us of one replay (the LM head and what runs beside it)."""
+    from model_step import MODELS, HarnessProbe, ModelStep, Sharding
+
+    from sglang_ext.kernels import pdl
+
+    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=batch, context=context)
+    layers = MODELS[model_name].num_layers
+    inputs = model.decode_inputs(context)
+    model.probe = None
+    graph_off = bc.capture_graph(lambda: model.forward(**inputs))
+    graphs, probes = {}, []
+    try:
+        for name in variants:
+            in_kernel, chained = PROBE_VARIANTS[name]
+            pdl.set_pdl_plain(None if chained else set(pdl.PDL_PLAIN_FROM_ROWS) | {"probe"})
+            model.probe = HarnessProbe(model)
+            model.probe.runtime.positions_in_kernel = in_kernel
+            graphs[name] = bc.capture_graph(lambda: model.forward(**inputs))
+            probes.append(model.probe)  # its buffers back the graph
+    finally:
+        model.probe = None
+        pdl.set_pdl_plain(None)
+    order = [("off", graph_off)] + list(graphs.items())
+    for _, g in order * 2:
+        g.replay()
+    torch.cuda.synchronize()
+    times = {name: [] for name, _ in order}
+    reps = 3
+    for _ in range(rounds):
+        for name, g in order:
+            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+            start.record()
+            for _ in range(reps):
+                g.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times[name].append(start.elapsed_time(end) / 1e3 / reps)
+    off = times["off"]
+    row = {"model": model_name, "batch": batch, "context": context, "rounds": rounds,
+           "off_us": statistics.median(off) * 1e6, "variants": []}
+    for name in graphs:
+        diffs = [b - a for a, b in zip(off, times[name])]
+        q1, _, q3 = statistics.quantiles(diffs, n=4)
+        d = statistics.median(diffs)
+        row["variants"].append({
+            "variant": name, "on_us": statistics.median(times[name]) * 1e6, "overhead_us": d * 1e6,
+            "overhead_pct": 100 * d / statistics.median(off), "iqr_us": [q1 * 1e6, q3 * 1e6],
+            "critical_path": critical_path(graphs[name], layers), "tail": tail_timeline(graphs[name])})
+    row["tail_off"] = tail_timeline(graph_off)
+    del graph_off, graphs, probes
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def probe_variants_markdown(meta: dict, rows: list) -> str:
+    lines = [f"# The probe's step beside the LM head, launched three ways ({meta.get('gpu', 'GPU')})", "",
+             f"`{meta['command']}` — {meta.get('date', '')}", "",
+             "The step without the probe and with it, each variant captured in its own graph and all replayed "
+             "round-robin (3 replays each a round), each variant's overhead the median of its per-round "
+             "difference from the same probe-off replays. Variants: " + "; ".join(
+                 f"`{k}` = positions {'inside the kernels' if a else 'by two torch launches'}, "
+                 f"{'a PDL chain' if b else 'plain launches'}" for k, (a, b) in PROBE_VARIANTS.items()) + ".", ""]
+    table = [{**v, "model": r["model"], "batch": r["batch"], "off_us": r["off_us"],
+              "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])} for r in rows for v in r["variants"]]
+    lines.append(bc.md_table(table, [("model", "model", None), ("batch", "batch", None),
+                                     ("variant", "variant", None), ("off us", "off_us", "{:.1f}"),
+                                     ("on us", "on_us", "{:.1f}"), ("overhead us", "overhead_us", "{:+.2f}"),
+                                     ("IQR us", "iqr", None), ("overhead %", "overhead_pct", "{:.3f}")]))
+    for r in rows:
+        for v in r["variants"]:
+            lines += ["", f"## {r['model']} batch {r['batch']}, `{v['variant']}`: the last kernels of one replay",
+                      "", "Times relative to the replay's last end; stream as the profiler names it.", "",
+                      bc.md_table(v["tail"], [("kernel", "name", None), ("stream", "stream", None),
+                                              ("start us", "start_us", "{:.1f}"), ("end us", "end_us", "{:.1f}"),
+                                              ("duration us", "duration_us", "{:.1f}")])]
+    return "\n".join(lines) + "\n"
+
+
 def probe_path_markdown(meta: dict, rows: list) -> str:
     lines = [f"# Where the probe's decode overhead goes ({meta.get('gpu', 'GPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "",
@@ -817,6 +928,8 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="--families: skip the critical paths")
     ap.add_argument("--probe-path", action="store_true", help="instead: the step without and with the probe, "
                     "paired, and where the difference goes (critical paths)")
+    ap.add_argument("--probe-variants", default="", help="instead: the probe's step launched each way named "
+                    "(comma list of " + ", ".join(PROBE_VARIANTS) + "), round-robin against the probe-off step")
     ap.add_argument("--stem", default="", help="results file stem (default: the mode's)")
     args = ap.parse_args()
     variants = tuple(tuple(int(v) for v in t.split(":")) for t in args.mlp2_per_pair.split(",") if t)
@@ -872,6 +985,14 @@ def main():
         md = fp8_gemm_backend_markdown(meta, rows, args.fp8_gemm_ab)
         bc.write_results(args.out, args.stem or f"diag_fp8_gemm_{args.fp8_gemm_ab}", meta, rows, md)
         print(md)
+        return
+    if args.probe_variants:
+        for m in args.models.split(","):
+            for b in (int(x) for x in args.batches.split(",")):
+                rows.append(probe_variants_row(m, b, args.context, args.rounds, args.probe_variants.split(",")))
+                md = probe_variants_markdown(meta, rows)
+                bc.write_results(args.out, args.stem or "diag_probe_variants", meta, rows, md)
+                print(md, flush=True)
         return
     if args.probe_path:
         for m in args.models.split(","):

@@ -121,6 +121,7 @@
 #   bash benchmarks/run_h200.sh pdl19e    # (one GPU) the final PDL table: bits gpu test, TP1 rows at batch 8 / 16
 #   bash benchmarks/run_h200.sh probe20   # (one GPU) the 20b probe's batch-1 overhead by kernel (run as part of s20a)
 #   bash benchmarks/run_h200.sh s20a      # (one GPU) probe20, then the MoE prefill row with x's rows by pointers
+#   bash benchmarks/run_h200.sh s20b      # (one GPU) the probe step's positions in its kernels + PDL chain: gpu tests, A/B
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1087,6 +1088,13 @@ s20a)  # one GPU (session 20): probe20, then the MoE prefill with x's rows by po
         --probe-path --stem diag_probe_path
     step diag_moe_prefill_xptr 150 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b \
         --configs table,tma_xptr --stem diag_moe_prefill_xptr
+    ;;
+s20b)  # one GPU (session 20): the probe's step with positions inside its kernels and as a PDL chain beside the
+       # LM head: its gpu tests, then the three launch variants against the probe-off step
+    step gpu_test_probe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_step.py \
+        tests/test_probe_cuda_graph.py tests/test_probe_kernel.py tests/test_probe_tail.py
+    step diag_probe_variants 300 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1,8 \
+        --rounds 100 --probe-variants before,positions,served --stem diag_probe_variants
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)

@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 from .probe_attention import probe_attention_ref
 from .probe_tail import probe_tail_ref
 
@@ -119,12 +120,15 @@ def _qkv_splitk_kernel(
     Q_OUT,  # [T, HQ] in W's dtype
     KV,  # [num_slots, 2D] probe pool
     OUT_LOC,  # [T] slot of each row's new token
-    ROW_POS,  # [T] position of the row; < 0: padding, nothing written to KV
+    ROW_POS,  # [T] position of the row + POS_OFFSET (a sequence length: 1); < 0: padding, nothing written to KV
     T, K, stride_x, stride_kv,
     HQ: tl.constexpr, N: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     K_ITERS: tl.constexpr, SPLITS: tl.constexpr, DOT16: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: launched plainly, releases the attention at once
+    POS_OFFSET: tl.constexpr = 0,
 ):
+    pdl_wait_then_release(USE_PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_t = tl.program_id(2)
@@ -158,20 +162,21 @@ def _qkv_splitk_kernel(
             for s in range(SPLITS):
                 acc += tl.load(part + s * T * N, mask=tile_ok, other=0.0, cache_modifier=".cg")
             tl.store(COUNT + tile, 0)
-            _qkv_epilogue(acc, offs_t, offs_n, t_ok, n_ok, Q_OUT, KV, OUT_LOC, ROW_POS, stride_kv, HQ)
+            _qkv_epilogue(acc, offs_t, offs_n, t_ok, n_ok, Q_OUT, KV, OUT_LOC, ROW_POS, stride_kv, HQ, POS_OFFSET)
     else:
-        _qkv_epilogue(acc, offs_t, offs_n, t_ok, n_ok, Q_OUT, KV, OUT_LOC, ROW_POS, stride_kv, HQ)
+        _qkv_epilogue(acc, offs_t, offs_n, t_ok, n_ok, Q_OUT, KV, OUT_LOC, ROW_POS, stride_kv, HQ, POS_OFFSET)
 
 
 @triton.jit
-def _qkv_epilogue(acc, offs_t, offs_n, t_ok, n_ok, Q_OUT, KV, OUT_LOC, ROW_POS, stride_kv, HQ: tl.constexpr):
+def _qkv_epilogue(acc, offs_t, offs_n, t_ok, n_ok, Q_OUT, KV, OUT_LOC, ROW_POS, stride_kv, HQ: tl.constexpr,
+                  POS_OFFSET: tl.constexpr):
     # Round to the weight dtype first, as the reference GEMM's output is: q and K|V are those values.
     val = acc.to(Q_OUT.dtype.element_ty)
     is_q = offs_n < HQ
     tl.store(Q_OUT + offs_t[:, None].to(tl.int64) * HQ + offs_n[None, :], val,
              mask=t_ok[:, None] & (n_ok & is_q)[None, :])
     # Padding rows (pos < 0) keep their hands off the pool, whatever slot out_cache_loc names.
-    pos = tl.load(ROW_POS + offs_t, mask=t_ok, other=-1)
+    pos = tl.load(ROW_POS + offs_t, mask=t_ok, other=-1) - POS_OFFSET
     loc = tl.load(OUT_LOC + offs_t, mask=t_ok, other=0).to(tl.int64)
     row_ok = t_ok & (pos >= 0)
     tl.store(KV + loc[:, None] * stride_kv + (offs_n - HQ)[None, :], val.to(KV.dtype.element_ty),
@@ -194,11 +199,14 @@ def _attn_split_kernel(
     stride_kv, stride_r2t, window, scale,
     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr, DOT16: tl.constexpr,
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: a dependent of the q|k|v GEMV (q and this K|V are its)
+    POS_OFFSET: tl.constexpr = 0,  # as the GEMV's
 ):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
-    req = tl.load(REQ_IDX + row).to(tl.int64)
-    pos = tl.load(ROW_POS + row).to(tl.int64)
+    req = tl.load(REQ_IDX + row).to(tl.int64)  # the batch's, written before the step
+    pos = tl.load(ROW_POS + row).to(tl.int64) - POS_OFFSET
+    pdl_wait_then_release(USE_PDL)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
@@ -282,14 +290,16 @@ def _attn_split_kernel(
 
 @triton.jit
 def _tail_kernel(Q, CTX, WO, NORM_W, WC, BC, H_BUF, COUNT, OUT, eps,
-                 HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_O: tl.constexpr):
+                 HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_O: tl.constexpr,
+                 USE_PDL: tl.constexpr = False):  # kernels/pdl.py: a dependent of the attention (ctx is its)
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1)
     n_blk: tl.constexpr = HD // BLOCK_O
     offs_o = blk * BLOCK_O + tl.arange(0, BLOCK_O)
     offs_k = tl.arange(0, HD)
+    wo = tl.load(WO + offs_o[:, None] * HD + offs_k[None, :]).to(tl.float32)  # weights: before the wait
+    pdl_wait_then_release(USE_PDL)
     ctx = tl.load(CTX + row * HD + offs_k)
-    wo = tl.load(WO + offs_o[:, None] * HD + offs_k[None, :]).to(tl.float32)
     # o_proj in fp32 from the fp32 ctx, as probe_tail does (the reference rounds ctx and o to the weight
     # dtype first; the difference is within the tail's test tolerance and the fp32 path is the better one).
     h = tl.load(Q + row * HD + offs_o).to(tl.float32) + tl.sum(wo * ctx[None, :], axis=1)
@@ -412,7 +422,7 @@ def probe_decode_step(
     out_cache_loc: torch.Tensor,
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
-    row_pos: torch.Tensor,
+    row_pos: Optional[torch.Tensor],
     window: Optional[int],
     scale: float,
     wo: torch.Tensor,
@@ -428,13 +438,15 @@ def probe_decode_step(
     qkv_splits: Optional[int] = None,
     qkv_block_n: Optional[int] = None,
     qkv_block_k: Optional[int] = None,
+    seq_lens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """One probe decode step for T rows (one per request) in three launches; returns ``out_scores``.
 
     features [T, K] (the tapped, normalised rows, model dtype); w_qkv [HQ + 2D, K] = proj_q|proj_k|proj_v
     (HQ = num_heads * D); kv_pool [slots, 2D]; out_cache_loc [T] (slot of each row's new token);
     req_to_token [max_reqs, max_ctx]; req_pool_indices [T]; row_pos [T] (= seq_lens - 1: the new token's
-    position; < 0 marks a padding row); window None/0 = full causal; wo [HQ, HQ]; norm_w [HQ];
+    position; < 0 marks a padding row), or None with seq_lens [T] given instead (the kernels subtract the 1:
+    no launch of its own in the chain); window None/0 = full causal; wo [HQ, HQ]; norm_w [HQ];
     wc [L, HQ]; bc [L]; out_scores [T, L] fp32, written in place (rows [:T] of a static buffer).
 
     Side effect: kv_pool[out_cache_loc[i]] = K|V of row i for rows with row_pos >= 0. Rows with
@@ -454,7 +466,12 @@ def probe_decode_step(
         raise ValueError(f"probe_decode_step: kv_pool must be [slots, {2 * d}], got {tuple(kv_pool.shape)}")
     if d & (d - 1) or hq & (hq - 1):
         raise ValueError(f"probe_decode_step: head_dim {d} and q width {hq} must be powers of two")
-    for name, v in (("out_cache_loc", out_cache_loc), ("req_pool_indices", req_pool_indices), ("row_pos", row_pos)):
+    if (row_pos is None) == (seq_lens is None):
+        raise ValueError("probe_decode_step: give row_pos or seq_lens, one of them")
+    pos_source = row_pos if row_pos is not None else seq_lens
+    pos_offset = 1 if row_pos is None else 0
+    for name, v in (("out_cache_loc", out_cache_loc), ("req_pool_indices", req_pool_indices),
+                    ("row_pos" if row_pos is not None else "seq_lens", pos_source)):
         if tuple(v.shape) != (t,):
             raise ValueError(f"probe_decode_step: {name} must be [{t}], got {tuple(v.shape)}")
     if out_scores.dtype != torch.float32 or out_scores.shape[0] < t or out_scores.shape[1] != num_labels \
@@ -468,6 +485,10 @@ def probe_decode_step(
     w_qkv, wo, wc = w_qkv.contiguous(), wo.contiguous(), wc.contiguous()
     dev = features.device
     ws = workspace if workspace is not None else default_workspace(dev)
+    # The three launches as a programmatic-dependent chain (kernels/pdl.py): the attention's and the tail's
+    # programs take their SM slots while the GEMV runs. Beside the LM head (ProbeRuntime's side stream), a
+    # launch that waits for its predecessor to finish first finds every SM held by the head's programs.
+    chain = pdl_launch_kwargs(dev, t, "probe")
 
     # 2. q|k|v + K|V write
     cfg = qkv_launch_config(t, n, k, dev, block_n=qkv_block_n, block_k=qkv_block_k, splits=qkv_splits)
@@ -476,9 +497,9 @@ def probe_decode_step(
     part = ws.get("qkv_part", cfg["SPLITS"] * t * n if cfg["SPLITS"] > 1 else 1, torch.float32)
     _qkv_splitk_kernel[(n_tiles, cfg["SPLITS"], t_tiles)](
         features, w_qkv, part, ws.get("qkv_count", n_tiles * t_tiles, torch.int32, zero=True), q_buf,
-        kv_pool, out_cache_loc, row_pos, t, k, features.stride(0), kv_pool.stride(0),
+        kv_pool, out_cache_loc, pos_source, t, k, features.stride(0), kv_pool.stride(0),
         HQ=hq, N=n, DOT16=_dot16(features.dtype, w_qkv.dtype),
-        num_warps=4, **cfg,
+        num_warps=4, USE_PDL=chain["USE_PDL"], POS_OFFSET=pos_offset, **cfg,  # its predecessor is another stream's: plainly
     )
 
     # 3. attention (+ merge)
@@ -486,14 +507,14 @@ def probe_decode_step(
     block_h = max(16, triton.next_power_of_2(num_heads))
     ctx = ws.get("ctx", t * hq, torch.float32)
     _attn_split_kernel[(t, splits)](
-        q_buf, kv_pool, req_to_token, req_pool_indices, row_pos,
+        q_buf, kv_pool, req_to_token, req_pool_indices, pos_source,
         ws.get("attn_part", t * splits * hq if splits > 1 else 1, torch.float32),
         ws.get("attn_lse", t * splits * num_heads if splits > 1 else 1, torch.float32),
         ws.get("attn_count", t, torch.int32, zero=True), ctx,
         kv_pool.stride(0), req_to_token.stride(0), int(window or 0), float(scale),
         H=num_heads, D=d, BLOCK_H=block_h, BLOCK_N=block_n_attn, SPLITS=splits,
         DOT16=_dot16(w_qkv.dtype, kv_pool.dtype),
-        num_warps=4, num_stages=3 if t * splits < 16 * _num_sms(dev) else 2,
+        POS_OFFSET=pos_offset, num_warps=4, num_stages=3 if t * splits < 16 * _num_sms(dev) else 2, **chain,
     )
 
     # 4. tail
@@ -501,7 +522,7 @@ def probe_decode_step(
     _tail_kernel[(t, hq // block_o)](
         q_buf, ctx, wo, norm_w, wc, bc, ws.get("h", t * hq, torch.float32),
         ws.get("tail_count", t, torch.int32, zero=True), out_scores, float(eps),
-        HD=hq, L=num_labels, BLOCK_L=triton.next_power_of_2(num_labels), BLOCK_O=block_o,
+        HD=hq, L=num_labels, BLOCK_L=triton.next_power_of_2(num_labels), BLOCK_O=block_o, **chain,
     )
     return out_scores
 

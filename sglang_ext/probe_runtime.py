@@ -154,6 +154,9 @@ class ProbeRuntime:
         # the base model's queued programs: they finish inside the step instead of waiting behind
         # its wide one-shot grids and trailing it (diag_decode_b1.md measures both).
         self.stream_priority = os.environ.get("SGLANG_EXT_PROBE_PRIORITY", "high")
+        # Decode: the step's kernels take seq_lens and subtract the 1 themselves (False: a torch launch
+        # does, as before session 20; benchmarks compare both)
+        self.positions_in_kernel = True
         if self.stream_priority not in ("high", "normal"):
             raise ValueError(f"SGLANG_EXT_PROBE_PRIORITY={self.stream_priority!r}: expected 'high' or 'normal'")
 
@@ -317,14 +320,19 @@ class ProbeRuntime:
         features = self._features[: self._num_tokens]
         cfg = self.config
         h = self.head
-        row_pos = (seq_lens - 1).to(torch.int64)
         if features.is_cuda and sample_rows is None:
-            # Decode: q|k|v GEMV + K|V write, windowed attention, tail: three launches.
+            # Decode: q|k|v GEMV + K|V write, windowed attention, tail: three launches, the positions
+            # (seq_lens - 1) taken inside them (two more launches in the chain otherwise, each a gap
+            # in which the LM head's programs take the SMs the probe's next launch needs).
             probs = torch.empty(features.shape[0], len(self.labels), dtype=torch.float32, device=features.device)
+            positions = {"seq_lens": seq_lens} if self.positions_in_kernel else {
+                "row_pos": (seq_lens - 1).to(torch.int64)}
             return probe_decode_step(features, self.w_qkv, self.kv_pool, out_cache_loc, self.req_to_token,
-                                     req_pool_indices, row_pos, self.window, self.scale, h.o_proj.weight,
-                                     h.norm.weight, h.classifier.weight, h.classifier.bias, probs,
-                                     cfg.num_attention_heads, workspace=self._workspace)
+                                     req_pool_indices, positions.get("row_pos"), self.window, self.scale,
+                                     h.o_proj.weight, h.norm.weight, h.classifier.weight, h.classifier.bias,
+                                     probs, cfg.num_attention_heads, workspace=self._workspace,
+                                     seq_lens=positions.get("seq_lens"))
+        row_pos = (seq_lens - 1).to(torch.int64)
         qkv = torch.nn.functional.linear(features, self.w_qkv)
         q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
         kv = qkv[:, cfg.num_attention_heads * cfg.head_dim :]

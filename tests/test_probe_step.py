@@ -171,6 +171,10 @@ def check_step(dtype_name, dims=SMALL, device="cpu", cases=None):
         # Counters reset: a second identical step gives bit-identical scores (and is deterministic).
         again = run_step(mod, head, dims, inputs, window, mod.probe_decode_step, **kw)
         assert torch.equal(again[:t], got[:t])
+        # The runtime's form: seq_lens (row_pos + 1), the kernels taking the positions themselves.
+        by_len = run_step(mod, head, dims, inputs, window, lambda *a, **k: mod.probe_decode_step(
+            *a[:6], None, *a[7:], seq_lens=a[6] + 1, **k), **kw)
+        assert torch.equal(by_len[:t], got[:t])
         worst["vs_head"] = max(worst["vs_head"], err_model)
         worst["vs_ref"] = max(worst["vs_ref"], err_ref)
     return worst
@@ -230,6 +234,20 @@ def test_qkv_tile_rule(monkeypatch):
     # a caller's own split count or block size wins over the rule
     assert mod.qkv_launch_config(64, n, k, torch.device("cuda"), splits=4)["SPLITS"] == 4
     assert mod.qkv_launch_config(64, n, k, torch.device("cuda"), block_n=64)["BLOCK_N"] == 64
+
+
+def test_step_takes_row_pos_or_seq_lens():
+    """One of the two position arguments, named when the other is wrong."""
+    mod = _kernels()
+    head = make_head(SMALL, 8, torch.float32, seed=0, device="cpu")
+    inputs, _, _ = make_batch(head, SMALL, [5, 3], 0, torch.float32, seed=0, device="cpu")
+    with pytest.raises(ValueError, match="row_pos or seq_lens"):  # both
+        run_step(mod, head, SMALL, inputs, 8, mod.probe_decode_step, seq_lens=inputs[5] + 1)
+    with pytest.raises(ValueError, match="row_pos or seq_lens"):  # neither
+        run_step(mod, head, SMALL, inputs, 8, lambda *a, **k: mod.probe_decode_step(*a[:6], None, *a[7:], **k))
+    with pytest.raises(ValueError, match=r"seq_lens must be \[2\]"):
+        run_step(mod, head, SMALL, inputs, 8, lambda *a, **k: mod.probe_decode_step(
+            *a[:6], None, *a[7:], seq_lens=a[6][:1] + 1, **k))
 
 
 def test_reference_step_matches_head():
