@@ -277,10 +277,16 @@ def probe_path_row(model_name: str, batch: int, context: int, rounds: int) -> di
 
 # --probe-variants: how the probe's step is launched beside the LM head (session 20). Each: (positions taken
 # inside the step's kernels, the step's three launches a PDL chain).
+# Knobs: positions (inside the step's kernels, else two torch launches first), chain (the three launches a PDL
+# chain), qkv_splits (the q|k|v GEMV's K splits, None: its rule, 23 at 1..16 rows: ~460 programs), priority (the
+# side stream's).
 PROBE_VARIANTS = {
-    "before": (False, False),  # before session 20: seq_lens - 1 and its int64 cast as two launches, plain chain
-    "positions": (True, False),  # the positions inside the kernels, plain chain
-    "served": (True, True),  # both
+    "before": dict(positions=False, chain=False),  # before session 20
+    "positions": dict(positions=True, chain=False),
+    "chain": dict(positions=True, chain=True),
+    "chain_q6": dict(positions=True, chain=True, qkv_splits=6),  # ~120 programs: slots left for the main chain
+    "positions_q6": dict(positions=True, chain=False, qkv_splits=6),
+    "chain_normal": dict(positions=True, chain=True, priority="normal"),
 }
 
 
@@ -320,15 +326,18 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
     graphs, probes = {}, []
     try:
         for name in variants:
-            in_kernel, chained = PROBE_VARIANTS[name]
-            pdl.set_pdl_plain(None if chained else set(pdl.PDL_PLAIN_FROM_ROWS) | {"probe"})
+            knobs = PROBE_VARIANTS[name]
+            pdl.set_pdl_plain(None if knobs["chain"] else set(pdl.PDL_PLAIN_FROM_ROWS) | {"probe"})
+            os.environ["SGLANG_EXT_PROBE_PRIORITY"] = knobs.get("priority", "high")  # read when the runtime binds
             model.probe = HarnessProbe(model)
-            model.probe.runtime.positions_in_kernel = in_kernel
+            model.probe.runtime.positions_in_kernel = knobs["positions"]
+            model.probe.runtime.qkv_splits = knobs.get("qkv_splits")
             graphs[name] = bc.capture_graph(lambda: model.forward(**inputs))
             probes.append(model.probe)  # its buffers back the graph
     finally:
         model.probe = None
         pdl.set_pdl_plain(None)
+        os.environ.pop("SGLANG_EXT_PROBE_PRIORITY", None)
     order = [("off", graph_off)] + list(graphs.items())
     for _, g in order * 2:
         g.replay()
@@ -363,13 +372,16 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
 
 
 def probe_variants_markdown(meta: dict, rows: list) -> str:
-    lines = [f"# The probe's step beside the LM head, launched three ways ({meta.get('gpu', 'GPU')})", "",
+    lines = [f"# The probe's step beside the LM head, launched several ways ({meta.get('gpu', 'GPU')})", "",
              f"`{meta['command']}` — {meta.get('date', '')}", "",
              "The step without the probe and with it, each variant captured in its own graph and all replayed "
              "round-robin (3 replays each a round), each variant's overhead the median of its per-round "
              "difference from the same probe-off replays. Variants: " + "; ".join(
-                 f"`{k}` = positions {'inside the kernels' if a else 'by two torch launches'}, "
-                 f"{'a PDL chain' if b else 'plain launches'}" for k, (a, b) in PROBE_VARIANTS.items()) + ".", ""]
+                 f"`{k}` = positions {'inside the kernels' if v['positions'] else 'by two torch launches'}, "
+                 f"{'a PDL chain' if v['chain'] else 'plain launches'}"
+                 + (f", {v['qkv_splits']} q|k|v splits" if v.get("qkv_splits") else "")
+                 + (f", {v['priority']} side-stream priority" if v.get("priority") else "")
+                 for k, v in PROBE_VARIANTS.items()) + ".", ""]
     table = [{**v, "model": r["model"], "batch": r["batch"], "off_us": r["off_us"],
               "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])} for r in rows for v in r["variants"]]
     lines.append(bc.md_table(table, [("model", "model", None), ("batch", "batch", None),

@@ -122,6 +122,7 @@
 #   bash benchmarks/run_h200.sh probe20   # (one GPU) the 20b probe's batch-1 overhead by kernel (run as part of s20a)
 #   bash benchmarks/run_h200.sh s20a      # (one GPU) probe20, then the MoE prefill row with x's rows by pointers
 #   bash benchmarks/run_h200.sh s20b      # (one GPU) the probe step's positions in its kernels + PDL chain: gpu tests, A/B
+#   bash benchmarks/run_h200.sh s20c      # (one GPU) s20b's A/B without the harness's aranges, more variants
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1095,6 +1096,12 @@ s20b)  # one GPU (session 20): the probe's step with positions inside its kernel
         tests/test_probe_cuda_graph.py tests/test_probe_kernel.py tests/test_probe_tail.py
     step diag_probe_variants 300 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1,8 \
         --rounds 100 --probe-variants before,positions,served --stem diag_probe_variants
+    ;;
+s20c)  # one GPU (session 20): s20b's A/B again without the harness's two arange launches (a server has none),
+       # with fewer q|k|v programs and the side stream at normal priority as variants, 200 rounds
+    step diag_probe_variants2 400 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1,8 \
+        --rounds 200 --probe-variants before,positions,chain,chain_q6,positions_q6,chain_normal \
+        --stem diag_probe_variants2
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)

@@ -157,6 +157,7 @@ class ProbeRuntime:
         # Decode: the step's kernels take seq_lens and subtract the 1 themselves (False: a torch launch
         # does, as before session 20; benchmarks compare both)
         self.positions_in_kernel = True
+        self.qkv_splits: int | None = None  # the q|k|v GEMV's K splits (None: probe_step's rule); benchmarks
         if self.stream_priority not in ("high", "normal"):
             raise ValueError(f"SGLANG_EXT_PROBE_PRIORITY={self.stream_priority!r}: expected 'high' or 'normal'")
 
@@ -331,7 +332,7 @@ class ProbeRuntime:
                                      req_pool_indices, positions.get("row_pos"), self.window, self.scale,
                                      h.o_proj.weight, h.norm.weight, h.classifier.weight, h.classifier.bias,
                                      probs, cfg.num_attention_heads, workspace=self._workspace,
-                                     seq_lens=positions.get("seq_lens"))
+                                     seq_lens=positions.get("seq_lens"), qkv_splits=self.qkv_splits)
         row_pos = (seq_lens - 1).to(torch.int64)
         qkv = torch.nn.functional.linear(features, self.w_qkv)
         q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
