@@ -123,6 +123,7 @@
 #   bash benchmarks/run_h200.sh s20a      # (one GPU) probe20, then the MoE prefill row with x's rows by pointers
 #   bash benchmarks/run_h200.sh s20b      # (one GPU) the probe step's positions in its kernels + PDL chain: gpu tests, A/B
 #   bash benchmarks/run_h200.sh s20c      # (one GPU) s20b's A/B without the harness's aranges, more variants
+#   bash benchmarks/run_h200.sh s20d      # (one GPU) the probe as served after s20c: gpu tests, TP1 rows with the probe
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1102,6 +1103,15 @@ s20c)  # one GPU (session 20): s20b's A/B again without the harness's two arange
     step diag_probe_variants2 400 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1,8 \
         --rounds 200 --probe-variants before,positions,chain,chain_q6,positions_q6,chain_normal \
         --stem diag_probe_variants2
+    ;;
+s20d)  # one GPU (session 20): the probe's step as served after s20c (positions in its kernels, plain launches):
+       # its gpu tests and the PDL bits test, then TP1 rows with the probe pair (the harness without its aranges)
+    step gpu_test_probe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_step.py \
+        tests/test_probe_cuda_graph.py tests/test_pdl.py
+    step bench_decode_20b 240 python benchmarks/bench_decode.py --models 20b --batches 1,4,8,16,32,64,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_s20
+    step bench_decode_120b 240 python benchmarks/bench_decode.py --models 120b --batches 1,4,8,16,32,64 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" --stem bench_decode_tp1_120b_s20
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)

@@ -85,7 +85,12 @@ PDL_MAX_ROWS = 16
 # (diag_pdl_session19.md): batch 2 / 4 / 8 / 16 -98.9 / -105.5 / -81.1 / -68.1 us on 20b, -155.5 / -162.0 /
 # -96.9 / -107.8 on 120b, bits equal (2 and 4 run no K-loop GEMV: the same as this table); batch 3, 5..7 and
 # 9..15 not measured.
-PDL_PLAIN_FROM_ROWS: dict = {"moe": 1, "gemv": 1}
+# The probe's decode step ("probe": its q|k|v GEMV, attention and tail, on a side stream beside the LM head)
+# launches plainly too. As a chain of dependents its attention and tail run inside the head's span instead
+# of waiting ~180 us for SM slots, but the step got slower, not faster (H200, 200 paired rounds against the
+# probe-off step, benchmarks/results/diag_probe_variants2.md, us, plain -> chain): 20b batch 1 / 8
+# +2.5 -> +6.1 / +5.6 -> +13.6, 120b +3.4 -> +4.2 / +13.8 -> +18.6.
+PDL_PLAIN_FROM_ROWS: dict = {"moe": 1, "gemv": 1, "probe": 1}
 _plain_override: dict | None = None
 
 

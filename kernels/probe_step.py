@@ -485,9 +485,10 @@ def probe_decode_step(
     w_qkv, wo, wc = w_qkv.contiguous(), wo.contiguous(), wc.contiguous()
     dev = features.device
     ws = workspace if workspace is not None else default_workspace(dev)
-    # The three launches as a programmatic-dependent chain (kernels/pdl.py): the attention's and the tail's
-    # programs take their SM slots while the GEMV runs. Beside the LM head (ProbeRuntime's side stream), a
-    # launch that waits for its predecessor to finish first finds every SM held by the head's programs.
+    # The three launches can run as a programmatic-dependent chain (kernels/pdl.py, family "probe"): the
+    # attention's and the tail's programs then take SM slots while the GEMV runs, instead of waiting beside
+    # the LM head for the slots its programs free. Measured slower, so PDL_PLAIN_FROM_ROWS launches them
+    # plainly (the waits return at once); benchmarks/diag_pdl.py --probe-variants compares both.
     chain = pdl_launch_kwargs(dev, t, "probe")
 
     # 2. q|k|v + K|V write

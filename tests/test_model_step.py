@@ -80,3 +80,18 @@ def test_decode_after_prefill_equals_longer_prefill(model):
 def test_decode_bytes_match_the_issue_budget():
     # Issue 7: 6.03 GB per token for 120b at batch 1, context 8192 (FP8 experts, bf16 LM head).
     assert abs(decode_step_bytes(GPT_OSS_120B, Sharding(), 1, 8192) / 1e9 - 6.03) < 0.01
+
+
+def test_harness_probe_makes_its_request_rows_once(model):
+    """The probe-on step's request rows come from one tensor made once (a server passes its batch's
+    req_pool_indices): an arange at each step's start and end was harness time charged to the probe."""
+    from model_step import HarnessProbe
+
+    probe = HarnessProbe(model)
+    inputs = model.decode_inputs(40)
+    last = inputs["q_start"] + inputs["q_len"] - 1
+    first = probe._batch(inputs["out_full"], inputs["seq_lens"], last)
+    again = probe._batch(inputs["out_full"], inputs["seq_lens"], last)
+    assert again[1] is first[1]
+    assert torch.equal(first[1], torch.arange(model.batch_local))
+    assert first[3] is None  # one row per request: a decode batch, every row samples

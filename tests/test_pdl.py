@@ -35,7 +35,7 @@ def test_plain_families_start_plainly_but_keep_their_wait_and_release(monkeypatc
     monkeypatch.setattr(pdl, "pdl_enabled", lambda device: True)
     cuda = torch.device("cuda")
     # the measured table (diag_pdl_families*.md)
-    assert pdl.PDL_PLAIN_FROM_ROWS == {"moe": 1, "gemv": 1}
+    assert pdl.PDL_PLAIN_FROM_ROWS == {"moe": 1, "gemv": 1, "probe": 1}
     for rows in (1, 4, 8, 16):
         assert pdl.pdl_launch_kwargs(cuda, rows) == {"USE_PDL": True, "launch_pdl": True}
         assert pdl.pdl_launch_kwargs(cuda, rows, "attention") == {"USE_PDL": True, "launch_pdl": True}
@@ -43,6 +43,8 @@ def test_plain_families_start_plainly_but_keep_their_wait_and_release(monkeypatc
         # the MoE's expert kernels and the K-loop GEMV: wait and release in the kernel, a plain launch
         assert pdl.pdl_launch_kwargs(cuda, rows, "moe") == {"USE_PDL": True, "launch_pdl": False}
         assert pdl.pdl_launch_kwargs(cuda, rows, "gemv") == {"USE_PDL": True, "launch_pdl": False}
+        # the probe's step beside the LM head (diag_probe_variants2.md)
+        assert pdl.pdl_launch_kwargs(cuda, rows, "probe") == {"USE_PDL": True, "launch_pdl": False}
     assert pdl.pdl_launch_kwargs(cuda, pdl.PDL_MAX_ROWS + 1, "attention") == {"USE_PDL": False, "launch_pdl": False}
     monkeypatch.setitem(pdl.PDL_PLAIN_FROM_ROWS, "attention", 9)  # a family plain from some row count on
     assert pdl.pdl_launch_kwargs(cuda, 8, "attention")["launch_pdl"]
