@@ -189,6 +189,12 @@ class MoeConfig:
     # (the layer alone gains only 1-5 us at 8..32 tokens: most of the step's gain is the launch and its gap,
     # bench_moe_tma_rows_xptr.md). The prefill row (129+ tokens, x tens of MB) keeps it: not measured.
     tma_x: bool = True
+    # Grouped rows: each pair's mlp2 output y (bias included) stored as bf16, not fp32, for the combine to
+    # read. y is rounded to bf16 once (ties to even) before the weighted fp32 sum, as Hugging Face's bf16
+    # GptOssExperts rounds each expert's output before weighting it. Why: at 8192 tokens y is 377 MB in
+    # fp32 a 120b layer (32768 pairs x 2880), written by mlp2 and read back by the combine, a bandwidth-bound
+    # launch (~104 us a layer); bf16 halves both. Needs mlp2_split_k 1 (split slabs are summed in fp32).
+    pair_out_bf16: bool = False
 
     @property
     def fused_requant(self) -> bool:
@@ -210,7 +216,8 @@ class MoeConfig:
                 + (f"/r{self.mlp1_maxnreg}" if self.mlp1_maxnreg else "")
                 + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}"
                 + (f"/r{self.mlp2_maxnreg}" if self.mlp2_maxnreg else "") + f" g{self.group_m}"
-                + (" tma" if self.tma else "") + (" xptr" if self.tma and not self.tma_x else ""))
+                + (" tma" if self.tma else "") + (" xptr" if self.tma and not self.tma_x else "")
+                + (" y16" if self.pair_out_bf16 else ""))
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
         if self.align_chunk != 128:
@@ -406,9 +413,9 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
     if config.oneshot:
         if (config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1
-                or config.mlp1_maxnreg or config.mlp2_maxnreg or config.tma):
+                or config.mlp1_maxnreg or config.mlp2_maxnreg or config.tma or config.pair_out_bf16):
             raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, maxnreg, "
-                             "fuse_combine, pdl, tma do not apply")
+                             "fuse_combine, pdl, tma, pair_out_bf16 do not apply")
         return
     if config.gemv:
         # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
@@ -419,8 +426,9 @@ def _check_config(config: MoeConfig) -> None:
         if config.gemv_fma and config.block_m != 1:
             raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
         if (config.mlp1_one_dot or config.mlp1_passes != 1 or config.mlp1_maxnreg or config.mlp2_maxnreg
-                or config.tma):
-            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, maxnreg, tma: the grouped kernels only, not gemv")
+                or config.tma or config.pair_out_bf16):
+            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, maxnreg, tma, pair_out_bf16: the grouped kernels "
+                             "only, not gemv")
         return
     if config.mlp2_per_pair:
         raise ValueError("MoeConfig.mlp2_per_pair: the one-shot path only")
@@ -438,6 +446,8 @@ def _check_config(config: MoeConfig) -> None:
                        or max(config.block_m, config.mlp2_block_n) > 256):
         raise ValueError("MoeConfig.tma: two mlp1 passes, h requantised by mlp1, no mlp2 split-K, tiles of "
                          "<= 256 rows (the copy engine's box)")
+    if config.pair_out_bf16 and config.mlp2_split_k != 1:
+        raise ValueError("MoeConfig.pair_out_bf16: mlp2's K splits are summed in fp32 (mlp2_split_k 1)")
     if not config.tma_x and not config.tma:
         raise ValueError("MoeConfig.tma_x: x's loads with TMA or by pointers apply to the TMA rows only (tma)")
     if config.fuse_combine or config.gemv_fma or config.pdl:
@@ -1216,7 +1226,7 @@ def _mlp2_kernel(
     HQ, HS, HF,  # h as _mlp1_kernel left it (fp8 + scales, or fp32)
     W2, W2S, B2,  # [E, H, I] e4m3, [E, cdiv(H, 128), cdiv(I, 128)] fp32, [E, H]
     SORTED_PAIRS, BLOCK_EXPERT,
-    PAIR_OUT,  # [SPLIT_K, T * TOP_K, H] fp32, row = pair index, one slab per K split
+    PAIR_OUT,  # [SPLIT_K, T * TOP_K, H] fp32 (or bf16: MoeConfig.pair_out_bf16), row = pair index, a slab per K split
     num_pairs, hidden, inter, num_blocks_m,
     stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
     BLOCK_M: tl.constexpr,
@@ -1305,7 +1315,9 @@ def _mlp2_kernel(
         if split == 0:
             acc += tl.load(B2 + expert * stride_b2_e + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out_ptrs = PAIR_OUT + (split * num_pairs + pairs).to(tl.int64)[:, None] * hidden + cols[None, :]
-    tl.store(out_ptrs, acc, mask=row_ok[:, None] & col_ok[None, :])
+    if PAIR_OUT.dtype.element_ty == tl.bfloat16:  # MoeConfig.pair_out_bf16
+        acc = _round_to_bf16(acc)
+    tl.store(out_ptrs, acc.to(PAIR_OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1661,9 +1673,9 @@ def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_
         weight = tl.load(TOPK_W + pairs, mask=token_ok, other=0.0).to(tl.float32)
         # foreign pairs' rows were never written: mask the load, never multiply garbage by 0
         y_ptrs = PAIR_OUT + pairs[:, None] * hidden + cols[None, :]
-        y = tl.load(y_ptrs, mask=ok & mine[:, None], other=0.0)
+        y = tl.load(y_ptrs, mask=ok & mine[:, None], other=0.0).to(tl.float32)  # bf16 y: MoeConfig.pair_out_bf16
         for s in tl.static_range(1, SPLIT_K):  # mlp2's K splits, summed in split order
-            y += tl.load(y_ptrs + s * slab, mask=ok & mine[:, None], other=0.0)
+            y += tl.load(y_ptrs + s * slab, mask=ok & mine[:, None], other=0.0).to(tl.float32)
         acc += weight[:, None] * y
     if OUT.dtype.element_ty == tl.bfloat16:
         acc = _round_to_bf16(acc)
@@ -2186,7 +2198,8 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
         **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
     )
-    pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.float32, device=dev)
+    pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if config.pair_out_bf16 else torch.float32,
+                           device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
     _mlp2_kernel[(split2 * max_blocks * n2,)](
         hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
@@ -2306,10 +2319,12 @@ def moe_ref(
     expert_offset: int = 0,
     routing: tuple[torch.Tensor, torch.Tensor] | None = None,
     quantize_activations: bool = True,
+    pair_out_bf16: bool = False,
 ) -> torch.Tensor:
     """`fused_moe_fp8` in plain torch: routing by `route` (or `routing` = (weights, ids) given),
     weights dequantised per block, x and h quantised per 1x128 group (`quantize_activations`),
-    fp32 GEMMs, bias, `swiglu_oai` in fp32, fp32 combine, one rounding to x's dtype. One expert
+    fp32 GEMMs, bias, `swiglu_oai` in fp32, fp32 combine (of each pair's output rounded to bf16 first
+    with `pair_out_bf16`, as MoeConfig.pair_out_bf16), one rounding to x's dtype. One expert
     at a time (dequantised weights of all experts at full size would not fit)."""
     if routing is None:
         routing = route(x, router_weight, router_bias, top_k)
@@ -2331,6 +2346,6 @@ def moe_ref(
         y = h @ dequantize_weight_block128(w2[expert], w2_scale_inv[expert]).t()
         if b2 is not None:
             y = y + b2[expert].float()
-        pair_out[pairs] = y
+        pair_out[pairs] = y.to(torch.bfloat16).float() if pair_out_bf16 else y
     weights = topk_weights.reshape(-1).float() * on_this_rank
     return (pair_out * weights[:, None]).view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)

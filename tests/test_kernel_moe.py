@@ -822,6 +822,47 @@ def check_one_dot(mod, device) -> dict:
     return {"one_dot": results}
 
 
+def pair_out_bf16_cases(mod):
+    """(name, tokens, config, hidden, intermediate, local experts, expert_offset): MoeConfig.pair_out_bf16 on the
+    table's prefill row tile (TMA, two passes, ragged K) and on a 16-row pointer tile of an EP rank."""
+    C = mod.MoeConfig
+    return [
+        ("prefill tile m64 w4 TMA, H 320 I 288, 4 experts, biases", 23,
+         C(64, 128, 4, 3, 128, 4, 3, group_m=4, mlp1_one_dot=True, mlp1_passes=2, tma=True, pair_out_bf16=True),
+         320, 288, 4, 0),
+        ("16-row pointer tile, H 288 I 160, EP rank 1..6", 19,
+         C(16, 128, 4, 2, 64, 4, 2, mlp1_one_dot=True, pair_out_bf16=True), 288, 160, 5, 1),
+    ]
+
+
+def check_pair_out_bf16(mod, device) -> dict:
+    """Each pair's output rounded to bf16 before the combine (MoeConfig.pair_out_bf16): within the stated
+    bounds of `moe_ref(pair_out_bf16=True)`, and nearer to it than the same config with fp32 pair outputs is
+    (so the rounding took place: the two differ by it, the kernel's pair sums from moe_ref's only by fp32
+    summation order)."""
+    from dataclasses import replace
+
+    results = []
+    for name, num_tokens, config, hidden, inter, num_local, offset in pair_out_bf16_cases(mod):
+        seed = 2000 + hidden + inter + num_tokens
+        experts = make_experts(num_local, hidden, inter, seed=seed, device=device)
+        router = make_router(NUM_EXPERTS, hidden, seed=seed + 1, device=device)
+        x = make_x(num_tokens, hidden, seed=seed + 2, device=device)
+        weights, ids = route(x, *router, TOP_K)
+        got = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset, config=config)
+        fp32_pairs = mod.fused_experts_fp8(x, weights, ids, *experts, limit=LIMIT, expert_offset=offset,
+                                           config=replace(config, pair_out_bf16=False))
+        ref = mod.moe_ref(x, None, None, *experts, top_k=TOP_K, limit=LIMIT, expert_offset=offset,
+                          routing=(weights, ids), pair_out_bf16=True)
+        errors = compare_to_ref(got, ref, f"pair_out_bf16 {name}")
+        rel = lambda a: ((a.float() - ref.float()).norm() / ref.float().norm()).item()  # noqa: E731
+        errors["rel_fro_fp32_pairs_vs_ref"] = rel(fp32_pairs)
+        errors["differs_from_fp32_pairs"] = (got != fp32_pairs).float().mean().item()
+        assert errors["rel_fro_vs_ref"] < errors["rel_fro_fp32_pairs_vs_ref"], f"{name}: {errors}"
+        results.append({"case": name, **errors})
+    return {"pair_out_bf16": results}
+
+
 def sweep(device: str = "cpu") -> dict:
     mod = _kernel_module()
     t0 = time.time()
@@ -854,6 +895,7 @@ def test_mlp1_one_dot_interpreted():
     results = run_interpreted(__file__, ["--one-dot"])
     assert len(results) == 1 and len(results[0]["one_dot"]) == len(one_dot_cases(_kernel_module()))
     assert all(r["equal_to_two_dot"] == 1.0 for r in results[0]["one_dot"])
+    assert len(results[0]["pair_out_bf16"]) == len(pair_out_bf16_cases(_kernel_module()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1016,8 +1058,9 @@ def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=12
 
 @pytest.mark.gpu
 def test_one_dot_small_dims_compiled():
-    """The interpreted one-dot cases, compiled (vs the two-dot mlp1: the compiled bounds)."""
+    """The interpreted one-dot and bf16-pair-output cases, compiled (vs the two-dot mlp1: the compiled bounds)."""
     check_one_dot(_kernel_module(), "cuda")
+    check_pair_out_bf16(_kernel_module(), "cuda")
 
 
 @pytest.mark.gpu
@@ -1098,8 +1141,8 @@ if __name__ == "__main__":
     elif "--one-dot" in args:  # python tests/test_kernel_moe.py --one-dot [--device cuda]
         dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
         t0 = time.time()
-        print(json.dumps({**check_one_dot(_kernel_module(), dev), "seconds": round(time.time() - t0, 1)}),
-              flush=True)
+        print(json.dumps({**check_one_dot(_kernel_module(), dev), **check_pair_out_bf16(_kernel_module(), dev),
+                          "seconds": round(time.time() - t0, 1)}), flush=True)
     else:
         dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
         print(json.dumps(sweep(dev)), flush=True)
