@@ -124,7 +124,8 @@
 #   bash benchmarks/run_h200.sh s20b      # (one GPU) the probe step's positions in its kernels + PDL chain: gpu tests, A/B
 #   bash benchmarks/run_h200.sh s20c      # (one GPU) s20b's A/B without the harness's aranges, more variants
 #   bash benchmarks/run_h200.sh s20d      # (one GPU) the probe as served after s20c: gpu tests, TP1 rows with the probe
-#   bash benchmarks/run_h200.sh s20e      # (one GPU) MoE prefill with bf16 pair outputs: gpu tests, layer A/B, 8k prefill A/B
+#   bash benchmarks/run_h200.sh s20e      # (one GPU) MoE prefill with bf16 pair outputs: gpu tests, layer A/B, 8k prefill
+#                                         # A/B/A on 120b, A/B on 20b
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1116,16 +1117,16 @@ s20d)  # one GPU (session 20): the probe's step as served after s20c (positions 
     ;;
 s20e)  # one GPU (session 20): the MoE prefill row with bf16 pair outputs (MoeConfig.pair_out_bf16): its gpu
        # tests (interpreter-checked maths compiled), the layer A/B, then the whole 8k prefill A/B/A/B on 120b, A/B on 20b
-    step gpu_test_moe_one_dot 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py \
+    step gpu_test_moe_one_dot 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py \
         -k "one_dot_small_dims_compiled"
-    step diag_moe_prefill_y16 150 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b \
+    step diag_moe_prefill_y16 100 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b \
         --configs table,y16 --stem diag_moe_prefill_y16
-    for v in table y16 table2 y162; do
-        step "prefill_ab_120b_$v" 100 python benchmarks/prefill_moe_ab.py "${v%2}" --models 120b --configs 1:1:1 \
+    for v in table y16 table2; do
+        step "prefill_ab_120b_$v" 80 python benchmarks/prefill_moe_ab.py "${v%2}" --models 120b --configs 1:1:1 \
             --lengths 8192 --iters 10 --out "$R" --stem "bench_prefill_ab_120b_$v"
     done
     for v in table y16; do
-        step "prefill_ab_20b_$v" 80 python benchmarks/prefill_moe_ab.py "$v" --models 20b --configs 1:1:1 \
+        step "prefill_ab_20b_$v" 60 python benchmarks/prefill_moe_ab.py "$v" --models 20b --configs 1:1:1 \
             --lengths 8192 --iters 10 --out "$R" --stem "bench_prefill_ab_20b_$v"
     done
     ;;
