@@ -126,6 +126,7 @@
 #   bash benchmarks/run_h200.sh s20d      # (one GPU) the probe as served after s20c: gpu tests, TP1 rows with the probe
 #   bash benchmarks/run_h200.sh s20e      # (one GPU) MoE prefill with bf16 pair outputs: gpu tests, layer A/B, 8k prefill
 #                                         # A/B/A on 120b, A/B on 20b
+#   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1129,6 +1130,10 @@ s20e)  # one GPU (session 20): the MoE prefill row with bf16 pair outputs (MoeCo
         step "prefill_ab_20b_$v" 60 python benchmarks/prefill_moe_ab.py "$v" --models 20b --configs 1:1:1 \
             --lengths 8192 --iters 10 --out "$R" --stem "bench_prefill_ab_20b_$v"
     done
+    ;;
+s20f)  # one GPU (session 20): the table's prefill row with bf16 pair outputs: the MoE gpu tests (the one-dot and
+       # bf16-pair cases compiled, full shapes at 512 / 1100 / 8192 tokens)
+    step gpu_test_moe 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)

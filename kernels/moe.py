@@ -276,6 +276,12 @@ class MoeConfig:
 # - T > 128 (session 14): the pair sort (count + align) in chunks of 256 pairs, not 128: 8192 tokens, 120b's
 #   128 experts, 64-row blocks, same bits (benchmarks/results/diag_prefill_small.md): 53.5 -> 29.7 us a layer;
 #   512 needs 256 KB of shared memory (does not compile on an H200). Not measured below 8192 tokens.
+# - T > 128 (session 20): each pair's output stored as bf16 for the combine (MoeConfig.pair_out_bf16). 8192 tokens
+#   (benchmarks/results/diag_moe_prefill_y16.md): the combine 102.8 -> 56.7 us a 120b layer (103.9 -> 57.4 on 20b),
+#   mlp2 unchanged (802 -> 805); the whole 8k prefill, table / bf16 pairs / table again, ms
+#   (results/bench_prefill_ab_*_s20.md): 120b 164.4 / 162.3 / 165.0, 20b 104.9 / 102.2. The output moves by
+#   y's rounding (Hugging Face's bf16 experts round y too): max rel vs moe_ref 7.1e-3 -> 8.1e-3 at full size.
+#   Not measured at 129..1024 tokens, which the row also covers.
 #
 # T <= 8: the GEMV path (`gemv=True`: one pair per program, 32 W1 / 64 W2 rows, K in 3 splits of 8
 # blocks, 5 stages), from the H200 GEMV sweep (benchmarks/results/sweeps/moe_gemv.md, fastest
@@ -330,7 +336,7 @@ H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
                     tma_x=False)),
     (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                         mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4, mlp1_one_dot=True, mlp1_passes=2,
-                        tma=True, align_chunk=256)),
+                        tma=True, align_chunk=256, pair_out_bf16=True)),
 )
 
 
