@@ -127,6 +127,7 @@
 #   bash benchmarks/run_h200.sh s20e      # (one GPU) MoE prefill with bf16 pair outputs: gpu tests, layer A/B, 8k prefill
 #                                         # A/B/A on 120b, A/B on 20b
 #   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
+#   bash benchmarks/run_h200.sh prefill21 # (one GPU) TP1 prefill rows + profile with bf16 pairs; 1024-token A/B (prepared)
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1116,8 +1117,9 @@ s20d)  # one GPU (session 20): the probe's step as served after s20c (positions 
     step bench_decode_120b 240 python benchmarks/bench_decode.py --models 120b --batches 1,4,8,16,32,64 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" --stem bench_decode_tp1_120b_s20
     ;;
-s20e)  # one GPU (session 20): the MoE prefill row with bf16 pair outputs (MoeConfig.pair_out_bf16): its gpu
-       # tests (interpreter-checked maths compiled), the layer A/B, then the whole 8k prefill A/B/A/B on 120b, A/B on 20b
+s20e)  # one GPU (session 20, run before the table took bf16 pairs: its "table" is now diag_moe_prefill's "y32"):
+       # the MoE prefill row with bf16 pair outputs (MoeConfig.pair_out_bf16): its gpu tests (interpreter-checked
+       # maths compiled), the layer A/B, then the whole 8k prefill A/B/A on 120b, A/B on 20b
     step gpu_test_moe_one_dot 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py \
         -k "one_dot_small_dims_compiled"
     step diag_moe_prefill_y16 100 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b \
@@ -1134,6 +1136,15 @@ s20e)  # one GPU (session 20): the MoE prefill row with bf16 pair outputs (MoeCo
 s20f)  # one GPU (session 20): the table's prefill row with bf16 pair outputs: the MoE gpu tests (the one-dot and
        # bf16-pair cases compiled, full shapes at 512 / 1100 / 8192 tokens)
     step gpu_test_moe 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py
+    ;;
+prefill21)  # one GPU (prepared in session 20, not run): the TP1 prefill rows with the bf16-pair prefill row (its
+           # 129..1024-token use never timed: 1024 here, A/B against the old row) and the 8k profile, one CUDA graph too
+    step bench_prefill_tp1 240 python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1 \
+        --lengths 1024,4096,8192 --graph --profile 8192 --out "$R" --stem bench_prefill_tp1
+    for v in y32 table; do  # y32: the row before session 20 (fp32 pair outputs)
+        step "prefill_ab_1024_$v" 90 python benchmarks/prefill_moe_ab.py "$v" --models 120b,20b --configs 1:1:1 \
+            --lengths 1024 --iters 20 --out "$R" --stem "bench_prefill_ab_1024_$v"
+    done
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)
