@@ -327,7 +327,11 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
     try:
         for name in variants:
             knobs = PROBE_VARIANTS[name]
-            pdl.set_pdl_plain(None if knobs["chain"] else set(pdl.PDL_PLAIN_FROM_ROWS) | {"probe"})
+            plain = set(pdl.PDL_PLAIN_FROM_ROWS) - {"probe"} if knobs["chain"] else set(pdl.PDL_PLAIN_FROM_ROWS) | {"probe"}
+            pdl.set_pdl_plain(plain)
+            dev = torch.device(model.device)
+            assert pdl.pdl_launch_kwargs(dev, batch, "probe")["launch_pdl"] == (
+                knobs["chain"] and pdl.pdl_enabled(dev) and batch <= pdl.PDL_MAX_ROWS), name
             os.environ["SGLANG_EXT_PROBE_PRIORITY"] = knobs.get("priority", "high")  # read when the runtime binds
             model.probe = HarnessProbe(model)
             model.probe.runtime.positions_in_kernel = knobs["positions"]

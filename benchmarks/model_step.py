@@ -465,7 +465,10 @@ class HarnessProbe:
         n = seq_lens.shape[0]
         req = self._request_rows.get(n)
         if req is None or req.device != seq_lens.device:
-            req = self._request_rows[n] = torch.arange(n, device=seq_lens.device)
+            req = torch.arange(n, device=seq_lens.device)
+            # made inside a capture, it holds its values only once the graph replays: used there, not kept
+            if not (req.is_cuda and torch.cuda.is_current_stream_capturing()):
+                self._request_rows[n] = req
         decode = out_full.shape[0] == seq_lens.shape[0]  # one row per request: each row samples
         return out_full, req, seq_lens, None if decode else last_rows
 

@@ -1095,12 +1095,12 @@ s20a)  # one GPU (session 20): probe20, then the MoE prefill with x's rows by po
     step diag_moe_prefill_xptr 150 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b \
         --configs table,tma_xptr --stem diag_moe_prefill_xptr
     ;;
-s20b)  # one GPU (session 20): the probe's step with positions inside its kernels and as a PDL chain beside the
-       # LM head: its gpu tests, then the three launch variants against the probe-off step
+s20b)  # one GPU (session 20, ran at 5ce4889, where "served" was today's "chain"): the probe's step with positions
+       # inside its kernels and as a PDL chain beside the LM head: its gpu tests, the three launch variants
     step gpu_test_probe 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_probe_step.py \
         tests/test_probe_cuda_graph.py tests/test_probe_kernel.py tests/test_probe_tail.py
     step diag_probe_variants 300 python benchmarks/diag_pdl.py --out "$R" --models 20b,120b --batches 1,8 \
-        --rounds 100 --probe-variants before,positions,served --stem diag_probe_variants
+        --rounds 100 --probe-variants before,positions,chain --stem diag_probe_variants
     ;;
 s20c)  # one GPU (session 20): s20b's A/B again without the harness's two arange launches (a server has none),
        # with fewer q|k|v programs and the side stream at normal priority as variants, 200 rounds

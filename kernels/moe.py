@@ -32,7 +32,8 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
      bias, clamp, swiglu, and h
      requantised in 1x128 groups (the table's tiles span whole groups; narrower tiles store
      fp32 h for mlp2 to quantise as it loads it, a slower path kept for the sweep and the tests);
-  4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order;
+  4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order (bf16 with `MoeConfig.pair_out_bf16`, the
+     prefill row's, for bf16 x: each y rounded once);
   5. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
   3.-5. decode GEMV path (`MoeConfig.gemv`; `decode_gemv_variants` lists the configs the H200
      sweep compares with the table, which does not use them yet): `_mlp1_gemv_kernel` and
@@ -72,7 +73,10 @@ or picks the other of two experts whose logits are within that ulp. The routing 
 logits is bit for bit `route`'s top-k + softmax, and fixed run to run (split order, not
 arrival order). x's quantisation equals `quantize_activation_group128` bit for bit. The
 expert GEMMs differ from `moe_ref` only by fp32 summation order, which can flip a rare e4m3
-rounding of h (tests/test_kernel_moe.py states the tolerances).
+rounding of h (tests/test_kernel_moe.py states the tolerances); where y is stored as bf16
+(`MoeConfig.pair_out_bf16`: the prefill row, bf16 x) each y's rounding comes on top, which
+`moe_ref(pair_out_bf16=True)` reproduces (compiled, y from the tensor cores' FP8 accumulation can
+round to the other bf16 neighbour; the tests bound that against the fp32-pair kernel).
 
 Launch configs come from a table by token count (`select_config`) for hidden 2880 on an H200;
 nothing is autotuned at run time. The table was chosen from ptxas resource counts (registers,
@@ -193,7 +197,8 @@ class MoeConfig:
     # read. y is rounded to bf16 once (ties to even) before the weighted fp32 sum, as Hugging Face's bf16
     # GptOssExperts rounds each expert's output before weighting it. Why: at 8192 tokens y is 377 MB in
     # fp32 a 120b layer (32768 pairs x 2880), written by mlp2 and read back by the combine, a bandwidth-bound
-    # launch (~104 us a layer); bf16 halves both. Needs mlp2_split_k 1 (split slabs are summed in fp32).
+    # launch (~104 us a layer); bf16 halves both. Needs mlp2_split_k 1 (split slabs are summed in fp32). For
+    # bf16 x only: fp16 / fp32 x keep fp32 pairs (y would otherwise lose bits their own output keeps).
     pair_out_bf16: bool = False
 
     @property
@@ -2204,8 +2209,8 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
         **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
     )
-    pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if config.pair_out_bf16 else torch.float32,
-                           device=dev)
+    pair_bf16 = config.pair_out_bf16 and x.dtype == torch.bfloat16  # the kernels follow the buffer's dtype
+    pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if pair_bf16 else torch.float32, device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
     _mlp2_kernel[(split2 * max_blocks * n2,)](
         hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,

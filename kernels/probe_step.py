@@ -120,7 +120,7 @@ def _qkv_splitk_kernel(
     Q_OUT,  # [T, HQ] in W's dtype
     KV,  # [num_slots, 2D] probe pool
     OUT_LOC,  # [T] slot of each row's new token
-    ROW_POS,  # [T] position of the row + POS_OFFSET (a sequence length: 1); < 0: padding, nothing written to KV
+    ROW_POS,  # [T] position of the row + POS_OFFSET (a sequence length: 1); < POS_OFFSET: padding, no KV write
     T, K, stride_x, stride_kv,
     HQ: tl.constexpr, N: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -449,8 +449,8 @@ def probe_decode_step(
     no launch of its own in the chain); window None/0 = full causal; wo [HQ, HQ]; norm_w [HQ];
     wc [L, HQ]; bc [L]; out_scores [T, L] fp32, written in place (rows [:T] of a static buffer).
 
-    Side effect: kv_pool[out_cache_loc[i]] = K|V of row i for rows with row_pos >= 0. Rows with
-    row_pos < 0 write nothing, attend to no key (ctx = 0) and get finite scores
+    Side effect: kv_pool[out_cache_loc[i]] = K|V of row i for rows with row_pos >= 0 (seq_lens >= 1). Rows with
+    row_pos < 0 (seq_lens <= 0) write nothing, attend to no key (ctx = 0) and get finite scores
     sigmoid(classifier(RMSNorm(q))). SGLang's decode graphs pad with seq_len 1 (row_pos 0) and slot 0
     instead: such rows write slot 0, SGLang's reserved padding slot, and attend to it.
     CUDA-graph safe (grids from shapes; counters/scratch from ``workspace``, default: one per device)."""
@@ -488,7 +488,8 @@ def probe_decode_step(
     # The three launches can run as a programmatic-dependent chain (kernels/pdl.py, family "probe"): the
     # attention's and the tail's programs then take SM slots while the GEMV runs, instead of waiting beside
     # the LM head for the slots its programs free. Measured slower, so PDL_PLAIN_FROM_ROWS launches them
-    # plainly (the waits return at once); benchmarks/diag_pdl.py --probe-variants compares both.
+    # plainly (the waits return at once); benchmarks/diag_pdl.py --probe-variants compares both. Only the
+    # plain form is served and covered by the GPU tests.
     chain = pdl_launch_kwargs(dev, t, "probe")
 
     # 2. q|k|v + K|V write

@@ -171,10 +171,16 @@ def check_step(dtype_name, dims=SMALL, device="cpu", cases=None):
         # Counters reset: a second identical step gives bit-identical scores (and is deterministic).
         again = run_step(mod, head, dims, inputs, window, mod.probe_decode_step, **kw)
         assert torch.equal(again[:t], got[:t])
-        # The runtime's form: seq_lens (row_pos + 1), the kernels taking the positions themselves.
-        by_len = run_step(mod, head, dims, inputs, window, lambda *a, **k: mod.probe_decode_step(
-            *a[:6], None, *a[7:], seq_lens=a[6] + 1, **k), **kw)
-        assert torch.equal(by_len[:t], got[:t])
+        # The runtime's form: seq_lens (row_pos + 1), the kernels taking the positions themselves, in int64
+        # and in int32 (SGLang's), each on the pool as it was before the step: the same scores and the same
+        # pool afterwards (K|V at the valid rows' slots, nothing for padding rows, seq_lens 0).
+        for len_dtype in (torch.int64, torch.int32):
+            len_inputs = [v.clone() for v in inputs]
+            len_inputs[1] = pool0.clone()
+            by_len = run_step(mod, head, dims, len_inputs, window, lambda *a, **k: mod.probe_decode_step(
+                *a[:6], None, *a[7:], seq_lens=(a[6] + 1).to(len_dtype), **k), **kw)
+            assert torch.equal(by_len[:t], got[:t]), len_dtype
+            assert torch.equal(len_inputs[1], inputs[1]), f"{len_dtype}: another K|V pool than row_pos's"
         worst["vs_head"] = max(worst["vs_head"], err_model)
         worst["vs_ref"] = max(worst["vs_ref"], err_ref)
     return worst
