@@ -25,21 +25,28 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402
 
 
-def paired(graph_a, graph_b, rounds: int, reps: int = 3):
-    """(median a, median b, median b - a, (q1, q3) of b - a), seconds per replay."""
-    a_times, b_times = [], []
-    for g in (graph_a, graph_b, graph_a, graph_b):
+def round_robin_times(graphs: list, rounds: int, reps: int = 3) -> list:
+    """Seconds per replay of each graph in `graphs`, a list per graph: every round replays each graph `reps`
+    times in turn, so drift hits all alike (two warm-up passes first)."""
+    for g in graphs * 2:
         g.replay()
     torch.cuda.synchronize()
+    times = [[] for _ in graphs]
     for _ in range(rounds):
-        for g, times in ((graph_a, a_times), (graph_b, b_times)):
+        for g, t in zip(graphs, times):
             start, end = torch.cuda.Event(True), torch.cuda.Event(True)
             start.record()
             for _ in range(reps):
                 g.replay()
             end.record()
             torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / reps)
+            t.append(start.elapsed_time(end) / 1e3 / reps)
+    return times
+
+
+def paired(graph_a, graph_b, rounds: int, reps: int = 3):
+    """(median a, median b, median b - a, (q1, q3) of b - a), seconds per replay."""
+    a_times, b_times = round_robin_times([graph_a, graph_b], rounds, reps)
     diffs = [b - a for a, b in zip(a_times, b_times)]
     q1, _, q3 = statistics.quantiles(diffs, n=4)
     return statistics.median(a_times), statistics.median(b_times), statistics.median(diffs), (q1, q3)
@@ -343,20 +350,7 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
         pdl.set_pdl_plain(None)
         os.environ.pop("SGLANG_EXT_PROBE_PRIORITY", None)
     order = [("off", graph_off)] + list(graphs.items())
-    for _, g in order * 2:
-        g.replay()
-    torch.cuda.synchronize()
-    times = {name: [] for name, _ in order}
-    reps = 3
-    for _ in range(rounds):
-        for name, g in order:
-            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            for _ in range(reps):
-                g.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times[name].append(start.elapsed_time(end) / 1e3 / reps)
+    times = dict(zip([name for name, _ in order], round_robin_times([g for _, g in order], rounds)))
     off = times["off"]
     row = {"model": model_name, "batch": batch, "context": context, "rounds": rounds,
            "off_us": statistics.median(off) * 1e6, "variants": []}
