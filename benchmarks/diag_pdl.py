@@ -269,11 +269,7 @@ def probe_path_row(model_name: str, batch: int, context: int, rounds: int) -> di
     off_s, on_s, diff, (q1, q3) = paired(graph_off, graph_on, rounds)
     replays = 5
     off_path, on_path = critical_path(graph_off, layers, replays), critical_path(graph_on, layers, replays)
-    off_by = {k["name"]: k["increment_us"] / replays for k in off_path}
-    on_by = {k["name"]: k["increment_us"] / replays for k in on_path}
-    delta = [{"name": n, "off_us": off_by.get(n, 0.0), "on_us": on_by.get(n, 0.0),
-              "diff_us": on_by.get(n, 0.0) - off_by.get(n, 0.0)} for n in set(off_by) | set(on_by)]
-    delta.sort(key=lambda d: -abs(d["diff_us"]))
+    delta = critical_path_delta(off_path, on_path)
     del graph_off, graph_on, probe
     model = None
     torch.cuda.empty_cache()
@@ -394,6 +390,18 @@ def probe_variants_markdown(meta: dict, rows: list) -> str:
                                               ("start us", "start_us", "{:.1f}"), ("end us", "end_us", "{:.1f}"),
                                               ("duration us", "duration_us", "{:.1f}")])]
     return "\n".join(lines) + "\n"
+
+
+def critical_path_delta(off_path: list, on_path: list) -> list:
+    """Per kernel name, the increments per replay of two critical paths (critical_path's, already per replay)
+    and on - off, largest moves first. (Until session 20 this divided by the replay count a second time: the
+    delta tables of diag_probe_path.md read 1/5 of the increments, regenerated from its JSON since.)"""
+    off_by = {k["name"]: k["increment_us"] for k in off_path}
+    on_by = {k["name"]: k["increment_us"] for k in on_path}
+    delta = [{"name": n, "off_us": off_by.get(n, 0.0), "on_us": on_by.get(n, 0.0),
+              "diff_us": on_by.get(n, 0.0) - off_by.get(n, 0.0)} for n in set(off_by) | set(on_by)]
+    delta.sort(key=lambda d: -abs(d["diff_us"]))
+    return delta
 
 
 def probe_path_markdown(meta: dict, rows: list) -> str:
