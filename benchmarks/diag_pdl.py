@@ -330,7 +330,8 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
     try:
         for name in variants:
             knobs = PROBE_VARIANTS[name]
-            plain = set(pdl.PDL_PLAIN_FROM_ROWS) - {"probe"} if knobs["chain"] else set(pdl.PDL_PLAIN_FROM_ROWS) | {"probe"}
+            table = set(pdl.PDL_PLAIN_FROM_ROWS)
+            plain = table - {"probe"} if knobs["chain"] else table | {"probe"}
             pdl.set_pdl_plain(plain)
             dev = torch.device(model.device)
             assert pdl.pdl_launch_kwargs(dev, batch, "probe")["launch_pdl"] == (

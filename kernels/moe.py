@@ -2210,7 +2210,8 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
     )
     pair_bf16 = config.pair_out_bf16 and x.dtype == torch.bfloat16  # the kernels follow the buffer's dtype
-    pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if pair_bf16 else torch.float32, device=dev)
+    pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if pair_bf16 else torch.float32,
+                           device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
     _mlp2_kernel[(split2 * max_blocks * n2,)](
         hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,

@@ -501,7 +501,8 @@ def probe_decode_step(
         features, w_qkv, part, ws.get("qkv_count", n_tiles * t_tiles, torch.int32, zero=True), q_buf,
         kv_pool, out_cache_loc, pos_source, t, k, features.stride(0), kv_pool.stride(0),
         HQ=hq, N=n, DOT16=_dot16(features.dtype, w_qkv.dtype),
-        num_warps=4, USE_PDL=chain["USE_PDL"], POS_OFFSET=pos_offset, **cfg,  # its predecessor is another stream's: plainly
+        # launched plainly: its predecessor is another stream's (or the event joining them)
+        num_warps=4, USE_PDL=chain["USE_PDL"], POS_OFFSET=pos_offset, **cfg,
     )
 
     # 3. attention (+ merge)

@@ -154,12 +154,12 @@ class ProbeRuntime:
         # the base model's queued programs: they finish inside the step instead of waiting behind
         # its wide one-shot grids and trailing it (diag_decode_b1.md measures both).
         self.stream_priority = os.environ.get("SGLANG_EXT_PROBE_PRIORITY", "high")
+        if self.stream_priority not in ("high", "normal"):
+            raise ValueError(f"SGLANG_EXT_PROBE_PRIORITY={self.stream_priority!r}: expected 'high' or 'normal'")
         # Decode: the step's kernels take seq_lens and subtract the 1 themselves (False: a torch launch
         # does, as before session 20; benchmarks compare both)
         self.positions_in_kernel = True
         self.qkv_splits: int | None = None  # the q|k|v GEMV's K splits (None: probe_step's rule); benchmarks
-        if self.stream_priority not in ("high", "normal"):
-            raise ValueError(f"SGLANG_EXT_PROBE_PRIORITY={self.stream_priority!r}: expected 'high' or 'normal'")
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
