@@ -128,6 +128,7 @@
 #                                         # A/B/A on 120b, A/B on 20b
 #   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
 #   bash benchmarks/run_h200.sh prefill21 # (one GPU) TP1 prefill rows + profile with bf16 pairs; 1024-token A/B (prepared)
+#   bash benchmarks/run_h200.sh gluon21   # (one GPU) Gluon FP8 GEMM prototype, MMA beside the scale promotion (prepared)
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1145,6 +1146,11 @@ prefill21)  # one GPU (prepared in session 20, not run): the TP1 prefill rows wi
         step "prefill_ab_1024_$v" 90 python benchmarks/prefill_moe_ab.py "$v" --models 120b,20b --configs 1:1:1 \
             --lengths 1024 --iters 20 --out "$R" --stem "bench_prefill_ab_1024_$v"
     done
+    ;;
+gluon21)  # one GPU (prepared in session 20, not run): the Gluon FP8 GEMM prototype whose MMAs run while the
+          # previous K block is scaled (wgmma.wait_group 1): its PTX waits, then float64 check and time beside ours
+    step gluon_compile 60 python benchmarks/diag_gluon_fp8_gemm.py --compile-only
+    step diag_gluon_fp8_gemm 200 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)
