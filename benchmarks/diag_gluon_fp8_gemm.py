@@ -7,11 +7,13 @@ result is waited for at once (`wgmma.wait_group 0`, diag_wgmma_wait.md), so the 
 it scales: the kernels run at ~600-750 TFLOP/s, DeepGEMM's grouped GEMM at 1.24-1.63x that on the MoE's
 shapes (diag_moe_deepgemm_padded.md). Gluon exposes the asynchronous wgmma: here K block kb's MMA is issued,
 then block kb - 1's product (finished: `warpgroup_mma_wait(num_outstanding=1)`) is scaled and added while kb's
-runs, and block kb + STAGES - 1's tiles are requested by TMA into the buffers kb - 1 freed. Same maths as
+runs, and block kb + STAGES - 1's tiles are requested by TMA into the buffers kb - 1 freed. The two products in
+flight live in two loop-carried register sets (the loop runs over pairs of K blocks): one variable swapped
+each iteration made ptxas serialise every wgmma (its C7514 warning; in the machine code a wait after each one). Same maths as
 `_fp8_gemm_kernel` without bias: out[m, n] = sum_kb (A_kb W_kb^T)[m, n] * a_s[m, kb] * w_s[n // 128, kb],
 fp32 accumulation, the block sums in K order.
 
-    python benchmarks/diag_gluon_fp8_gemm.py --compile-only     # any machine: the PTX's wgmma waits
+    python benchmarks/diag_gluon_fp8_gemm.py --compile-only     # any machine: the wgmma waits, PTX and SASS
     python benchmarks/diag_gluon_fp8_gemm.py --out DIR          # an H200: check against float64, time
 
 Written against Triton 3.8's Gluon (this machine); the device image's Triton 3.6 was not tried.
@@ -39,11 +41,29 @@ K_TILE = 128  # the same, as the host's int
 
 
 @gluon.jit
+def _issue_block(a_bufs, w_bufs, ready, kb, zero, STAGES: gl.constexpr):
+    """K block kb's MMA, asynchronous, once its tiles have landed (its slot's mbarrier, phase by reuse)."""
+    slot = kb % STAGES
+    mbarrier.wait(ready.index(slot), phase=(kb // STAGES) & 1)
+    return warpgroup_mma(a_bufs.index(slot), w_bufs.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, kb, num_kb, off_m, off_n, STAGES: gl.constexpr):
+    """TMA of K block kb's A and W tiles into slot kb % STAGES (nothing past the last block)."""
+    if kb < num_kb:
+        slot = kb % STAGES
+        mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, [off_m, kb * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+        tma.async_copy_global_to_shared(w_desc, [off_n, kb * BLOCK_K], ready.index(slot), w_bufs.index(slot))
+
+
+@gluon.jit
 def _fp8_gemm_overlap_kernel(a_desc, w_desc, AS, WS, OUT, M, N, K, stride_out,
                              STAGES: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    gl.static_assert(BLOCK_N <= 128, "one W scale block a tile")
+    gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-row W scale block")
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
     off_m = pid_m * BLOCK_M
@@ -60,46 +80,46 @@ def _fp8_gemm_overlap_kernel(a_desc, w_desc, AS, WS, OUT, M, N, K, stride_out,
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-    tile_bytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
-
-    # the first STAGES blocks' tiles in flight (iteration kb refills block kb - 1's buffers with kb + STAGES - 1)
+    # the first STAGES blocks' tiles in flight; block kb + STAGES - 1 then goes where block kb - 1 was, once its
+    # MMA is done
     for i in gl.static_range(STAGES):
-        if i < num_kb:
-            mbarrier.expect(ready.index(i), tile_bytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, i * BLOCK_K], ready.index(i), a_bufs.index(i))
-            tma.async_copy_global_to_shared(w_desc, [off_n, i * BLOCK_K], ready.index(i), w_bufs.index(i))
+        _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, i, num_kb, off_m, off_n, STAGES)
 
     rows = off_m + gl.arange(0, BLOCK_M, layout=row_layout)
     row_ok = rows < M
-    num_kb_w = gl.cdiv(K, BLOCK_K)
-    a_s_ptrs = AS + rows.to(gl.int64) * num_kb  # a_s [M, cdiv(K, 128)]
-    w_s_ptr = WS + (off_n // 128) * num_kb_w  # w_s [cdiv(N, 128), cdiv(K, 128)]
+    a_s_ptrs = AS + rows.to(gl.int64) * num_kb  # a_s [M, cdiv(K, 128)], contiguous
+    w_s_ptr = WS + (off_n // 128) * num_kb  # w_s [cdiv(N, 128), cdiv(K, 128)], contiguous
 
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma_layout)
     acc = zero
-    # block 0's MMA in flight (its product is carried as the pending wgmma, `pending`)
-    mbarrier.wait(ready.index(0), phase=0)
-    pending = warpgroup_mma(a_bufs.index(0), w_bufs.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    pending_scale = gl.load(a_s_ptrs, mask=row_ok, other=0.0) * gl.load(w_s_ptr)
-    for kb in range(1, num_kb):
-        slot = kb % STAGES
-        mbarrier.wait(ready.index(slot), phase=(kb // STAGES) & 1)
-        cur = warpgroup_mma(a_bufs.index(slot), w_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
-                            is_async=True)
-        # block kb - 1's MMA (issued before this one) is done: scale and add it while kb's runs
-        done = warpgroup_mma_wait(num_outstanding=1, deps=(pending, ))
-        acc += done * pending_scale[:, None]
-        # block kb - 1's buffers are free: request block kb + STAGES - 1 into them
-        nxt = kb + STAGES - 1
-        if nxt < num_kb:
-            t = nxt % STAGES
-            mbarrier.expect(ready.index(t), tile_bytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BLOCK_K], ready.index(t), a_bufs.index(t))
-            tma.async_copy_global_to_shared(w_desc, [off_n, nxt * BLOCK_K], ready.index(t), w_bufs.index(t))
-        pending_scale = gl.load(a_s_ptrs + kb, mask=row_ok, other=0.0) * gl.load(w_s_ptr + kb)
-        pending = cur
-    done = warpgroup_mma_wait(num_outstanding=0, deps=(pending, ))
-    acc += done * pending_scale[:, None]
+    # Two products in flight at most, each in its own loop-carried register set: p0 holds the even K blocks, p1
+    # the odd ones (the loop runs over pairs). Swapping one "pending" variable instead made the back edge copy
+    # the running MMA's registers, and ptxas then serialised every wgmma (warning C7514).
+    p0 = _issue_block(a_bufs, w_bufs, ready, 0, zero, STAGES)
+    s0 = gl.load(a_s_ptrs, mask=row_ok, other=0.0) * gl.load(w_s_ptr)
+    for pair in range((num_kb - 1) // 2):
+        kb = 1 + 2 * pair
+        p1 = _issue_block(a_bufs, w_bufs, ready, kb, zero, STAGES)
+        p0 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, ))  # block kb - 1 done, kb running
+        acc += p0 * s0[:, None]
+        _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, kb + STAGES - 1, num_kb, off_m, off_n, STAGES)
+        s1 = gl.load(a_s_ptrs + kb, mask=row_ok, other=0.0) * gl.load(w_s_ptr + kb)
+        p0 = _issue_block(a_bufs, w_bufs, ready, kb + 1, zero, STAGES)
+        p1 = warpgroup_mma_wait(num_outstanding=1, deps=(p1, ))  # block kb done, kb + 1 running
+        acc += p1 * s1[:, None]
+        _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, kb + STAGES, num_kb, off_m, off_n, STAGES)
+        s0 = gl.load(a_s_ptrs + kb + 1, mask=row_ok, other=0.0) * gl.load(w_s_ptr + kb + 1)
+    last = 1 + 2 * ((num_kb - 1) // 2)  # num_kb when num_kb is odd: one block left over otherwise
+    if last < num_kb:
+        q1 = _issue_block(a_bufs, w_bufs, ready, last, zero, STAGES)
+        d0 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, ))
+        acc += d0 * s0[:, None]
+        s1 = gl.load(a_s_ptrs + last, mask=row_ok, other=0.0) * gl.load(w_s_ptr + last)
+        d1 = warpgroup_mma_wait(num_outstanding=0, deps=(q1, ))
+        acc += d1 * s1[:, None]
+    else:
+        d0 = warpgroup_mma_wait(num_outstanding=0, deps=(p0, ))
+        acc += d0 * s0[:, None]
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
@@ -115,8 +135,17 @@ def fp8_gemm_overlap(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
     out [M, N] (bf16 unless given) = the block-scaled product (see the module docstring)."""
     m, k = a.shape
     n = w.shape[0]
+    kb = triton.cdiv(k, K_TILE)
+    if block_m != 16 * num_warps or 128 % block_n:
+        raise ValueError(f"block_m {block_m} needs {block_m // 16} warps (got {num_warps}); block_n must divide 128")
+    if (tuple(a_scale.shape) != (m, kb) or tuple(w_scale.shape) != (triton.cdiv(n, 128), kb)
+            or not (a_scale.is_contiguous() and w_scale.is_contiguous())):
+        raise ValueError(f"scales: contiguous a_scale [{m}, {kb}] and w_scale [{triton.cdiv(n, 128)}, {kb}], got "
+                         f"{tuple(a_scale.shape)} / {tuple(w_scale.shape)}")
     if out is None:
         out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
+    if out.shape != (m, n) or out.stride(1) != 1:
+        raise ValueError(f"out: [{m}, {n}] with unit column stride")
     a_layout = gl.NVMMASharedLayout.get_default_for([block_m, K_TILE], gl.float8e4nv)
     w_layout = gl.NVMMASharedLayout.get_default_for([block_n, K_TILE], gl.float8e4nv)
     a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [block_m, K_TILE], a_layout)
@@ -153,10 +182,28 @@ def compile_only() -> list:
         a = torch.zeros(256, 2880, dtype=torch.float8_e4m3fn)
         w = torch.zeros(256, 2880, dtype=torch.float8_e4m3fn)
         fp8_gemm_overlap(a, torch.ones(256, 23), w, torch.ones(2, 23), block_m=block_m, num_warps=warps)
-        ptx = compiled[-1].asm["ptx"]
+        kernel = compiled[-1]
+        ptx = kernel.asm["ptx"]
+        sass = _sass(kernel.asm["cubin"])
         rows.append({"tile": f"m{block_m} n128 w{warps} s4", "wgmma": ptx.count("wgmma.mma_async"),
-                     "waits": ", ".join(re.findall(r"wgmma\.wait_group\.sync\.aligned \d+", ptx))})
+                     "ptx_waits": ", ".join(re.findall(r"wgmma\.wait_group\.sync\.aligned \d+", ptx)),
+                     # what the GPU runs: ptxas may still serialise (a DEPBAR ... 0x0 after every QGMMA)
+                     "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(
+                         re.findall(r"DEPBAR\.LE gsb0, 0x\d", sass)))),
+                     "sass_qgmma": sass.count("QGMMA")})
     return rows
+
+
+def _sass(cubin: bytes) -> str:
+    """The cubin's machine code through Triton's bundled cuobjdump."""
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def main():
@@ -164,11 +211,24 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
-    if args.compile_only:
-        for row in compile_only():
-            print(row)
-        return
     import bench_common as bc
+
+    if args.compile_only:
+        rows = compile_only()
+        meta = {"command": "python benchmarks/diag_gluon_fp8_gemm.py " + " ".join(sys.argv[1:]),
+                "triton": triton.__version__, "target": "cuda sm_90, compiled only (no GPU)"}
+        md = "\n".join([
+            "# Gluon FP8 GEMM prototype: its wgmma waits, compiled for sm_90 (no GPU)", "",
+            f"`{meta['command']}` — Triton {meta['triton']} (the device image runs 3.6: not compiled there)", "",
+            "Per tile: the wgmma instructions and waits in the PTX, and in the machine code (cuobjdump) the QGMMA "
+            "count and the scoreboard waits by how many wgmma groups they leave in flight (0x1: one, the MMA "
+            "that runs while the previous K block is scaled; 0x0 only at the end). Never run: no timing, no "
+            "check of its outputs yet (stage gluon21).", "",
+            bc.md_table(rows, [("tile", "tile", None), ("PTX wgmma", "wgmma", None), ("PTX waits", "ptx_waits", None),
+                               ("SASS QGMMA", "sass_qgmma", None), ("SASS waits", "sass_depbar", None)])]) + "\n"
+        bc.write_results(args.out, "diag_gluon_fp8_gemm_compile", meta, rows, md)
+        print(md)
+        return
 
     bc.import_project()
     from sglang_ext.kernels import fp8_gemm
