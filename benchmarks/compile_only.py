@@ -2,12 +2,25 @@
 launches. Every `kernel[grid](...)` call compiles (PTX, then a cubin through Triton's bundled ptxas) and hands the
 compiled kernel to a callback; the launch itself never happens. Used by tests/test_sglang_peers.py's opt-in
 sm_90 check (SGLANG_PEERS_SM90=1) and benchmarks/diag_norm_ptx.py; the caller tells torch it has a GPU where
-the launchers ask (torch.cuda.is_available and the device's properties).
+the launchers ask (torch.cuda.is_available and the device's properties: `pretend_torch_has_h200`).
 """
 
 from __future__ import annotations
 
+import types
+
 import torch
+
+
+def pretend_torch_has_h200() -> None:
+    """From now on torch answers as on an H200 where launchers ask (availability, capability, properties): for
+    compile-only runs, whose kernels never launch."""
+    props = types.SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=232448, gcnArchName="",
+                                  name="NVIDIA H200")
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda *a: (9, 0)
+    torch.cuda.get_device_properties = lambda *a: props
+    torch.cuda.current_device = lambda: 0
 
 
 def install_compile_only_h200(on_compile) -> None:

@@ -25,7 +25,6 @@ import argparse
 import os
 import re
 import sys
-import types
 
 import torch
 import triton
@@ -168,13 +167,9 @@ def fp8_gemm_overlap_ref(a, a_scale, w, w_scale) -> torch.Tensor:
 
 def compile_only() -> list:
     """Compile the kernel for sm_90 on this machine (no launch) and read its wgmma waits from the PTX."""
-    from compile_only import install_compile_only_h200
+    from compile_only import install_compile_only_h200, pretend_torch_has_h200
 
-    props = types.SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=232448, name="NVIDIA H200")
-    torch.cuda.is_available = lambda: True
-    torch.cuda.get_device_capability = lambda *a: (9, 0)
-    torch.cuda.get_device_properties = lambda *a: props
-    torch.cuda.current_device = lambda: 0
+    pretend_torch_has_h200()
     compiled = []
     install_compile_only_h200(lambda fn, kernel, kwargs: compiled.append(kernel))
     rows = []

@@ -67,9 +67,8 @@ CANDIDATES = {
     "tma_mlp2s2": replace(TABLE, mlp2_stages=2),
     # session 20: x's rows by pointers in mlp1 (no gather launch), as the 5..128-token rows since session 18
     "tma_xptr": replace(TABLE, tma_x=False),
-    # session 20: each pair's mlp2 output stored as bf16 for the combine (MoeConfig.pair_out_bf16). Since then the
-    # table's row is this one (diag_moe_prefill_y16.md's "table" was y32), and y32 the row before
-    "y16": replace(TABLE, pair_out_bf16=True),
+    # the prefill row before session 20: each pair's mlp2 output as fp32 for the combine (the table's is bf16,
+    # MoeConfig.pair_out_bf16; diag_moe_prefill_y16.md ran before, its "table" is this row and its "y16" today's)
     "y32": replace(TABLE, pair_out_bf16=False),
 }
 

@@ -12,23 +12,17 @@ import argparse
 import os
 import re
 import sys
-import types
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compile_only import install_compile_only_h200  # noqa: E402
+from compile_only import install_compile_only_h200, pretend_torch_has_h200  # noqa: E402
 
 
 def _compile_only_h200() -> dict:
     """{(kernel name, QUANTIZE): compiled kernel} of every launch from now on, none of them run; torch told it
     has an H200 where the launchers ask."""
-    props = types.SimpleNamespace(multi_processor_count=132, shared_memory_per_block_optin=232448, gcnArchName="",
-                                  name="NVIDIA H200")
-    torch.cuda.is_available = lambda: True
-    torch.cuda.get_device_capability = lambda *a: (9, 0)
-    torch.cuda.get_device_properties = lambda *a: props
-    torch.cuda.current_device = lambda: 0
+    pretend_torch_has_h200()
     compiled = {}
     install_compile_only_h200(lambda fn, kernel, kwargs: compiled.__setitem__(
         (fn.fn.__name__, bool(kwargs.get("QUANTIZE"))), kernel))

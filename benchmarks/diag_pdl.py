@@ -367,16 +367,16 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
 
 
 def probe_variants_markdown(meta: dict, rows: list) -> str:
-    lines = [f"# The probe's step beside the LM head, launched several ways ({meta.get('gpu', 'GPU')})", "",
-             f"`{meta['command']}` — {meta.get('date', '')}", "",
-             "The step without the probe and with it, each variant captured in its own graph and all replayed "
-             "round-robin (3 replays each a round), each variant's overhead the median of its per-round "
-             "difference from the same probe-off replays. Variants: " + "; ".join(
-                 f"`{k}` = positions {'inside the kernels' if v['positions'] else 'by two torch launches'}, "
-                 f"{'a PDL chain' if v['chain'] else 'plain launches'}"
-                 + (f", {v['qkv_splits']} q|k|v splits" if v.get("qkv_splits") else "")
-                 + (f", {v['priority']} side-stream priority" if v.get("priority") else "")
-                 for k, v in PROBE_VARIANTS.items()) + ".", ""]
+    lines = doc_head(
+        "The probe's step beside the LM head, launched several ways", meta,
+        "The step without the probe and with it, each variant captured in its own graph and all replayed "
+        "round-robin (3 replays each a round), each variant's overhead the median of its per-round "
+        "difference from the same probe-off replays. Variants: " + "; ".join(
+            f"`{k}` = positions {'inside the kernels' if v['positions'] else 'by two torch launches'}, "
+            f"{'a PDL chain' if v['chain'] else 'plain launches'}"
+            + (f", {v['qkv_splits']} q|k|v splits" if v.get("qkv_splits") else "")
+            + (f", {v['priority']} side-stream priority" if v.get("priority") else "")
+            for k, v in PROBE_VARIANTS.items()) + ".")
     table = [{**v, "model": r["model"], "batch": r["batch"], "off_us": r["off_us"],
               "iqr": "{:.1f}..{:.1f}".format(*v["iqr_us"])} for r in rows for v in r["variants"]]
     lines.append(bc.md_table(table, [("model", "model", None), ("batch", "batch", None),
@@ -406,11 +406,11 @@ def critical_path_delta(off_path: list, on_path: list) -> list:
 
 
 def probe_path_markdown(meta: dict, rows: list) -> str:
-    lines = [f"# Where the probe's decode overhead goes ({meta.get('gpu', 'GPU')})", "",
-             f"`{meta['command']}` — {meta.get('date', '')}", "",
-             "The step without and with the probe (PDL as served), paired rounds of 3 replays; then each graph's "
-             "critical path (increments: a kernel's end minus the previous end, both streams in end order), per "
-             "replay, and the kernels whose increments moved most.", "",
+    lines = doc_head(
+        "Where the probe's decode overhead goes", meta,
+        "The step without and with the probe (PDL as served), paired rounds of 3 replays; then each graph's "
+        "critical path (increments: a kernel's end minus the previous end, both streams in end order), per "
+        "replay, and the kernels whose increments moved most.") + [
              bc.md_table([{**r, "iqr": "{:.1f}..{:.1f}".format(*r["iqr_us"])} for r in rows],
                          [("model", "model", None), ("batch", "batch", None), ("context", "context", None),
                           ("off us", "off_us", "{:.1f}"), ("on us", "on_us", "{:.1f}"),
@@ -834,10 +834,14 @@ def ab_table(rows: list, a: tuple, b: tuple) -> str:
                         ("bits", "bits", None)])
 
 
+def doc_head(title: str, meta: dict, text: str) -> list:
+    """Markdown lines every results file here starts with: title (and GPU), command and date, what it holds."""
+    return [f"# {title} ({meta.get('gpu', 'GPU')})", "", f"`{meta['command']}` — {meta.get('date', '')}", "", text, ""]
+
+
 def ab_head(title: str, meta: dict, text: str, rows: list, a: tuple, b: tuple) -> list:
-    """Markdown lines every A/B file starts with: title, command, what was compared, ab_table."""
-    return [f"# {title} ({meta.get('gpu', 'GPU')})", "", f"`{meta['command']}` — {meta.get('date', '')}", "", text, "",
-            ab_table(rows, a, b), ""]
+    """Markdown lines every A/B file starts with: doc_head, then ab_table."""
+    return doc_head(title, meta, text) + [ab_table(rows, a, b), ""]
 
 
 def critical_path_table(cp: list, most: int = 24) -> str:

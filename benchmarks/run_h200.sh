@@ -1118,18 +1118,19 @@ s20d)  # one GPU (session 20): the probe's step as served after s20c (positions 
     step bench_decode_120b 240 python benchmarks/bench_decode.py --models 120b --batches 1,4,8,16,32,64 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" --stem bench_decode_tp1_120b_s20
     ;;
-s20e)  # one GPU (session 20, run before the table took bf16 pairs: its "table" is now diag_moe_prefill's "y32"):
-       # the MoE prefill row with bf16 pair outputs (MoeConfig.pair_out_bf16): its gpu tests (interpreter-checked
-       # maths compiled), the layer A/B, then the whole 8k prefill A/B/A on 120b, A/B on 20b
+s20e)  # one GPU (session 20): the MoE prefill row with bf16 pair outputs (MoeConfig.pair_out_bf16): its gpu tests
+       # (interpreter-checked maths compiled), the layer A/B, then the whole 8k prefill A/B/A on 120b, A/B on 20b.
+       # Ran before the table took bf16 pairs, so its files name the old row "table" and the new one "y16"; now
+       # the old row is "y32" and the table the new one
     step gpu_test_moe_one_dot 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_moe.py \
         -k "one_dot_small_dims_compiled"
     step diag_moe_prefill_y16 100 python benchmarks/diag_moe_prefill.py --out "$R" --models 120b,20b \
-        --configs table,y16 --stem diag_moe_prefill_y16
-    for v in table y16 table2; do
+        --configs y32,table --stem diag_moe_prefill_y16
+    for v in y32 table y322; do
         step "prefill_ab_120b_$v" 80 python benchmarks/prefill_moe_ab.py "${v%2}" --models 120b --configs 1:1:1 \
             --lengths 8192 --iters 10 --out "$R" --stem "bench_prefill_ab_120b_$v"
     done
-    for v in table y16; do
+    for v in y32 table; do
         step "prefill_ab_20b_$v" 60 python benchmarks/prefill_moe_ab.py "$v" --models 20b --configs 1:1:1 \
             --lengths 8192 --iters 10 --out "$R" --stem "bench_prefill_ab_20b_$v"
     done

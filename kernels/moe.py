@@ -284,7 +284,7 @@ class MoeConfig:
 # - T > 128 (session 20): each pair's output stored as bf16 for the combine (MoeConfig.pair_out_bf16). 8192 tokens
 #   (benchmarks/results/diag_moe_prefill_y16.md): the combine 102.8 -> 56.7 us a 120b layer (103.9 -> 57.4 on 20b),
 #   mlp2 unchanged (802 -> 805); the whole 8k prefill, table / bf16 pairs / table again, ms
-#   (results/bench_prefill_ab_*_s20.md): 120b 164.4 / 162.3 / 165.0, 20b 104.9 / 102.2. The output moves by
+#   (results/sweeps/bench_prefill_ab_*_s20.md): 120b 164.4 / 162.3 / 165.0, 20b 104.9 / 102.2. The output moves by
 #   y's rounding (Hugging Face's bf16 experts round y too): max rel vs moe_ref 7.1e-3 -> 8.1e-3 at full size.
 #   Not measured at 129..1024 tokens, which the row also covers.
 #

@@ -326,13 +326,12 @@ class ProbeRuntime:
             # (seq_lens - 1) taken inside them (two more launches in the chain otherwise, each a gap
             # in which the LM head's programs take the SMs the probe's next launch needs).
             probs = torch.empty(features.shape[0], len(self.labels), dtype=torch.float32, device=features.device)
-            positions = {"seq_lens": seq_lens} if self.positions_in_kernel else {
-                "row_pos": (seq_lens - 1).to(torch.int64)}
+            row_pos = None if self.positions_in_kernel else (seq_lens - 1).to(torch.int64)
             return probe_decode_step(features, self.w_qkv, self.kv_pool, out_cache_loc, self.req_to_token,
-                                     req_pool_indices, positions.get("row_pos"), self.window, self.scale,
+                                     req_pool_indices, row_pos, self.window, self.scale,
                                      h.o_proj.weight, h.norm.weight, h.classifier.weight, h.classifier.bias,
                                      probs, cfg.num_attention_heads, workspace=self._workspace,
-                                     seq_lens=positions.get("seq_lens"), qkv_splits=self.qkv_splits)
+                                     seq_lens=seq_lens if row_pos is None else None, qkv_splits=self.qkv_splits)
         row_pos = (seq_lens - 1).to(torch.int64)
         qkv = torch.nn.functional.linear(features, self.w_qkv)
         q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))

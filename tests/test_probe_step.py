@@ -102,6 +102,11 @@ def run_step(mod, head, dims, inputs, window, fn, **kw):
     return out
 
 
+def by_seq_lens(mod, seq_lens_of=lambda row_pos: row_pos + 1):
+    """probe_decode_step in the runtime's form, for run_step: row_pos None, seq_lens_of(row_pos) given instead."""
+    return lambda *a, **k: mod.probe_decode_step(*a[:6], None, *a[7:], seq_lens=seq_lens_of(a[6]), **k)
+
+
 def check_taps(dtype_name, device="cpu"):
     mod = _kernels()
     dtype = getattr(torch, dtype_name)
@@ -177,8 +182,8 @@ def check_step(dtype_name, dims=SMALL, device="cpu", cases=None):
         for len_dtype in (torch.int64, torch.int32):
             len_inputs = [v.clone() for v in inputs]
             len_inputs[1] = pool0.clone()
-            by_len = run_step(mod, head, dims, len_inputs, window, lambda *a, **k: mod.probe_decode_step(
-                *a[:6], None, *a[7:], seq_lens=(a[6] + 1).to(len_dtype), **k), **kw)
+            by_len = run_step(mod, head, dims, len_inputs, window,
+                              by_seq_lens(mod, lambda row_pos: (row_pos + 1).to(len_dtype)), **kw)
             assert torch.equal(by_len[:t], got[:t]), len_dtype
             assert torch.equal(len_inputs[1], inputs[1]), f"{len_dtype}: another K|V pool than row_pos's"
         worst["vs_head"] = max(worst["vs_head"], err_model)
@@ -250,10 +255,9 @@ def test_step_takes_row_pos_or_seq_lens():
     with pytest.raises(ValueError, match="row_pos or seq_lens"):  # both
         run_step(mod, head, SMALL, inputs, 8, mod.probe_decode_step, seq_lens=inputs[5] + 1)
     with pytest.raises(ValueError, match="row_pos or seq_lens"):  # neither
-        run_step(mod, head, SMALL, inputs, 8, lambda *a, **k: mod.probe_decode_step(*a[:6], None, *a[7:], **k))
+        run_step(mod, head, SMALL, inputs, 8, by_seq_lens(mod, lambda row_pos: None))
     with pytest.raises(ValueError, match=r"seq_lens must be \[2\]"):
-        run_step(mod, head, SMALL, inputs, 8, lambda *a, **k: mod.probe_decode_step(
-            *a[:6], None, *a[7:], seq_lens=a[6][:1] + 1, **k))
+        run_step(mod, head, SMALL, inputs, 8, by_seq_lens(mod, lambda row_pos: row_pos[:1] + 1))
 
 
 def test_reference_step_matches_head():
