@@ -63,3 +63,41 @@ def install_compile_only_h200(on_compile) -> None:
         return kernel
 
     tjit.JITFunction.run = compile_only
+
+
+def ptxas_resources(ptx: str, arch: str = "sm_90a") -> dict:
+    """Registers, spilled bytes (stores / loads) and static shared memory per thread block of a compiled
+    kernel's PTX, from Triton's bundled ptxas (-v). A compile-only run has no loaded kernel whose attributes
+    could be asked."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([tool, "-v", f"--gpu-name={arch}", src, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    found = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else None  # noqa: E731
+    return {"regs": found(r"Used (\d+) registers"), "spill_stores": found(r"(\d+) bytes spill stores"),
+            "spill_loads": found(r"(\d+) bytes spill loads"), "smem": found(r"(\d+) bytes smem")}
+
+
+def sass_of(cubin: bytes) -> str:
+    """A cubin's machine code through Triton's bundled cuobjdump."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout

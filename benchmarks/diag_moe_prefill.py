@@ -70,6 +70,8 @@ CANDIDATES = {
     # the prefill row before session 20: each pair's mlp2 output as fp32 for the combine (the table's is bf16,
     # MoeConfig.pair_out_bf16; diag_moe_prefill_y16.md ran before, its "table" is this row and its "y16" today's)
     "y32": replace(TABLE, pair_out_bf16=False),
+    # session 21: mlp1 / mlp2 as the Gluon kernels (kernels/moe_gluon.py: one wgmma in flight through the scaling)
+    "gluon": replace(TABLE, mlp1_gluon=True, mlp2_gluon=True),
 }
 
 

@@ -5,6 +5,8 @@ the model step (the routing of its random weights, tensor-parallel shards) can d
 
     python benchmarks/prefill_moe_ab.py before --models 120b --configs 1:1:1,4:1:1 --lengths 1024,4096 \
         --iters 10 --out /tmp/ab_before --stem bench_prefill_ab_before
+    # --dense-gluon: the dense layers' FP8 GEMM tiles of M > 256 on the Gluon kernel as well (kernels/fp8_gluon.py)
+    python benchmarks/prefill_moe_ab.py gluon --dense-gluon --models 120b --configs 1:1:1 --lengths 8192 --iters 10
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
 
 def main():
     row, rest = sys.argv[1], sys.argv[2:]
+    if "--dense-gluon" in rest:  # the dense layers' prefill tiles on the Gluon kernel too (fp8_gemm.GLUON_PREFILL_TILES)
+        from sglang_ext.kernels import fp8_gemm
+
+        rest.remove("--dense-gluon")
+        fp8_gemm.GLUON_PREFILL_TILES = True
+        print("dense prefill tiles: Gluon", flush=True)
     config = diag.CANDIDATES[row]
     moe_kernels.H200_HIDDEN_2880_CONFIGS = tuple(
         (bound, config if bound > 128 else old) for bound, old in moe_kernels.H200_HIDDEN_2880_CONFIGS)

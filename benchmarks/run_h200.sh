@@ -128,7 +128,10 @@
 #                                         # A/B/A on 120b, A/B on 20b
 #   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
 #   bash benchmarks/run_h200.sh prefill21 # (one GPU) TP1 prefill rows + profile with bf16 pairs; 1024-token A/B (prepared)
-#   bash benchmarks/run_h200.sh gluon21   # (one GPU) Gluon FP8 GEMM prototype, MMA beside the scale promotion (prepared)
+#   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling):
+#                                         # gpu tests, dense and MoE layer beside Triton (prepared)
+#   bash benchmarks/run_h200.sh gluon22ab # (one GPU) 120b 8k prefill, the MoE row (then the dense tiles too) on Gluon
+#                                         # between two table runs (prepared)
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh dgmoe19b  # (one GPU) dgmoe19 with DeepGEMM's K zero-padded to 2944 (carry .peers/deepgemm)
 #   bash benchmarks/run_h200.sh sort15    # (one GPU) MoE gpu tests + the decode rows the front's sort rule moved
@@ -1148,10 +1151,22 @@ prefill21)  # one GPU (prepared in session 20, not run): the TP1 prefill rows wi
             --lengths 1024 --iters 20 --out "$R" --stem "bench_prefill_ab_1024_$v"
     done
     ;;
-gluon21)  # one GPU (prepared in session 20, not run): the Gluon FP8 GEMM prototype whose MMAs run while the
-          # previous K block is scaled (wgmma.wait_group 1): its PTX waits, then float64 check and time beside ours
-    step gluon_compile 60 python benchmarks/diag_gluon_fp8_gemm.py --compile-only
-    step diag_gluon_fp8_gemm 200 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
+gluon22)  # one GPU (prepared in sessions 20-21, not run): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
+          # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1). Bits against the
+          # Triton kernels (gpu tests), the dense GEMM and the MoE layer beside ours
+    step gpu_test_gluon 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gluon.py
+    step diag_gluon_fp8_gemm 120 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
+    step diag_gluon_moe 240 python benchmarks/diag_gluon_moe.py --out "$R"
+    ;;
+gluon22ab)  # one GPU (prepared, not run; after gluon22 if its bits and times hold): the whole 120b 8k prefill with the
+            # MoE's table row on Gluon (MoeConfig.mlp1_gluon / mlp2_gluon), then with the dense layers' tiles too
+            # (fp8_gemm.GLUON_PREFILL_TILES), between two runs of the table
+    for v in table gluon gluondense table2; do
+        row=${v%2}; extra=()
+        [ "$v" = gluondense ] && row=gluon && extra=(--dense-gluon)
+        step "prefill_ab_120b_$v" 80 python benchmarks/prefill_moe_ab.py "$row" "${extra[@]}" --models 120b \
+            --configs 1:1:1 --lengths 8192 --iters 10 --out "$R" --stem "bench_prefill_ab_120b_$v"
+    done
     ;;
 dgmoe19)  # one GPU (session 19): would DeepGEMM's grouped GEMM make the MoE prefill faster? Ours (mlp1 + mlp2 +
           # combine) against DeepGEMM's two grouped GEMMs on the same experts and routing (carry .peers/deepgemm)

@@ -63,7 +63,7 @@ import triton.language as tl
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.kernels.tma import descriptor, tma_2d_ok
+from sglang_ext.kernels.tma import descriptor, gluon_supported, tma_2d_ok
 from sglang_ext.layers import fp8 as fp8_torch
 
 GROUP = 128  # the scale block along K (activations and weights) and along N (weights)
@@ -839,11 +839,15 @@ class Fp8GemmConfig:
     # `_fp8_gemm_tma_kernel`: A and W tiles by TMA. Applies to pre-quantised A without split-K where
     # both operands suit the copy engine (kernels/tma.py); elsewhere the pointer kernel runs.
     tma: bool = False
+    # tma, compiled on sm_90: the tile on the Gluon kernel (kernels/fp8_gluon.py: the same sums, one wgmma in flight
+    # while the previous K block's scales are applied); elsewhere `_fp8_gemm_tma_kernel`. Session 21: compiled,
+    # never run; gemm_config sets it from GLUON_PREFILL_TILES (off).
+    gluon: bool = False
 
     def short(self) -> str:
         split = f"s{self.split_k}" + ("" if self.split_k == 1 or self.inline_reduce else "k")
         return (f"m{self.block_m}n{self.block_n}{split}w{self.num_warps}st{self.num_stages}"
-                + ("fq" if self.fuse_quant else "") + ("tma" if self.tma else ""))
+                + ("fq" if self.fuse_quant else "") + ("tma" if self.tma else "") + ("gl" if self.gluon else ""))
 
 
 @dataclass(frozen=True)
@@ -1076,6 +1080,11 @@ def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | Non
 WIDE_TILE_MIN_PROGRAMS = 32
 
 
+# gemm_config's tiles for M > 256 on the Gluon kernel (Fp8GemmConfig.gluon). Off: never run on a GPU yet (session 21);
+# benchmarks/prefill_moe_ab.py --dense-gluon turns it on for an A/B of the whole prefill.
+GLUON_PREFILL_TILES = False
+
+
 def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None,
                 x_prequantized: bool = False) -> Fp8GemmConfig | Fp8GemvConfig:
     """Launch parameters by M bucket (no autotune: one fixed kernel per shape, fast interpreter).
@@ -1114,9 +1123,9 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     elif m <= 256:
         cfg = Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)
     elif m <= 1024:
-        return Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=3, tma=True)
+        return Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=3, tma=True, gluon=GLUON_PREFILL_TILES)
     else:
-        return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=True)
+        return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=True, gluon=GLUON_PREFILL_TILES)
     tiles = max(1, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     split = _auto_split(m, k, tiles, sms)
     return replace(cfg, split_k=split, tma=split == 1)
@@ -1184,6 +1193,12 @@ def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, 
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     a_scale_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
     if cfg.tma and not quantize_a and split == 1 and tma_2d_ok(a) and tma_2d_ok(w_fp8):
+        if (cfg.gluon and 128 % cfg.block_n == 0 and out.stride(1) == 1 and w_scale_inv.stride(1) == 1
+                and gluon_supported(a.device)):
+            from .fp8_gluon import fp8_gemm_gluon
+
+            return fp8_gemm_gluon(a, a_scale, w_fp8, w_scale_inv, bias, out, block_m=cfg.block_m, block_n=cfg.block_n,
+                                  stages=cfg.num_stages, num_warps=cfg.num_warps, group_m=cfg.group_m)
         _fp8_gemm_tma_kernel[(tiles,)](
             descriptor(a, [cfg.block_m, GROUP]), descriptor(w_fp8, [cfg.block_n, GROUP]), a_scale, w_scale_inv,
             bias if bias is not None else w_scale_inv, out, m, n, k, *a_scale_strides,

@@ -98,7 +98,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.kernels.tma import descriptor, tma_2d_ok
+from sglang_ext.kernels.tma import descriptor, gluon_supported, tma_2d_ok
 from sglang_ext.layers.fp8 import (
     BLOCK as QUANT_GROUP,
     dequantize_activation_group128,
@@ -200,6 +200,12 @@ class MoeConfig:
     # launch (~104 us a layer); bf16 halves both. Needs mlp2_split_k 1 (split slabs are summed in fp32). For
     # bf16 x only: fp16 / fp32 x keep fp32 pairs (y would otherwise lose bits their own output keeps).
     pair_out_bf16: bool = False
+    # TMA rows, compiled on sm_90: mlp1 / mlp2 as the Gluon kernels of kernels/moe_gluon.py (the same tiles and
+    # sums, one wgmma in flight while the previous K block's scales are applied; kernels/fp8_gluon.py says why).
+    # Elsewhere (the interpreter, other GPUs, operands the copy engine cannot take) the Triton kernels run.
+    # Session 21: compiled only, never run; no table row takes them.
+    mlp1_gluon: bool = False
+    mlp2_gluon: bool = False
 
     @property
     def fused_requant(self) -> bool:
@@ -222,7 +228,9 @@ class MoeConfig:
                 + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}"
                 + (f"/r{self.mlp2_maxnreg}" if self.mlp2_maxnreg else "") + f" g{self.group_m}"
                 + (" tma" if self.tma else "") + (" xptr" if self.tma and not self.tma_x else "")
-                + (" y16" if self.pair_out_bf16 else ""))
+                + (" y16" if self.pair_out_bf16 else "")
+                + (" gluon" + "1" * self.mlp1_gluon + "2" * self.mlp2_gluon if self.mlp1_gluon or self.mlp2_gluon
+                   else ""))
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
         if self.align_chunk != 128:
@@ -424,9 +432,10 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
     if config.oneshot:
         if (config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1
-                or config.mlp1_maxnreg or config.mlp2_maxnreg or config.tma or config.pair_out_bf16):
+                or config.mlp1_maxnreg or config.mlp2_maxnreg or config.tma or config.pair_out_bf16
+                or config.mlp1_gluon or config.mlp2_gluon):
             raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, maxnreg, "
-                             "fuse_combine, pdl, tma, pair_out_bf16 do not apply")
+                             "fuse_combine, pdl, tma, pair_out_bf16, mlp*_gluon do not apply")
         return
     if config.gemv:
         # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
@@ -437,9 +446,9 @@ def _check_config(config: MoeConfig) -> None:
         if config.gemv_fma and config.block_m != 1:
             raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
         if (config.mlp1_one_dot or config.mlp1_passes != 1 or config.mlp1_maxnreg or config.mlp2_maxnreg
-                or config.tma or config.pair_out_bf16):
-            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, maxnreg, tma, pair_out_bf16: the grouped kernels "
-                             "only, not gemv")
+                or config.tma or config.pair_out_bf16 or config.mlp1_gluon or config.mlp2_gluon):
+            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, maxnreg, tma, pair_out_bf16, mlp*_gluon: the "
+                             "grouped kernels only, not gemv")
         return
     if config.mlp2_per_pair:
         raise ValueError("MoeConfig.mlp2_per_pair: the one-shot path only")
@@ -453,6 +462,11 @@ def _check_config(config: MoeConfig) -> None:
                              f"got {config.mlp1_passes}")
         if not 16 <= config.mlp1_block_n <= 128:
             raise ValueError("MoeConfig.mlp1_passes: 16..128 W1 rows a pass (mlp1_block_n, two passes)")
+    if config.mlp1_gluon and not (config.tma and config.tma_x and config.mlp1_block_n == 128):
+        raise ValueError("MoeConfig.mlp1_gluon: the TMA rows with x gathered (tma, tma_x) and two passes of 128 W1 "
+                         "rows (mlp1_block_n 128)")
+    if config.mlp2_gluon and not (config.tma and config.mlp2_block_n <= 128):
+        raise ValueError("MoeConfig.mlp2_gluon: the TMA rows (tma), mlp2 tiles of <= 128 rows (one W2 scale block)")
     if config.tma and (config.mlp1_passes != 2 or config.mlp2_split_k != 1 or not config.fused_requant
                        or max(config.block_m, config.mlp2_block_n) > 256):
         raise ValueError("MoeConfig.tma: two mlp1 passes, h requantised by mlp1, no mlp2 split-K, tiles of "
@@ -2196,35 +2210,48 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         if w2_rows is not None and tma_2d_ok(hq) and tma_2d_ok(w2_rows):
             h_desc = descriptor(hq, [bm, QUANT_GROUP])
             w2_desc = descriptor(w2_rows, [config.mlp2_block_n, QUANT_GROUP])
-    _mlp1_kernel[(split1 * max_blocks * n1,)](
-        xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv,
-        sorted_pairs, block_expert, hq, hs, hf, part, counters,
-        num_pairs, hidden, inter, max_blocks, float(limit), SWIGLU_ALPHA,
-        w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
-        b1.stride(0) if b1 is not None else 0,
-        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
-        HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
-        ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
-        x_desc=x_desc, w1_desc=w1_desc, TMA=w1_desc is not None, X_TMA=x_desc is not None,
-        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
-        **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
-    )
+    gluon = (config.mlp1_gluon or config.mlp2_gluon) and gluon_supported(dev)
+    if gluon and config.mlp1_gluon and x_desc is not None and w1_desc is not None:
+        from .moe_gluon import mlp1_gluon
+
+        mlp1_gluon(xg, xs, w1, w1_scale_inv, b1, sorted_pairs, block_expert, hq, hs, num_pairs, max_blocks, limit,
+                   SWIGLU_ALPHA, top_k, bm, config.mlp1_warps, config.mlp1_stages, config.group_m)
+    else:
+        _mlp1_kernel[(split1 * max_blocks * n1,)](
+            xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv,
+            sorted_pairs, block_expert, hq, hs, hf, part, counters,
+            num_pairs, hidden, inter, max_blocks, float(limit), SWIGLU_ALPHA,
+            w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
+            b1.stride(0) if b1 is not None else 0,
+            TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
+            HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
+            ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
+            x_desc=x_desc, w1_desc=w1_desc, TMA=w1_desc is not None, X_TMA=x_desc is not None,
+            num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
+            **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
+        )
     pair_bf16 = config.pair_out_bf16 and x.dtype == torch.bfloat16  # the kernels follow the buffer's dtype
     pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if pair_bf16 else torch.float32,
                            device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
-    _mlp2_kernel[(split2 * max_blocks * n2,)](
-        hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
-        sorted_pairs, block_expert, pair_out,
-        num_pairs, hidden, inter, max_blocks,
-        w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
-        b2.stride(0) if b2 is not None else 0,
-        BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
-        HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted, SPLIT_K=split2,
-        h_desc=h_desc, w2_desc=w2_desc, TMA=h_desc is not None,
-        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **chain,
-        **({"maxnreg": config.mlp2_maxnreg} if config.mlp2_maxnreg and not interpreted else {}),
-    )
+    if gluon and config.mlp2_gluon and h_desc is not None:
+        from .moe_gluon import mlp2_gluon
+
+        mlp2_gluon(hq, hs, w2, w2_scale_inv, b2, sorted_pairs, block_expert, pair_out[0], num_pairs, max_blocks, bm,
+                   config.mlp2_block_n, config.mlp2_warps, config.mlp2_stages, config.group_m)
+    else:
+        _mlp2_kernel[(split2 * max_blocks * n2,)](
+            hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
+            sorted_pairs, block_expert, pair_out,
+            num_pairs, hidden, inter, max_blocks,
+            w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
+            b2.stride(0) if b2 is not None else 0,
+            BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
+            HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted, SPLIT_K=split2,
+            h_desc=h_desc, w2_desc=w2_desc, TMA=h_desc is not None,
+            num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **chain,
+            **({"maxnreg": config.mlp2_maxnreg} if config.mlp2_maxnreg and not interpreted else {}),
+        )
     block_h = min(1024, _next_pow2(hidden))
     _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
         pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,

@@ -1,0 +1,171 @@
+"""The MoE prefill's grouped FP8 GEMMs (mlp1, mlp2) in Gluon on `fp8_gluon.scaled_k_loop`: one wgmma in flight
+while the previous K block's scales are applied (kernels/fp8_gluon.py says why). `MoeConfig.mlp1_gluon` /
+`mlp2_gluon` put them in place of `moe._mlp1_kernel` / `_mlp2_kernel` on the TMA rows, compiled CUDA only; their
+reference is `moe.moe_ref`, and on the same tiles they are meant to give the Triton kernels' bits (same products,
+same sums in the same order).
+
+Status (session 21): compiled for sm_90a here (Triton 3.6 and 3.8: benchmarks/results/diag_gluon_moe_compile*.md);
+never run on a GPU; no table row takes them (stage gluon22 of benchmarks/run_h200.sh measures them).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from sglang_ext.kernels.fp8_gluon import (BLOCK_K, K_TILE, allocate_ring, fp8_descriptor, grouped_tile,
+                                          mma_layout_for, release_ring, scaled_k_loop)
+
+MLP1_PASS_ROWS = 128  # W1 rows a pass of mlp1 (one scale block: a scalar weight scale per K block)
+W_PASS_ROWS = gl.constexpr(MLP1_PASS_ROWS)
+
+
+@gluon.jit
+def _swiglu_half(acc, B1, expert, stride_b1_e, first_row, two_inter, limit, alpha, HAS_B1: gl.constexpr,
+                 mma_layout: gl.constexpr):
+    """One pass's [BLOCK_M, 128] sums over W1 rows first_row.. (gate and linear interleaved as stored), bias
+    added (rows past 2I: the next expert's, dropped by the store, get none), through gpt-oss's clamped SwiGLU:
+    h [BLOCK_M, 64], by `moe._gpt_oss_activation`'s operations."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    if HAS_B1:
+        w_rows = first_row + gl.arange(0, W_PASS_ROWS, layout=gl.SliceLayout(0, mma_layout))
+        bias = gl.load(B1 + expert * stride_b1_e + w_rows, mask=w_rows < two_inter, other=0.0)
+        acc += bias.to(gl.float32)[None, :]
+    acc_g, acc_l = gl.split(gl.reshape(acc, [BLOCK_M, W_PASS_ROWS // 2, 2]))
+    gate = gl.minimum(acc_g, limit)
+    lin = gl.minimum(gl.maximum(acc_l, -limit), limit)
+    return gate * (1 / (1 + gl.exp(-(gate * alpha)))) * (lin + 1.0)  # tl.sigmoid's expression
+
+
+@gluon.jit
+def _to_e4m3(q):
+    """fp32 q (divided by its group's scale) -> e4m3 as `moe._quantize_e4m3`: clamped to +-448, rounded to the
+    nearest e4m3 (ties to even) in fp32 by its bit operations, so the cast after it is exact."""
+    q = gl.minimum(gl.maximum(q, -448.0), 448.0)
+    bits = q.to(gl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(gl.float32, bitcast=True)
+    subnormal = (q + 24576.0) - 24576.0
+    q = gl.where(gl.abs(q) < 0.015625, subnormal, normal)
+    q = (q.to(gl.int32, bitcast=True) | (bits & -2147483648)).to(gl.float32, bitcast=True)
+    return q.to(gl.float8e4nv)
+
+
+@gluon.jit
+def _mlp1_gluon_kernel(x_desc, w1_desc, XS, W1S, B1, SORTED_PAIRS, BLOCK_EXPERT, HQ, HS,
+                       num_pairs, hidden, inter, num_blocks_m, limit, alpha,
+                       stride_w1s_e, stride_w1s_n, stride_b1_e,
+                       TOP_K: gl.constexpr, GROUP_M: gl.constexpr, HAS_B1: gl.constexpr,
+                       mma_layout: gl.constexpr, STAGES: gl.constexpr):
+    """`moe._mlp1_kernel` on the two-pass TMA tiles: a program's 128 h columns (256 W1 rows) in two passes of
+    128 rows over K; the two 64-column halves of h requantised together (one e4m3 group of 128 columns a row)
+    into HQ [rows, I] / HS [rows, cdiv(I, 128)]. x's rows come gathered into the sorted order (x_desc), their
+    scales by token from XS."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    gl.static_assert(w1_desc.block_type.shape[0] == W_PASS_ROWS, "mlp1: W1 tiles of one pass's 128 rows")
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    pid_m, pid_n = grouped_tile(num_blocks_m, gl.cdiv(inter, 128), GROUP_M)
+    expert = gl.load(BLOCK_EXPERT + pid_m)
+    if expert >= 0:  # blocks past the last expert's segment: nothing
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        pairs = gl.load(SORTED_PAIRS + rows)
+        row_ok = pairs < num_pairs
+        num_kb = gl.cdiv(hidden, BLOCK_K)
+        xs_ptrs = XS + (pairs // TOP_K).to(gl.int64) * num_kb
+        first_row = pid_n * (2 * W_PASS_ROWS)
+        w_coord = expert * (2 * inter) + first_row
+        ws_ptr = W1S + expert.to(gl.int64) * stride_w1s_e + (first_row // 128) * stride_w1s_n
+        zero = gl.zeros([BLOCK_M, W_PASS_ROWS], gl.float32, layout=mma_layout)
+        a_bufs, w_bufs, ready = allocate_ring(x_desc, w1_desc, STAGES)
+        acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, 0, pid_m * BLOCK_M, w_coord, xs_ptrs, 1,
+                            row_ok, ws_ptr, num_kb, STAGES)
+        h_lo = _swiglu_half(acc, B1, expert, stride_b1_e, first_row, 2 * inter, limit, alpha, HAS_B1, mma_layout)
+        if first_row + W_PASS_ROWS < 2 * inter:
+            acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, num_kb, pid_m * BLOCK_M,
+                                w_coord + W_PASS_ROWS, xs_ptrs, 1, row_ok, ws_ptr + stride_w1s_n, num_kb, STAGES)
+            h_hi = _swiglu_half(acc, B1, expert, stride_b1_e, first_row + W_PASS_ROWS, 2 * inter, limit, alpha,
+                                HAS_B1, mma_layout)
+        else:  # the last program of an odd number of 64-column halves: its second half lies past I
+            h_hi = gl.zeros_like(h_lo)
+        release_ring(ready, STAGES)
+
+        h_layout: gl.constexpr = h_lo.type.layout
+        h_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, h_layout))
+        h_row_ok = gl.convert_layout(row_ok, gl.SliceLayout(1, h_layout))
+        cols = pid_n * 128 + gl.arange(0, 64, layout=gl.SliceLayout(0, h_layout))
+        ok_lo = h_row_ok[:, None] & (cols < inter)[None, :]
+        ok_hi = h_row_ok[:, None] & (cols + 64 < inter)[None, :]
+        h_lo = gl.where(ok_lo, h_lo, 0.0)
+        h_hi = gl.where(ok_hi, h_hi, 0.0)
+        amax = gl.maximum(gl.max(gl.abs(h_lo), axis=1), gl.max(gl.abs(h_hi), axis=1))
+        scale = gl.where(amax > 0, gl.div_rn(amax, 448.0), 1.0)
+        out_offs = h_rows.to(gl.int64)[:, None] * inter + cols[None, :]
+        gl.store(HQ + out_offs, _to_e4m3(gl.div_rn(h_lo, scale[:, None])), mask=ok_lo)
+        gl.store(HQ + out_offs + 64, _to_e4m3(gl.div_rn(h_hi, scale[:, None])), mask=ok_hi)
+        gl.store(HS + h_rows.to(gl.int64) * gl.cdiv(inter, 128) + pid_n, scale, mask=h_row_ok)
+
+
+@gluon.jit
+def _mlp2_gluon_kernel(h_desc, w2_desc, HS, W2S, B2, SORTED_PAIRS, BLOCK_EXPERT, PAIR_OUT,
+                       num_pairs, hidden, inter, num_blocks_m, stride_w2s_e, stride_w2s_n, stride_b2_e,
+                       GROUP_M: gl.constexpr, HAS_B2: gl.constexpr, mma_layout: gl.constexpr,
+                       STAGES: gl.constexpr):
+    """`moe._mlp2_kernel` on TMA tiles: y = h W2^T (+ b2) for a block of sorted rows and BLOCK_N (<= 128) output
+    columns, stored at each pair's row of PAIR_OUT [T * TOP_K, H] in its dtype (bf16: rounded once, as
+    `MoeConfig.pair_out_bf16`)."""
+    BLOCK_M: gl.constexpr = h_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[0]
+    gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-row W2 scale block")
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+    pid_m, pid_n = grouped_tile(num_blocks_m, gl.cdiv(hidden, BLOCK_N), GROUP_M)
+    expert = gl.load(BLOCK_EXPERT + pid_m)
+    if expert >= 0:
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        pairs = gl.load(SORTED_PAIRS + rows)
+        row_ok = pairs < num_pairs
+        num_kb = gl.cdiv(inter, BLOCK_K)
+        a_bufs, w_bufs, ready = allocate_ring(h_desc, w2_desc, STAGES)
+        acc = scaled_k_loop(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma_layout), h_desc, w2_desc, a_bufs,
+                            w_bufs, ready, 0, pid_m * BLOCK_M, expert * hidden + pid_n * BLOCK_N,
+                            HS + rows.to(gl.int64) * num_kb, 1, row_ok,
+                            W2S + expert.to(gl.int64) * stride_w2s_e + (pid_n * BLOCK_N // 128) * stride_w2s_n,
+                            num_kb, STAGES)
+        release_ring(ready, STAGES)
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+        col_ok = cols < hidden
+        if HAS_B2:
+            acc += gl.load(B2 + expert * stride_b2_e + cols, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+        out_ptrs = PAIR_OUT + pairs.to(gl.int64)[:, None] * hidden + cols[None, :]
+        gl.store(out_ptrs, acc.to(PAIR_OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def mlp1_gluon(xg, xs, w1, w1_scale_inv, b1, sorted_pairs, block_expert, hq, hs, num_pairs, max_blocks, limit,
+               alpha, top_k, block_m, warps, stages, group_m):
+    """`_mlp1_gluon_kernel` over every (block, 128-column) tile: xg [max_blocks * block_m, H] e4m3 (x gathered
+    into the sorted order, `moe._gather_rows_kernel`), xs [T, cdiv(H, 128)], w1 [E, 2I, H] contiguous; writes
+    hq / hs as `moe._mlp1_kernel` with fused requantisation."""
+    num_local, two_inter, hidden = w1.shape
+    inter = two_inter // 2
+    _mlp1_gluon_kernel[(max_blocks * triton.cdiv(inter, 128),)](
+        fp8_descriptor(xg, [block_m, K_TILE]), fp8_descriptor(w1.view(-1, hidden), [MLP1_PASS_ROWS, K_TILE]),
+        xs, w1_scale_inv, b1 if b1 is not None else w1_scale_inv, sorted_pairs, block_expert, hq, hs,
+        num_pairs, hidden, inter, max_blocks, float(limit), alpha,
+        w1_scale_inv.stride(0), w1_scale_inv.stride(1), b1.stride(0) if b1 is not None else 0,
+        TOP_K=top_k, GROUP_M=group_m, HAS_B1=b1 is not None, mma_layout=mma_layout_for(block_m, MLP1_PASS_ROWS, warps),
+        STAGES=stages, num_warps=warps)
+
+
+def mlp2_gluon(hq, hs, w2, w2_scale_inv, b2, sorted_pairs, block_expert, pair_out, num_pairs, max_blocks, block_m,
+               block_n, warps, stages, group_m):
+    """`_mlp2_gluon_kernel` over every (block, block_n-column) tile: hq [max_blocks * block_m, I] e4m3 with hs,
+    w2 [E, H, I] contiguous; each pair's output into pair_out [T * top_k, H]."""
+    num_local, hidden, inter = w2.shape
+    _mlp2_gluon_kernel[(max_blocks * triton.cdiv(hidden, block_n),)](
+        fp8_descriptor(hq, [block_m, K_TILE]), fp8_descriptor(w2.view(-1, inter), [block_n, K_TILE]),
+        hs, w2_scale_inv, b2 if b2 is not None else w2_scale_inv, sorted_pairs, block_expert, pair_out,
+        num_pairs, hidden, inter, max_blocks, w2_scale_inv.stride(0), w2_scale_inv.stride(1),
+        b2.stride(0) if b2 is not None else 0, GROUP_M=group_m, HAS_B2=b2 is not None,
+        mma_layout=mma_layout_for(block_m, block_n, warps), STAGES=stages, num_warps=warps)
+

@@ -1,0 +1,150 @@
+"""The Gluon FP8 GEMMs (kernels/fp8_gluon.py, kernels/moe_gluon.py): one wgmma in flight while the previous K
+block's scales are applied.
+
+Gluon has no interpreter, so on a CPU the kernels are compiled for sm_90a and launch nothing
+(benchmarks/compile_only.py, in a subprocess: it fakes torch's CUDA and Triton's driver): their machine code must
+keep one wgmma group in flight through the scaling (`DEPBAR.LE gsb0, 0x1`) and wait for all of them only at the
+end of each K loop; ptxas serialising the MMAs (what an earlier form did, its warning C7514) fails it.
+
+On an H200 (`gpu`): the dense GEMM against float64 of the dequantised operands and bit for bit against
+`fp8_gemm.fp8_gemm` on the same tile (the same block products, summed in the same order); the MoE's table prefill row with
+`mlp1_gluon` / `mlp2_gluon` bit for bit against the same row on the Triton kernels, on ragged small dims (a
+second mlp1 pass wholly past 2I, one partly past it, ragged K, an EP rank's experts) and at 120b's full shapes,
+against `moe_ref`, run to run and inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from test_kernel_moe import _kernel_module, compare_to_ref, make_experts, make_router, make_x
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _compile(script: str, tmp_path, *args) -> list:
+    subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--compile-only", "--out",
+                    str(tmp_path), "--stem", "compiled", *args], check=True, capture_output=True, text=True,
+                   timeout=600, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    with open(tmp_path / "compiled.json") as f:
+        return json.load(f)["rows"]
+
+
+def _waits(text: str) -> dict:
+    """'DEPBAR.LE gsb0, 0x0 x4, DEPBAR.LE gsb0, 0x1 x6' -> {0: 4, 1: 6}"""
+    out = {}
+    for part in filter(None, text.split(", DEPBAR")):
+        level, count = part.rsplit(" x", 1)
+        out[int(level.rsplit("0x", 1)[1])] = int(count)
+    return out
+
+
+def test_gluon_kernels_keep_one_mma_in_flight(tmp_path):
+    """Compiled for sm_90a: every wgmma of the PTX is in the machine code, and each K loop (mlp1 runs two)
+    waits for all MMAs only at its end (two full waits: the leftover block's and the last), with waits that
+    leave one in flight in between."""
+    dense = _compile("diag_gluon_fp8_gemm.py", tmp_path / "dense")
+    moe = _compile("diag_gluon_moe.py", tmp_path / "moe", "--variants", "gluon")
+    kernels = [(r["tile"], r, 1) for r in dense] + [(r["kernel"], r, 2 if "mlp1" in r["kernel"] else 1) for r in moe]
+    assert {name for name, _, _ in kernels} >= {"_mlp1_gluon_kernel", "_mlp2_gluon_kernel"}
+    for name, row, loops in kernels:
+        assert row["wgmma"] > 0 and row["sass_qgmma"] == row["wgmma"], (name, row)
+        waits = _waits(row["sass_depbar"])
+        assert waits.get(0) == 2 * loops, f"{name}: full waits {waits} (serialised MMAs?)"
+        assert waits.get(1, 0) >= 2 * loops, f"{name}: no wait that leaves one MMA in flight: {waits}"
+        assert row["regs"] <= 255, (name, row)
+
+
+def test_gluon_config_rules():
+    """`MoeConfig.mlp1_gluon` / `mlp2_gluon` belong to the TMA rows with the tiles the Gluon kernels have."""
+    mod = _kernel_module()
+    table = mod.select_config(8192)
+    mod._check_config(replace(table, mlp1_gluon=True, mlp2_gluon=True))
+    bad = [replace(table, mlp1_gluon=True, tma_x=False), replace(table, mlp1_gluon=True, mlp1_block_n=64),
+           replace(table, mlp2_gluon=True, mlp2_block_n=256), replace(table, mlp1_gluon=True, tma=False, tma_x=True),
+           replace(mod.select_config(1), mlp2_gluon=True), replace(mod.select_config(8), mlp1_gluon=True)]
+    for config in bad:
+        with pytest.raises(ValueError, match="gluon"):
+            mod._check_config(config)
+
+
+def _gluon_here():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU (Gluon's wgmma / TMA)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(8192, 5120, 2880), (1000, 640, 2880), (333, 256, 4096), (64, 128, 200)])
+def test_dense_gemm_gluon_matches_triton(m, n, k):
+    """Against float64, and bit for bit against `_fp8_gemm_tma_kernel` on the same tile (the m64 / m128 tiles whose
+    warpgroups each run m64 x n128 MMAs, as Triton's), bias in the accumulator, through `fp8_gemm` with
+    `Fp8GemmConfig.gluon` as well."""
+    _gluon_here()
+    from sglang_ext.kernels import fp8_gemm
+    from sglang_ext.kernels.fp8_gluon import fp8_gemm_gluon, fp8_gemm_gluon_ref
+
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = (torch.randn(m, k, device="cuda", generator=g) * 64).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 64).to(torch.float8_e4m3fn)
+    kb = -(-k // 128)
+    a_s = (torch.rand(m, kb, device="cuda", generator=g) * 1e-3 + 1e-4).t().contiguous().t()  # MN-major
+    w_s = torch.rand(-(-n // 128), kb, device="cuda", generator=g) * 1e-3 + 1e-4
+    bias = (torch.randn(n, device="cuda", generator=g) * 0.5).to(torch.bfloat16)
+    want = fp8_gemm_gluon_ref(a, a_s, w, w_s) + bias.double()
+    for block_m, warps, stages in ((128, 8, 4), (64, 4, 3), (64, 8, 4)):
+        got = fp8_gemm_gluon(a, a_s, w, w_s, bias, block_m=block_m, num_warps=warps, stages=stages)
+        rel = ((got.double() - want).abs().max() / want.abs().max()).item()
+        assert rel <= 2.0 ** -7, f"m{block_m} w{warps}: {rel} vs float64"  # bf16 output: 2^-9 per element
+        if warps == block_m // 16:  # the same wgmma shape (m64 n128 a warpgroup) as Triton's tile of that size
+            twin = fp8_gemm.Fp8GemmConfig(block_m=block_m, block_n=128, num_warps=warps, num_stages=stages, tma=True)
+            ours = fp8_gemm.fp8_gemm(a, a_s, w, w_s, bias, config=twin)
+            assert torch.equal(got, ours), f"m{block_m} w{warps}: bits differ from fp8_gemm's tile ({rel})"
+            routed = fp8_gemm.fp8_gemm(a, a_s, w, w_s, bias, config=replace(twin, gluon=True))
+            assert torch.equal(routed, got), "fp8_gemm with Fp8GemmConfig.gluon: bits differ"
+
+
+def gluon_moe_cases():
+    """(name, tokens, hidden, intermediate, local experts, expert offset, b2)"""
+    return [
+        ("H 320 I 288 (ragged K both, mlp1's last second pass wholly past I), EP rank 1..4", 23, 320, 288, 4, 1, True),
+        ("H 288 I 224 (the last first pass partly past 2I), 5 experts, no b2", 37, 288, 224, 5, 0, False),
+        ("120b shapes, 1100 tokens", 1100, 2880, 2880, 128, 0, True),
+        ("120b shapes, 8192 tokens", 8192, 2880, 2880, 128, 0, True),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(gluon_moe_cases())))
+def test_moe_gluon_rows_match_triton(case):
+    _gluon_here()
+    mod = _kernel_module()
+    name, tokens, hidden, inter, num_local, offset, with_b2 = gluon_moe_cases()[case]
+    experts = make_experts(num_local, hidden, inter, seed=40 + case, device="cuda", with_b2=with_b2)
+    router = make_router(8 if num_local < 8 else num_local, hidden, seed=41 + case, device="cuda")
+    x = make_x(tokens, hidden, seed=42 + case, device="cuda")
+    triton_row = mod.select_config(max(tokens, 129))
+    assert triton_row.tma and triton_row.block_m == 64
+    want, weights, ids = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=triton_row,
+                                           return_routing=True)
+    for flags in ({"mlp1_gluon": True}, {"mlp2_gluon": True}, {"mlp1_gluon": True, "mlp2_gluon": True}):
+        config = replace(triton_row, **flags)
+        got = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config)
+        assert torch.equal(got, want), f"{name} {flags}: bits differ from the Triton row"
+    assert torch.equal(got, mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config))
+    ref = mod.moe_ref(x, None, None, *experts, expert_offset=offset, routing=(weights, ids), pair_out_bf16=True)
+    compare_to_ref(got, ref, name)
+    out = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config, out=out)  # compiled before capture
+    with torch.cuda.graph(graph):
+        mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want), f"{name}: the CUDA graph's replay"
