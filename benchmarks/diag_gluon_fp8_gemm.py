@@ -56,7 +56,9 @@ def main():
     ap.add_argument("--stem", default=None, help="results file stem (default: diag_gluon_fp8_gemm, + _compile)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
-    command = "python benchmarks/diag_gluon_fp8_gemm.py " + " ".join(sys.argv[1:])
+    # another Triton first on PYTHONPATH (e.g. the device image's 3.6: pip install --target DIR triton==3.6.0)
+    command = ("PYTHONPATH=" + os.environ["PYTHONPATH"] + " " if os.environ.get("PYTHONPATH") else "") + \
+        "python benchmarks/diag_gluon_fp8_gemm.py " + " ".join(sys.argv[1:])
 
     if args.compile_only:
         rows = compile_only()

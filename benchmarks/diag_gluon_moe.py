@@ -95,7 +95,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--variants", default=None, help="names of VARIANTS (default: all; compiled: COMPILE_VARIANTS)")
     args = ap.parse_args()
-    command = "python benchmarks/diag_gluon_moe.py " + " ".join(sys.argv[1:])
+    # another Triton first on PYTHONPATH (e.g. the device image's 3.6: pip install --target DIR triton==3.6.0)
+    command = ("PYTHONPATH=" + os.environ["PYTHONPATH"] + " " if os.environ.get("PYTHONPATH") else "") + \
+        "python benchmarks/diag_gluon_moe.py " + " ".join(sys.argv[1:])
     if args.compile_only:
         rows = compile_only(args.variants.split(",") if args.variants else COMPILE_VARIANTS)
         meta = {"command": command, "triton": triton.__version__, "target": "cuda sm_90a, compiled only (no GPU)"}

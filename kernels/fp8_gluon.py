@@ -55,6 +55,8 @@ def _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, g0, kb, num_kb, off_a,
 @gluon.jit
 def allocate_ring(a_desc, w_desc, STAGES: gl.constexpr):
     """The TMA ring: STAGES slots of one A and one W tile, an mbarrier each."""
+    # one slot would issue block 1's MMA before its tiles were requested: a wait that never ends
+    gl.static_assert(STAGES >= 2, "scaled_k_loop needs 2+ ring slots")
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -126,13 +128,28 @@ def grouped_tile(num_tiles_m, num_tiles_n, GROUP_M: gl.constexpr):
     return first_m + (pid % width) % group_rows, (pid % width) // group_rows
 
 
+def gluon_tile_error(block_m: int, block_n: int, num_warps: int, stages: int) -> str | None:
+    """Why the Gluon kernels cannot run this tile (None: they can): warpgroups of 4 warps stacked along M while
+    BLOCK_M has 64 rows for each, the rest splitting N; one 128-row W scale block a tile; 2+ ring slots."""
+    along_m = min(num_warps, block_m // 16)
+    along_n = num_warps // max(along_m, 1)
+    if along_m < 4 or along_m % 4 or block_n % along_n or along_m * along_n != num_warps:
+        return f"tile m{block_m} n{block_n} on {num_warps} warps: no warpgroup layout (block_m >= 64, 4 or 8 warps)"
+    if 128 % block_n:
+        return f"block_n {block_n} must divide 128 (one W scale block a tile)"
+    if stages < 2:
+        return f"{stages} stages: the ring needs 2+"
+    return None
+
+
 def mma_layout_for(block_m: int, block_n: int, num_warps: int):
     """The wgmma accumulator layout: warpgroups stacked along M while BLOCK_M has 64 rows for each, else the
     second warpgroup takes the other half of N (m64 on 8 warps: two m64 x n/2 MMAs)."""
+    error = gluon_tile_error(block_m, block_n, num_warps, 2)
+    if error:
+        raise ValueError(error)
     along_m = min(num_warps, block_m // 16)
     along_n = num_warps // along_m
-    if along_m % 4 or block_n % along_n or along_m * along_n != num_warps:
-        raise ValueError(f"tile m{block_m} n{block_n} on {num_warps} warps: no warpgroup layout")
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[along_m, along_n],
                                      instr_shape=[16, block_n // along_n, 32])
 
@@ -181,8 +198,9 @@ def fp8_gemm_gluon(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
     m, k = a.shape
     n = w.shape[0]
     kb = triton.cdiv(k, K_TILE)
-    if 128 % block_n:
-        raise ValueError(f"fp8_gemm_gluon: block_n {block_n} must divide 128 (one W scale block a tile)")
+    error = gluon_tile_error(block_m, block_n, num_warps, stages)
+    if error:
+        raise ValueError(f"fp8_gemm_gluon: {error}")
     layout = mma_layout_for(block_m, block_n, num_warps)
     if tuple(a_scale.shape) != (m, kb) or tuple(w_scale.shape) != (triton.cdiv(n, 128), kb) or w_scale.stride(1) != 1:
         raise ValueError(f"fp8_gemm_gluon: a_scale [{m}, {kb}] and w_scale [{triton.cdiv(n, 128)}, {kb}] (unit last "

@@ -467,6 +467,15 @@ def _check_config(config: MoeConfig) -> None:
                          "rows (mlp1_block_n 128)")
     if config.mlp2_gluon and not (config.tma and config.mlp2_block_n <= 128):
         raise ValueError("MoeConfig.mlp2_gluon: the TMA rows (tma), mlp2 tiles of <= 128 rows (one W2 scale block)")
+    if config.mlp1_gluon or config.mlp2_gluon:
+        from .fp8_gluon import gluon_tile_error  # here, not at import: Gluon only where a config asks for it
+
+        # checked here, on any machine, not first at a launch on the GPU
+        for used, n, warps, stages in ((config.mlp1_gluon, 128, config.mlp1_warps, config.mlp1_stages),
+                                       (config.mlp2_gluon, config.mlp2_block_n, config.mlp2_warps, config.mlp2_stages)):
+            error = used and gluon_tile_error(config.block_m, n, warps, stages)
+            if error:
+                raise ValueError(f"MoeConfig.mlp*_gluon: {error}")
     if config.tma and (config.mlp1_passes != 2 or config.mlp2_split_k != 1 or not config.fused_requant
                        or max(config.block_m, config.mlp2_block_n) > 256):
         raise ValueError("MoeConfig.tma: two mlp1 passes, h requantised by mlp1, no mlp2 split-K, tiles of "

@@ -52,7 +52,7 @@ def _to_e4m3(q):
     return q.to(gl.float8e4nv)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["num_pairs", "num_blocks_m"])  # as the Triton twins: no compile per token count
 def _mlp1_gluon_kernel(x_desc, w1_desc, XS, W1S, B1, SORTED_PAIRS, BLOCK_EXPERT, HQ, HS,
                        num_pairs, hidden, inter, num_blocks_m, limit, alpha,
                        stride_w1s_e, stride_w1s_n, stride_b1_e,
@@ -106,7 +106,7 @@ def _mlp1_gluon_kernel(x_desc, w1_desc, XS, W1S, B1, SORTED_PAIRS, BLOCK_EXPERT,
         gl.store(HS + h_rows.to(gl.int64) * gl.cdiv(inter, 128) + pid_n, scale, mask=h_row_ok)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["num_pairs", "num_blocks_m"])
 def _mlp2_gluon_kernel(h_desc, w2_desc, HS, W2S, B2, SORTED_PAIRS, BLOCK_EXPERT, PAIR_OUT,
                        num_pairs, hidden, inter, num_blocks_m, stride_w2s_e, stride_w2s_n, stride_b2_e,
                        GROUP_M: gl.constexpr, HAS_B2: gl.constexpr, mma_layout: gl.constexpr,

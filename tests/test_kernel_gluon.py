@@ -67,9 +67,12 @@ def test_gluon_config_rules():
     mod = _kernel_module()
     table = mod.select_config(8192)
     mod._check_config(replace(table, mlp1_gluon=True, mlp2_gluon=True))
+    mod._check_config(replace(table, mlp1_gluon=True, mlp2_gluon=True, mlp1_warps=8, mlp2_warps=8))
     bad = [replace(table, mlp1_gluon=True, tma_x=False), replace(table, mlp1_gluon=True, mlp1_block_n=64),
            replace(table, mlp2_gluon=True, mlp2_block_n=256), replace(table, mlp1_gluon=True, tma=False, tma_x=True),
-           replace(mod.select_config(1), mlp2_gluon=True), replace(mod.select_config(8), mlp1_gluon=True)]
+           replace(mod.select_config(1), mlp2_gluon=True), replace(mod.select_config(8), mlp1_gluon=True),
+           replace(mod.select_config(32), mlp2_gluon=True),  # 16-row blocks: no warpgroup tile
+           replace(table, mlp1_gluon=True, mlp1_stages=1)]  # one ring slot would wait forever
     for config in bad:
         with pytest.raises(ValueError, match="gluon"):
             mod._check_config(config)
