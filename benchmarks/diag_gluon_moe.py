@@ -33,14 +33,18 @@ VARIANTS = {  # name -> MoeConfig, beside the table's row
     "gluon": GLUON,
     "gluon_mlp1": replace(TABLE, mlp1_gluon=True),
     "gluon_mlp2": replace(TABLE, mlp2_gluon=True),
-    "gluon_w8": replace(GLUON, mlp1_warps=8, mlp2_warps=8),  # two warpgroups split each tile's N: m64 x n64 each
+    # 8 warps: mlp1's 256 W1 rows in one pass, a warpgroup each half, sharing the x tile; mlp2 256 wide likewise
+    "gluon_w8": replace(GLUON, mlp1_warps=8, mlp2_warps=8, mlp2_block_n=256),
+    "gluon_mlp1w8": replace(GLUON, mlp1_warps=8),
+    "gluon_mlp2n64w8": replace(GLUON, mlp2_warps=8),  # mlp2 n128 tiles split: a warpgroup m64 x n64
     "gluon_s3": replace(GLUON, mlp1_stages=3),
     "gluon_mlp2s4": replace(GLUON, mlp2_stages=4),
     "gluon_g8": replace(GLUON, group_m=8),
 }
 
 
-COMPILE_VARIANTS = ("gluon", "gluon_w8", "gluon_s3", "gluon_mlp2s4")  # the kernels' distinct compiled forms
+# the kernels' distinct compiled forms
+COMPILE_VARIANTS = ("gluon", "gluon_w8", "gluon_mlp2n64w8", "gluon_s3", "gluon_mlp2s4")
 
 
 def compile_only(names=COMPILE_VARIANTS) -> list:
@@ -66,9 +70,9 @@ def compile_only(names=COMPILE_VARIANTS) -> list:
         c = VARIANTS[name]
         compiled.clear()
         moe_gluon.mlp1_gluon(torch.zeros(rows, dim, dtype=mk.FP8), torch.ones(tokens, kb), w1,
-                             torch.ones(experts, 2 * dim // 128, kb), torch.zeros(experts, 2 * dim, dtype=torch.bfloat16),
-                             *routing, hq, hs, tokens * 4, max_blocks, 7.0, mk.SWIGLU_ALPHA, 4, block_m, c.mlp1_warps,
-                             c.mlp1_stages, c.group_m)
+                             torch.ones(experts, 2 * dim // 128, kb),
+                             torch.zeros(experts, 2 * dim, dtype=torch.bfloat16), *routing, hq, hs, tokens * 4,
+                             max_blocks, 7.0, mk.SWIGLU_ALPHA, 4, block_m, c.mlp1_warps, c.mlp1_stages, c.group_m)
         moe_gluon.mlp2_gluon(hq, hs, w2, torch.ones(experts, kb, kb), torch.zeros(experts, dim, dtype=torch.bfloat16),
                              *routing, torch.zeros(tokens * 4, dim, dtype=torch.bfloat16), tokens * 4, max_blocks,
                              block_m, c.mlp2_block_n, c.mlp2_warps, c.mlp2_stages, c.group_m)
@@ -125,7 +129,8 @@ def main():
         x_small = x[:512].contiguous()  # moe_ref at full size takes minutes: its error on 512 of the tokens
         ref_small = mk.moe_ref(x_small, *bm.layer_args(layer), top_k=4, limit=7.0, pair_out_bf16=True)
         table_out = None
-        for name, config in [("table", TABLE)] + [(v, VARIANTS[v]) for v in (args.variants or ",".join(VARIANTS)).split(",")]:
+        names = (args.variants or ",".join(VARIANTS)).split(",")
+        for name, config in [("table", TABLE)] + [(v, VARIANTS[v]) for v in names]:
             row = {"model": model, "tokens": args.tokens, "variant": name, "config": config.short()}
             try:
                 out = torch.empty_like(x)

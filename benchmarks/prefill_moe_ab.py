@@ -22,7 +22,7 @@ from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
 
 def main():
     row, rest = sys.argv[1], sys.argv[2:]
-    if "--dense-gluon" in rest:  # the dense layers' prefill tiles on the Gluon kernel too (fp8_gemm.GLUON_PREFILL_TILES)
+    if "--dense-gluon" in rest:  # the dense layers' prefill tiles on Gluon too (fp8_gemm.GLUON_PREFILL_TILES)
         from sglang_ext.kernels import fp8_gemm
 
         rest.remove("--dense-gluon")

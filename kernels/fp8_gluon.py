@@ -72,48 +72,75 @@ def release_ring(ready, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _row_scale(a_s_ptrs, a_s_step, row_ok, w_s_ptr, kb, PER_COLUMN: gl.constexpr):
+    """Block kb's scale by row: a_s * w_s (one W scale block a tile), or a_s alone where w_s goes by column."""
+    a_s = gl.load(a_s_ptrs + kb * a_s_step, mask=row_ok, other=0.0)
+    if PER_COLUMN:
+        return a_s
+    else:
+        return a_s * gl.load(w_s_ptr + kb)
+
+
+@gluon.jit
+def _add_scaled(acc, p, s, w_s_ptr, w_s_hi, kb, PER_COLUMN: gl.constexpr):
+    """acc + p * scale, the scale as the Triton kernels form it (a_s * w_s, then one fma per element). 256-wide
+    tiles (PER_COLUMN): columns 0..127 take scale block w_s_ptr, the others w_s_ptr + w_s_hi (two scalar loads: a
+    pointer per column cost 64 registers a thread and spilled)."""
+    if PER_COLUMN:
+        BLOCK_N: gl.constexpr = acc.shape[1]
+        hi = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout)) >= 128
+        w_s = gl.where(hi, gl.load(w_s_ptr + w_s_hi + kb), gl.load(w_s_ptr + kb))
+        return acc + p * (s[:, None] * w_s[None, :])
+    else:
+        return acc + p * s[:, None]
+
+
+@gluon.jit
 def scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, g0, off_a, off_w, a_s_ptrs, a_s_step, row_ok, w_s_ptr,
-                  num_kb, STAGES: gl.constexpr):
+                  w_s_hi, num_kb, STAGES: gl.constexpr):
     """acc + sum_kb (A_kb W_kb^T) * a_s[:, kb] * w_s[kb] over the K blocks kb < num_kb, acc fp32 [BLOCK_M, BLOCK_N]
     in the wgmma's layout (zeros, or the bias), the block sums added in K order: A's rows off_a.. from a_desc, W's
-    rows off_w.. from w_desc
-    (one 128-row scale block: the scalar w_s_ptr[kb]), a_s_ptrs + kb * a_s_step the A rows' scales (masked by
-    row_ok). The ring's blocks are numbered on from g0 (a kernel calling this again passes g0 + the blocks
-    used), so its slots' mbarrier phases carry over; the ring holds no request when it returns.
+    rows off_w.. from w_desc, a_s_ptrs + kb * a_s_step the A rows' scales (masked by row_ok), w_s_ptr + kb the W
+    scale of tiles of <= 128 rows (one scale block) and of a 256-row tile's first 128 rows, w_s_ptr + w_s_hi + kb
+    that of its last 128 (the caller keeps it inside the tensor where those rows lie past the weight's edge: their
+    columns are dropped; w_s_hi unused for narrower tiles). The ring's blocks are numbered on from
+    g0 (a kernel calling this again passes g0 + the blocks used), so its slots' mbarrier phases carry over; the
+    ring holds no request when it returns.
 
     Block kb's MMA is issued, then block kb - 1's product (finished: `warpgroup_mma_wait(num_outstanding=1)`)
     is scaled and added while kb's runs, and block kb + STAGES - 1's tiles are requested into the slot kb - 1
     freed. The two products in flight live in two loop-carried register sets (the loop runs over pairs of K
     blocks): one variable swapped each iteration made ptxas serialise every wgmma (its C7514 warning; in the
     machine code a wait after each one)."""
+    PER_COLUMN: gl.constexpr = w_desc.block_type.shape[0] > 128
     for i in gl.static_range(STAGES):
         _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, g0, i, num_kb, off_a, off_w, STAGES)
     zero = gl.zeros_like(acc)
     p0 = _issue_block(a_bufs, w_bufs, ready, g0, zero, STAGES)
-    s0 = gl.load(a_s_ptrs, mask=row_ok, other=0.0) * gl.load(w_s_ptr)
+    s0 = _row_scale(a_s_ptrs, a_s_step, row_ok, w_s_ptr, 0, PER_COLUMN)
     for pair in range((num_kb - 1) // 2):
         kb = 1 + 2 * pair
         p1 = _issue_block(a_bufs, w_bufs, ready, g0 + kb, zero, STAGES)
         p0 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, ))  # block kb - 1 done, kb running
-        acc += p0 * s0[:, None]
+        acc = _add_scaled(acc, p0, s0, w_s_ptr, w_s_hi, kb - 1, PER_COLUMN)
         _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, g0, kb + STAGES - 1, num_kb, off_a, off_w, STAGES)
-        s1 = gl.load(a_s_ptrs + kb * a_s_step, mask=row_ok, other=0.0) * gl.load(w_s_ptr + kb)
+        s1 = _row_scale(a_s_ptrs, a_s_step, row_ok, w_s_ptr, kb, PER_COLUMN)
         p0 = _issue_block(a_bufs, w_bufs, ready, g0 + kb + 1, zero, STAGES)
         p1 = warpgroup_mma_wait(num_outstanding=1, deps=(p1, ))  # block kb done, kb + 1 running
-        acc += p1 * s1[:, None]
+        acc = _add_scaled(acc, p1, s1, w_s_ptr, w_s_hi, kb, PER_COLUMN)
         _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, g0, kb + STAGES, num_kb, off_a, off_w, STAGES)
-        s0 = gl.load(a_s_ptrs + (kb + 1) * a_s_step, mask=row_ok, other=0.0) * gl.load(w_s_ptr + kb + 1)
+        s0 = _row_scale(a_s_ptrs, a_s_step, row_ok, w_s_ptr, kb + 1, PER_COLUMN)
     last = 1 + 2 * ((num_kb - 1) // 2)  # num_kb when num_kb is odd: one block left over otherwise
     if last < num_kb:
         q1 = _issue_block(a_bufs, w_bufs, ready, g0 + last, zero, STAGES)
         d0 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, ))
-        acc += d0 * s0[:, None]
-        s1 = gl.load(a_s_ptrs + last * a_s_step, mask=row_ok, other=0.0) * gl.load(w_s_ptr + last)
+        acc = _add_scaled(acc, d0, s0, w_s_ptr, w_s_hi, last - 1, PER_COLUMN)
+        s1 = _row_scale(a_s_ptrs, a_s_step, row_ok, w_s_ptr, last, PER_COLUMN)
         d1 = warpgroup_mma_wait(num_outstanding=0, deps=(q1, ))
-        acc += d1 * s1[:, None]
+        acc = _add_scaled(acc, d1, s1, w_s_ptr, w_s_hi, last, PER_COLUMN)
     else:
         d0 = warpgroup_mma_wait(num_outstanding=0, deps=(p0, ))
-        acc += d0 * s0[:, None]
+        acc = _add_scaled(acc, d0, s0, w_s_ptr, w_s_hi, last - 1, PER_COLUMN)
     return acc
 
 
@@ -130,13 +157,17 @@ def grouped_tile(num_tiles_m, num_tiles_n, GROUP_M: gl.constexpr):
 
 def gluon_tile_error(block_m: int, block_n: int, num_warps: int, stages: int) -> str | None:
     """Why the Gluon kernels cannot run this tile (None: they can): warpgroups of 4 warps stacked along M while
-    BLOCK_M has 64 rows for each, the rest splitting N; one 128-row W scale block a tile; 2+ ring slots."""
+    BLOCK_M has 64 rows for each, the rest splitting N; a warpgroup's MMA at most n128 (its accumulator and two
+    products in flight stay in registers); block_n dividing 128 (one W scale block) or 256 (a scale per column);
+    2+ ring slots."""
     along_m = min(num_warps, block_m // 16)
     along_n = num_warps // max(along_m, 1)
     if along_m < 4 or along_m % 4 or block_n % along_n or along_m * along_n != num_warps:
         return f"tile m{block_m} n{block_n} on {num_warps} warps: no warpgroup layout (block_m >= 64, 4 or 8 warps)"
-    if 128 % block_n:
-        return f"block_n {block_n} must divide 128 (one W scale block a tile)"
+    if block_n // along_n > 128:
+        return f"tile n{block_n} on {num_warps} warps: n{block_n // along_n} a warpgroup, at most 128"
+    if 128 % block_n and block_n != 256:
+        return f"block_n {block_n}: a divisor of 128 (one W scale block a tile) or 256"
     if stages < 2:
         return f"{stages} stages: the ring needs 2+"
     return None
@@ -182,7 +213,7 @@ def _fp8_gemm_gluon_kernel(a_desc, w_desc, AS, WS, BIAS, OUT, M, N, K, stride_as
     a_bufs, w_bufs, ready = allocate_ring(a_desc, w_desc, STAGES)
     acc = scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, 0, off_m, off_n,
                         AS + rows.to(gl.int64) * stride_as_m, stride_as_k, row_ok, WS + (off_n // 128) * stride_ws_n,
-                        gl.cdiv(K, BLOCK_K), STAGES)
+                        0, gl.cdiv(K, BLOCK_K), STAGES)
     release_ring(ready, STAGES)
     out_ptrs = OUT + rows.to(gl.int64)[:, None] * stride_out + cols[None, :]
     gl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -198,7 +229,7 @@ def fp8_gemm_gluon(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
     m, k = a.shape
     n = w.shape[0]
     kb = triton.cdiv(k, K_TILE)
-    error = gluon_tile_error(block_m, block_n, num_warps, stages)
+    error = gluon_tile_error(block_m, block_n, num_warps, stages) or (block_n > 128 and "block_n > 128")
     if error:
         raise ValueError(f"fp8_gemm_gluon: {error}")
     layout = mma_layout_for(block_m, block_n, num_warps)

@@ -201,7 +201,8 @@ class MoeConfig:
     # bf16 x only: fp16 / fp32 x keep fp32 pairs (y would otherwise lose bits their own output keeps).
     pair_out_bf16: bool = False
     # TMA rows, compiled on sm_90: mlp1 / mlp2 as the Gluon kernels of kernels/moe_gluon.py (the same tiles and
-    # sums, one wgmma in flight while the previous K block's scales are applied; kernels/fp8_gluon.py says why).
+    # sums, one wgmma in flight while the previous K block's scales are applied; kernels/fp8_gluon.py says why;
+    # mlp1 on 8 warps: one pass, a warpgroup each 128 W1 rows; mlp2 also 256 wide on 8 warps).
     # Elsewhere (the interpreter, other GPUs, operands the copy engine cannot take) the Triton kernels run.
     # Session 21: compiled only, never run; no table row takes them.
     mlp1_gluon: bool = False
@@ -465,13 +466,15 @@ def _check_config(config: MoeConfig) -> None:
     if config.mlp1_gluon and not (config.tma and config.tma_x and config.mlp1_block_n == 128):
         raise ValueError("MoeConfig.mlp1_gluon: the TMA rows with x gathered (tma, tma_x) and two passes of 128 W1 "
                          "rows (mlp1_block_n 128)")
-    if config.mlp2_gluon and not (config.tma and config.mlp2_block_n <= 128):
-        raise ValueError("MoeConfig.mlp2_gluon: the TMA rows (tma), mlp2 tiles of <= 128 rows (one W2 scale block)")
+    if config.mlp2_gluon and not config.tma:
+        raise ValueError("MoeConfig.mlp2_gluon: the TMA rows (tma)")
     if config.mlp1_gluon or config.mlp2_gluon:
         from .fp8_gluon import gluon_tile_error  # here, not at import: Gluon only where a config asks for it
 
-        # checked here, on any machine, not first at a launch on the GPU
-        for used, n, warps, stages in ((config.mlp1_gluon, 128, config.mlp1_warps, config.mlp1_stages),
+        # checked here, on any machine, not first at a launch on the GPU; mlp1 on 8 warps runs its 256 W1 rows
+        # in one pass (a warpgroup each half), on 4 in two passes of 128
+        mlp1_rows = 256 if config.mlp1_warps == 8 else 128
+        for used, n, warps, stages in ((config.mlp1_gluon, mlp1_rows, config.mlp1_warps, config.mlp1_stages),
                                        (config.mlp2_gluon, config.mlp2_block_n, config.mlp2_warps, config.mlp2_stages)):
             error = used and gluon_tile_error(config.block_m, n, warps, stages)
             if error:

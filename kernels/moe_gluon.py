@@ -4,8 +4,11 @@ while the previous K block's scales are applied (kernels/fp8_gluon.py says why).
 reference is `moe.moe_ref`, and on the same tiles they are meant to give the Triton kernels' bits (same products,
 same sums in the same order).
 
-Status (session 21): compiled for sm_90a here (Triton 3.6 and 3.8: benchmarks/results/diag_gluon_moe_compile*.md);
-never run on a GPU; no table row takes them (stage gluon22 of benchmarks/run_h200.sh measures them).
+Tiles: 64-row blocks. mlp1 on 4 warps runs a program's 256 W1 rows in two passes of 128 (the table's Triton row),
+on 8 warps in one pass with a warpgroup on each half, sharing the x tile; mlp2 128 wide on 4 warps (the table's),
+or 256 wide on 8. Status (session 21): compiled for sm_90a here (Triton 3.6 and 3.8, no spills:
+benchmarks/results/diag_gluon_moe_compile*.md); never run on a GPU; no table row takes them (stage gluon22 of
+benchmarks/run_h200.sh measures them).
 """
 
 from __future__ import annotations
@@ -18,22 +21,22 @@ from triton.experimental.gluon import language as gl
 from sglang_ext.kernels.fp8_gluon import (BLOCK_K, K_TILE, allocate_ring, fp8_descriptor, grouped_tile,
                                           mma_layout_for, release_ring, scaled_k_loop)
 
-MLP1_PASS_ROWS = 128  # W1 rows a pass of mlp1 (one scale block: a scalar weight scale per K block)
-W_PASS_ROWS = gl.constexpr(MLP1_PASS_ROWS)
+MLP1_PASS_ROWS = 128  # W1 rows a pass of mlp1 on one warpgroup (one scale block: a scalar weight scale per K block)
 
 
 @gluon.jit
-def _swiglu_half(acc, B1, expert, stride_b1_e, first_row, two_inter, limit, alpha, HAS_B1: gl.constexpr,
-                 mma_layout: gl.constexpr):
-    """One pass's [BLOCK_M, 128] sums over W1 rows first_row.. (gate and linear interleaved as stored), bias
-    added (rows past 2I: the next expert's, dropped by the store, get none), through gpt-oss's clamped SwiGLU:
-    h [BLOCK_M, 64], by `moe._gpt_oss_activation`'s operations."""
+def _swiglu(acc, B1, expert, stride_b1_e, first_row, two_inter, limit, alpha, HAS_B1: gl.constexpr,
+            mma_layout: gl.constexpr):
+    """[BLOCK_M, ROWS] sums over W1 rows first_row.. (gate and linear interleaved as stored), bias added (rows
+    past 2I: the next expert's, dropped by the store, get none), through gpt-oss's clamped SwiGLU:
+    h [BLOCK_M, ROWS / 2], by `moe._gpt_oss_activation`'s operations."""
     BLOCK_M: gl.constexpr = acc.shape[0]
+    ROWS: gl.constexpr = acc.shape[1]
     if HAS_B1:
-        w_rows = first_row + gl.arange(0, W_PASS_ROWS, layout=gl.SliceLayout(0, mma_layout))
+        w_rows = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(0, mma_layout))
         bias = gl.load(B1 + expert * stride_b1_e + w_rows, mask=w_rows < two_inter, other=0.0)
         acc += bias.to(gl.float32)[None, :]
-    acc_g, acc_l = gl.split(gl.reshape(acc, [BLOCK_M, W_PASS_ROWS // 2, 2]))
+    acc_g, acc_l = gl.split(gl.reshape(acc, [BLOCK_M, ROWS // 2, 2]))
     gate = gl.minimum(acc_g, limit)
     lin = gl.minimum(gl.maximum(acc_l, -limit), limit)
     return gate * (1 / (1 + gl.exp(-(gate * alpha)))) * (lin + 1.0)  # tl.sigmoid's expression
@@ -58,12 +61,14 @@ def _mlp1_gluon_kernel(x_desc, w1_desc, XS, W1S, B1, SORTED_PAIRS, BLOCK_EXPERT,
                        stride_w1s_e, stride_w1s_n, stride_b1_e,
                        TOP_K: gl.constexpr, GROUP_M: gl.constexpr, HAS_B1: gl.constexpr,
                        mma_layout: gl.constexpr, STAGES: gl.constexpr):
-    """`moe._mlp1_kernel` on the two-pass TMA tiles: a program's 128 h columns (256 W1 rows) in two passes of
-    128 rows over K; the two 64-column halves of h requantised together (one e4m3 group of 128 columns a row)
-    into HQ [rows, I] / HS [rows, cdiv(I, 128)]. x's rows come gathered into the sorted order (x_desc), their
-    scales by token from XS."""
+    """`moe._mlp1_kernel` on the TMA tiles: a program's 128 h columns (256 W1 rows), h requantised in one e4m3
+    group of 128 columns a row into HQ [rows, I] / HS [rows, cdiv(I, 128)]. x's rows come gathered into the
+    sorted order (x_desc), their scales by token from XS. W1 tiles of 128 rows (4 warps): two passes over K, the
+    first pass's h kept in registers, as the table's Triton row; of 256 rows (8 warps, a warpgroup each half):
+    one pass, both halves at once on the shared x tile (a scale per column)."""
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    gl.static_assert(w1_desc.block_type.shape[0] == W_PASS_ROWS, "mlp1: W1 tiles of one pass's 128 rows")
+    W_ROWS: gl.constexpr = w1_desc.block_type.shape[0]
+    gl.static_assert(W_ROWS == 128 or W_ROWS == 256, "mlp1: W1 tiles of 128 rows (two passes) or 256 (one)")
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     pid_m, pid_n = grouped_tile(num_blocks_m, gl.cdiv(inter, 128), GROUP_M)
     expert = gl.load(BLOCK_EXPERT + pid_m)
@@ -73,36 +78,54 @@ def _mlp1_gluon_kernel(x_desc, w1_desc, XS, W1S, B1, SORTED_PAIRS, BLOCK_EXPERT,
         row_ok = pairs < num_pairs
         num_kb = gl.cdiv(hidden, BLOCK_K)
         xs_ptrs = XS + (pairs // TOP_K).to(gl.int64) * num_kb
-        first_row = pid_n * (2 * W_PASS_ROWS)
+        first_row = pid_n * 256
         w_coord = expert * (2 * inter) + first_row
         ws_ptr = W1S + expert.to(gl.int64) * stride_w1s_e + (first_row // 128) * stride_w1s_n
-        zero = gl.zeros([BLOCK_M, W_PASS_ROWS], gl.float32, layout=mma_layout)
+        zero = gl.zeros([BLOCK_M, W_ROWS], gl.float32, layout=mma_layout)
         a_bufs, w_bufs, ready = allocate_ring(x_desc, w1_desc, STAGES)
-        acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, 0, pid_m * BLOCK_M, w_coord, xs_ptrs, 1,
-                            row_ok, ws_ptr, num_kb, STAGES)
-        h_lo = _swiglu_half(acc, B1, expert, stride_b1_e, first_row, 2 * inter, limit, alpha, HAS_B1, mma_layout)
-        if first_row + W_PASS_ROWS < 2 * inter:
-            acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, num_kb, pid_m * BLOCK_M,
-                                w_coord + W_PASS_ROWS, xs_ptrs, 1, row_ok, ws_ptr + stride_w1s_n, num_kb, STAGES)
-            h_hi = _swiglu_half(acc, B1, expert, stride_b1_e, first_row + W_PASS_ROWS, 2 * inter, limit, alpha,
-                                HAS_B1, mma_layout)
-        else:  # the last program of an odd number of 64-column halves: its second half lies past I
-            h_hi = gl.zeros_like(h_lo)
-        release_ring(ready, STAGES)
-
-        h_layout: gl.constexpr = h_lo.type.layout
-        h_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, h_layout))
-        h_row_ok = gl.convert_layout(row_ok, gl.SliceLayout(1, h_layout))
-        cols = pid_n * 128 + gl.arange(0, 64, layout=gl.SliceLayout(0, h_layout))
-        ok_lo = h_row_ok[:, None] & (cols < inter)[None, :]
-        ok_hi = h_row_ok[:, None] & (cols + 64 < inter)[None, :]
-        h_lo = gl.where(ok_lo, h_lo, 0.0)
-        h_hi = gl.where(ok_hi, h_hi, 0.0)
-        amax = gl.maximum(gl.max(gl.abs(h_lo), axis=1), gl.max(gl.abs(h_hi), axis=1))
-        scale = gl.where(amax > 0, gl.div_rn(amax, 448.0), 1.0)
-        out_offs = h_rows.to(gl.int64)[:, None] * inter + cols[None, :]
-        gl.store(HQ + out_offs, _to_e4m3(gl.div_rn(h_lo, scale[:, None])), mask=ok_lo)
-        gl.store(HQ + out_offs + 64, _to_e4m3(gl.div_rn(h_hi, scale[:, None])), mask=ok_hi)
+        if W_ROWS == 256:
+            # the second 128 rows' scale block; where they lie past 2I (columns dropped) the first's, not past the
+            # tensor
+            ws_hi = gl.where(first_row + 128 < 2 * inter, stride_w1s_n, 0)
+            acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, 0, pid_m * BLOCK_M, w_coord, xs_ptrs,
+                                1, row_ok, ws_ptr, ws_hi, num_kb, STAGES)
+            release_ring(ready, STAGES)
+            h = _swiglu(acc, B1, expert, stride_b1_e, first_row, 2 * inter, limit, alpha, HAS_B1, mma_layout)
+            h_layout: gl.constexpr = h.type.layout
+            h_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, h_layout))
+            h_row_ok = gl.convert_layout(row_ok, gl.SliceLayout(1, h_layout))
+            cols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, h_layout))
+            ok = h_row_ok[:, None] & (cols < inter)[None, :]
+            h = gl.where(ok, h, 0.0)
+            amax = gl.max(gl.abs(h), axis=1)
+            scale = gl.where(amax > 0, gl.div_rn(amax, 448.0), 1.0)
+            gl.store(HQ + h_rows.to(gl.int64)[:, None] * inter + cols[None, :], _to_e4m3(gl.div_rn(h, scale[:, None])),
+                     mask=ok)
+        else:
+            acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, 0, pid_m * BLOCK_M, w_coord, xs_ptrs,
+                                1, row_ok, ws_ptr, 0, num_kb, STAGES)
+            h_lo = _swiglu(acc, B1, expert, stride_b1_e, first_row, 2 * inter, limit, alpha, HAS_B1, mma_layout)
+            if first_row + W_ROWS < 2 * inter:
+                acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, num_kb, pid_m * BLOCK_M,
+                                    w_coord + W_ROWS, xs_ptrs, 1, row_ok, ws_ptr + stride_w1s_n, 0, num_kb, STAGES)
+                h_hi = _swiglu(acc, B1, expert, stride_b1_e, first_row + W_ROWS, 2 * inter, limit, alpha, HAS_B1,
+                               mma_layout)
+            else:  # the last program of an odd number of 64-column halves: its second half lies past I
+                h_hi = gl.zeros_like(h_lo)
+            release_ring(ready, STAGES)
+            h_layout: gl.constexpr = h_lo.type.layout
+            h_rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, h_layout))
+            h_row_ok = gl.convert_layout(row_ok, gl.SliceLayout(1, h_layout))
+            cols = pid_n * 128 + gl.arange(0, 64, layout=gl.SliceLayout(0, h_layout))
+            ok_lo = h_row_ok[:, None] & (cols < inter)[None, :]
+            ok_hi = h_row_ok[:, None] & (cols + 64 < inter)[None, :]
+            h_lo = gl.where(ok_lo, h_lo, 0.0)
+            h_hi = gl.where(ok_hi, h_hi, 0.0)
+            amax = gl.maximum(gl.max(gl.abs(h_lo), axis=1), gl.max(gl.abs(h_hi), axis=1))
+            scale = gl.where(amax > 0, gl.div_rn(amax, 448.0), 1.0)
+            out_offs = h_rows.to(gl.int64)[:, None] * inter + cols[None, :]
+            gl.store(HQ + out_offs, _to_e4m3(gl.div_rn(h_lo, scale[:, None])), mask=ok_lo)
+            gl.store(HQ + out_offs + 64, _to_e4m3(gl.div_rn(h_hi, scale[:, None])), mask=ok_hi)
         gl.store(HS + h_rows.to(gl.int64) * gl.cdiv(inter, 128) + pid_n, scale, mask=h_row_ok)
 
 
@@ -116,7 +139,7 @@ def _mlp2_gluon_kernel(h_desc, w2_desc, HS, W2S, B2, SORTED_PAIRS, BLOCK_EXPERT,
     `MoeConfig.pair_out_bf16`)."""
     BLOCK_M: gl.constexpr = h_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[0]
-    gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-row W2 scale block")
+    gl.static_assert(128 % BLOCK_N == 0 or BLOCK_N == 256, "tiles inside one 128-row W2 scale block, or 256 wide")
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     pid_m, pid_n = grouped_tile(num_blocks_m, gl.cdiv(hidden, BLOCK_N), GROUP_M)
@@ -126,15 +149,16 @@ def _mlp2_gluon_kernel(h_desc, w2_desc, HS, W2S, B2, SORTED_PAIRS, BLOCK_EXPERT,
         pairs = gl.load(SORTED_PAIRS + rows)
         row_ok = pairs < num_pairs
         num_kb = gl.cdiv(inter, BLOCK_K)
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+        col_ok = cols < hidden
+        ws = W2S + expert.to(gl.int64) * stride_w2s_e + (pid_n * BLOCK_N // 128) * stride_w2s_n
+        # 256 wide: the second 128 columns' scale block; past H (columns dropped) the first's, not past the tensor
+        ws_hi = gl.where(pid_n * BLOCK_N + 128 < hidden, stride_w2s_n, 0)
         a_bufs, w_bufs, ready = allocate_ring(h_desc, w2_desc, STAGES)
         acc = scaled_k_loop(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma_layout), h_desc, w2_desc, a_bufs,
                             w_bufs, ready, 0, pid_m * BLOCK_M, expert * hidden + pid_n * BLOCK_N,
-                            HS + rows.to(gl.int64) * num_kb, 1, row_ok,
-                            W2S + expert.to(gl.int64) * stride_w2s_e + (pid_n * BLOCK_N // 128) * stride_w2s_n,
-                            num_kb, STAGES)
+                            HS + rows.to(gl.int64) * num_kb, 1, row_ok, ws, ws_hi, num_kb, STAGES)
         release_ring(ready, STAGES)
-        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
-        col_ok = cols < hidden
         if HAS_B2:
             acc += gl.load(B2 + expert * stride_b2_e + cols, mask=col_ok, other=0.0).to(gl.float32)[None, :]
         out_ptrs = PAIR_OUT + pairs.to(gl.int64)[:, None] * hidden + cols[None, :]
@@ -148,12 +172,13 @@ def mlp1_gluon(xg, xs, w1, w1_scale_inv, b1, sorted_pairs, block_expert, hq, hs,
     hq / hs as `moe._mlp1_kernel` with fused requantisation."""
     num_local, two_inter, hidden = w1.shape
     inter = two_inter // 2
+    w_rows = 2 * MLP1_PASS_ROWS if warps == 8 else MLP1_PASS_ROWS  # 8 warps: both halves at once, one pass
     _mlp1_gluon_kernel[(max_blocks * triton.cdiv(inter, 128),)](
-        fp8_descriptor(xg, [block_m, K_TILE]), fp8_descriptor(w1.view(-1, hidden), [MLP1_PASS_ROWS, K_TILE]),
+        fp8_descriptor(xg, [block_m, K_TILE]), fp8_descriptor(w1.view(-1, hidden), [w_rows, K_TILE]),
         xs, w1_scale_inv, b1 if b1 is not None else w1_scale_inv, sorted_pairs, block_expert, hq, hs,
         num_pairs, hidden, inter, max_blocks, float(limit), alpha,
         w1_scale_inv.stride(0), w1_scale_inv.stride(1), b1.stride(0) if b1 is not None else 0,
-        TOP_K=top_k, GROUP_M=group_m, HAS_B1=b1 is not None, mma_layout=mma_layout_for(block_m, MLP1_PASS_ROWS, warps),
+        TOP_K=top_k, GROUP_M=group_m, HAS_B1=b1 is not None, mma_layout=mma_layout_for(block_m, w_rows, warps),
         STAGES=stages, num_warps=warps)
 
 

@@ -4,13 +4,15 @@ block's scales are applied.
 Gluon has no interpreter, so on a CPU the kernels are compiled for sm_90a and launch nothing
 (benchmarks/compile_only.py, in a subprocess: it fakes torch's CUDA and Triton's driver): their machine code must
 keep one wgmma group in flight through the scaling (`DEPBAR.LE gsb0, 0x1`) and wait for all of them only at the
-end of each K loop; ptxas serialising the MMAs (what an earlier form did, its warning C7514) fails it.
+end of each K loop; ptxas serialising the MMAs (what an earlier form did, its warning C7514) fails it, and so do
+spilled registers.
 
 On an H200 (`gpu`): the dense GEMM against float64 of the dequantised operands and bit for bit against
-`fp8_gemm.fp8_gemm` on the same tile (the same block products, summed in the same order); the MoE's table prefill row with
-`mlp1_gluon` / `mlp2_gluon` bit for bit against the same row on the Triton kernels, on ragged small dims (a
-second mlp1 pass wholly past 2I, one partly past it, ragged K, an EP rank's experts) and at 120b's full shapes,
-against `moe_ref`, run to run and inside a CUDA graph.
+`fp8_gemm.fp8_gemm` on the same tile (the same block products, summed in the same order); the MoE's table
+prefill row with `mlp1_gluon` / `mlp2_gluon` (its tiles, and the 8-warp ones: mlp1's 256 W1 rows in one pass,
+256-wide mlp2) bit for bit against the same row on the Triton kernels, on ragged small dims (a second mlp1 pass
+wholly past 2I, one partly past it, ragged K, an EP rank's experts) and at 120b's full shapes, against `moe_ref`,
+run to run and inside a CUDA graph.
 """
 
 from __future__ import annotations
@@ -51,15 +53,18 @@ def test_gluon_kernels_keep_one_mma_in_flight(tmp_path):
     waits for all MMAs only at its end (two full waits: the leftover block's and the last), with waits that
     leave one in flight in between."""
     dense = _compile("diag_gluon_fp8_gemm.py", tmp_path / "dense")
-    moe = _compile("diag_gluon_moe.py", tmp_path / "moe", "--variants", "gluon")
-    kernels = [(r["tile"], r, 1) for r in dense] + [(r["kernel"], r, 2 if "mlp1" in r["kernel"] else 1) for r in moe]
-    assert {name for name, _, _ in kernels} >= {"_mlp1_gluon_kernel", "_mlp2_gluon_kernel"}
+    # gluon: mlp1 in two passes (two K loops) on 4 warps; gluon_w8: one pass of 256 W1 rows and 256-wide mlp2
+    # tiles on 8 warps, a scale block per warpgroup
+    moe = _compile("diag_gluon_moe.py", tmp_path / "moe", "--variants", "gluon,gluon_w8")
+    loops = lambda r: 2 if r["kernel"] == "_mlp1_gluon_kernel" and r["variant"] == "gluon" else 1  # noqa: E731
+    kernels = [(r["tile"], r, 1) for r in dense] + [(f"{r['variant']} {r['kernel']}", r, loops(r)) for r in moe]
+    assert len(moe) == 4, moe
     for name, row, loops in kernels:
         assert row["wgmma"] > 0 and row["sass_qgmma"] == row["wgmma"], (name, row)
         waits = _waits(row["sass_depbar"])
         assert waits.get(0) == 2 * loops, f"{name}: full waits {waits} (serialised MMAs?)"
         assert waits.get(1, 0) >= 2 * loops, f"{name}: no wait that leaves one MMA in flight: {waits}"
-        assert row["regs"] <= 255, (name, row)
+        assert row["regs"] <= 255 and row["spills"] == "0 / 0", (name, row)
 
 
 def test_gluon_config_rules():
@@ -67,12 +72,13 @@ def test_gluon_config_rules():
     mod = _kernel_module()
     table = mod.select_config(8192)
     mod._check_config(replace(table, mlp1_gluon=True, mlp2_gluon=True))
-    mod._check_config(replace(table, mlp1_gluon=True, mlp2_gluon=True, mlp1_warps=8, mlp2_warps=8))
+    mod._check_config(replace(table, mlp1_gluon=True, mlp2_gluon=True, mlp1_warps=8, mlp2_warps=8, mlp2_block_n=256))
     bad = [replace(table, mlp1_gluon=True, tma_x=False), replace(table, mlp1_gluon=True, mlp1_block_n=64),
            replace(table, mlp2_gluon=True, mlp2_block_n=256), replace(table, mlp1_gluon=True, tma=False, tma_x=True),
            replace(mod.select_config(1), mlp2_gluon=True), replace(mod.select_config(8), mlp1_gluon=True),
            replace(mod.select_config(32), mlp2_gluon=True),  # 16-row blocks: no warpgroup tile
-           replace(table, mlp1_gluon=True, mlp1_stages=1)]  # one ring slot would wait forever
+           replace(table, mlp1_gluon=True, mlp1_stages=1),  # one ring slot would wait forever
+           replace(table, mlp2_gluon=True, mlp2_block_n=256)]  # n256 on one warpgroup: no registers for it
     for config in bad:
         with pytest.raises(ValueError, match="gluon"):
             mod._check_config(config)
@@ -136,7 +142,9 @@ def test_moe_gluon_rows_match_triton(case):
     assert triton_row.tma and triton_row.block_m == 64
     want, weights, ids = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=triton_row,
                                            return_routing=True)
-    for flags in ({"mlp1_gluon": True}, {"mlp2_gluon": True}, {"mlp1_gluon": True, "mlp2_gluon": True}):
+    # the table's tiles, then 8 warps: mlp1's 256 W1 rows in one pass, 256-wide mlp2 tiles (a warpgroup each half)
+    for flags in ({"mlp1_gluon": True}, {"mlp2_gluon": True}, {"mlp1_gluon": True, "mlp1_warps": 8},
+                  {"mlp2_gluon": True, "mlp2_warps": 8, "mlp2_block_n": 256}, {"mlp1_gluon": True, "mlp2_gluon": True}):
         config = replace(triton_row, **flags)
         got = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config)
         assert torch.equal(got, want), f"{name} {flags}: bits differ from the Triton row"
