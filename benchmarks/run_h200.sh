@@ -129,7 +129,8 @@
 #   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
 #   bash benchmarks/run_h200.sh prefill21 # (one GPU) TP1 prefill rows + profile with bf16 pairs; 1024-token A/B (prepared)
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling):
-#                                         # gpu tests, dense and MoE layer beside Triton (prepared)
+#                                         # gpu tests, the dense GEMM beside ours (prepared)
+#   bash benchmarks/run_h200.sh gluon22b  # (one GPU) the MoE layer on Gluon (variants) beside the table (prepared)
 #   bash benchmarks/run_h200.sh gluon22ab # (one GPU) 120b 8k prefill, the MoE row (then the dense tiles too) on Gluon
 #                                         # between two table runs (prepared)
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
@@ -1153,10 +1154,12 @@ prefill21)  # one GPU (prepared in session 20, not run): the TP1 prefill rows wi
     ;;
 gluon22)  # one GPU (prepared in sessions 20-21, not run): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
           # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1). Bits against the
-          # Triton kernels (gpu tests), the dense GEMM and the MoE layer beside ours
-    step gpu_test_gluon 200 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gluon.py
-    step diag_gluon_fp8_gemm 120 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
-    step diag_gluon_moe 240 python benchmarks/diag_gluon_moe.py --out "$R"
+          # Triton kernels (gpu tests), the dense GEMM beside ours
+    step gpu_test_gluon 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gluon.py
+    step diag_gluon_fp8_gemm 150 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
+    ;;
+gluon22b)  # one GPU (prepared, not run): the MoE layer on the Gluon kernels beside the table's Triton row, 8192 tokens
+    step diag_gluon_moe 500 python benchmarks/diag_gluon_moe.py --out "$R"
     ;;
 gluon22ab)  # one GPU (prepared, not run; after gluon22 if its bits and times hold): the whole 120b 8k prefill with the
             # MoE's table row on Gluon (MoeConfig.mlp1_gluon / mlp2_gluon), then with the dense layers' tiles too
