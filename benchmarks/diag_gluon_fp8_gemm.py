@@ -32,15 +32,16 @@ def compile_only() -> list:
     compiled = []
     install_compile_only_h200(lambda fn, kernel, kwargs: compiled.append(kernel))
     rows = []
-    for block_m, warps in ((64, 4), (128, 8)):
+    for block_m, warps, persistent in ((64, 4, False), (128, 8, False), (128, 8, True)):
         a = torch.zeros(256, 2880, dtype=torch.float8_e4m3fn)
         w = torch.zeros(256, 2880, dtype=torch.float8_e4m3fn)
-        fp8_gemm_gluon(a, torch.ones(256, 23), w, torch.ones(2, 23), block_m=block_m, num_warps=warps)
+        fp8_gemm_gluon(a, torch.ones(256, 23), w, torch.ones(2, 23), block_m=block_m, num_warps=warps,
+                       persistent=persistent)
         kernel = compiled[-1]
         ptx = kernel.asm["ptx"]
         sass = sass_of(kernel.asm["cubin"])
         res = ptxas_resources(ptx)
-        rows.append({"tile": f"m{block_m} n128 w{warps} s4", "wgmma": ptx.count("wgmma.mma_async"),
+        rows.append({"tile": f"m{block_m} n128 w{warps} s4" + (" persistent" if persistent else ""), "wgmma": ptx.count("wgmma.mma_async"),
                      "ptx_waits": ", ".join(re.findall(r"wgmma\.wait_group\.sync\.aligned \d+", ptx)),
                      # what the GPU runs: ptxas may still serialise (a DEPBAR ... 0x0 after every QGMMA)
                      "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(
@@ -92,11 +93,13 @@ def main():
         # ours as served (the bias-free form of the dense layers' GEMM), and its bits to compare with
         ours_out = fp8_gemm.fp8_gemm(a, a_s_mn, w, w_s)
         candidates = [("ours (fp8_gemm)", lambda o: fp8_gemm.fp8_gemm(a, a_s_mn, w, w_s, out=o))]
-        gluon = lambda scales, block_m, warps, stages=4: lambda o: fp8_gemm_gluon(  # noqa: E731
-            a, scales, w, w_s, out=o, block_m=block_m, num_warps=warps, stages=stages)
+        gluon = lambda scales, block_m, warps, stages=4, persistent=False: lambda o: fp8_gemm_gluon(  # noqa: E731
+            a, scales, w, w_s, out=o, block_m=block_m, num_warps=warps, stages=stages, persistent=persistent)
         candidates += [("gluon m128 w8, a_s row-major", gluon(a_s, 128, 8)), ("gluon m128 w8", gluon(a_s_mn, 128, 8)),
                        ("gluon m64 w4", gluon(a_s_mn, 64, 4)), ("gluon m64 w4 s3", gluon(a_s_mn, 64, 4, 3)),
-                       ("gluon m64 w8 (n64 a warpgroup)", gluon(a_s_mn, 64, 8))]
+                       ("gluon m64 w8 (n64 a warpgroup)", gluon(a_s_mn, 64, 8)),
+                       ("gluon m128 w8 persistent", gluon(a_s_mn, 128, 8, persistent=True)),
+                       ("gluon m64 w4 persistent", gluon(a_s_mn, 64, 4, persistent=True))]
         ours_us = None
         for name, fn in candidates:
             row = {"M": m, "N": n, "K": k, "kernel": name}

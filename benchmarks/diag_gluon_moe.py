@@ -37,6 +37,9 @@ VARIANTS = {  # name -> MoeConfig, beside the table's row
     "gluon_w8": replace(GLUON, mlp1_warps=8, mlp2_warps=8, mlp2_block_n=256),
     "gluon_mlp1w8": replace(GLUON, mlp1_warps=8),
     "gluon_mlp2n64w8": replace(GLUON, mlp2_warps=8),  # mlp2 n128 tiles split: a warpgroup m64 x n64
+    # persistent: a program per SM slot, each next tile's first copies requested before the current epilogue
+    "gluon_p": replace(GLUON, gluon_persistent=True),
+    "gluon_w8p": replace(GLUON, mlp1_warps=8, mlp2_warps=8, mlp2_block_n=256, gluon_persistent=True),
     "gluon_s3": replace(GLUON, mlp1_stages=3),
     "gluon_mlp2s4": replace(GLUON, mlp2_stages=4),
     "gluon_g8": replace(GLUON, group_m=8),
@@ -44,7 +47,7 @@ VARIANTS = {  # name -> MoeConfig, beside the table's row
 
 
 # the kernels' distinct compiled forms
-COMPILE_VARIANTS = ("gluon", "gluon_w8", "gluon_mlp2n64w8", "gluon_s3", "gluon_mlp2s4")
+COMPILE_VARIANTS = ("gluon", "gluon_w8", "gluon_mlp2n64w8", "gluon_s3", "gluon_mlp2s4", "gluon_p", "gluon_w8p")
 
 
 def compile_only(names=COMPILE_VARIANTS) -> list:
@@ -72,10 +75,12 @@ def compile_only(names=COMPILE_VARIANTS) -> list:
         moe_gluon.mlp1_gluon(torch.zeros(rows, dim, dtype=mk.FP8), torch.ones(tokens, kb), w1,
                              torch.ones(experts, 2 * dim // 128, kb),
                              torch.zeros(experts, 2 * dim, dtype=torch.bfloat16), *routing, hq, hs, tokens * 4,
-                             max_blocks, 7.0, mk.SWIGLU_ALPHA, 4, block_m, c.mlp1_warps, c.mlp1_stages, c.group_m)
+                             max_blocks, 7.0, mk.SWIGLU_ALPHA, 4, block_m, c.mlp1_warps, c.mlp1_stages, c.group_m,
+                             persistent=c.gluon_persistent)
         moe_gluon.mlp2_gluon(hq, hs, w2, torch.ones(experts, kb, kb), torch.zeros(experts, dim, dtype=torch.bfloat16),
                              *routing, torch.zeros(tokens * 4, dim, dtype=torch.bfloat16), tokens * 4, max_blocks,
-                             block_m, c.mlp2_block_n, c.mlp2_warps, c.mlp2_stages, c.group_m)
+                             block_m, c.mlp2_block_n, c.mlp2_warps, c.mlp2_stages, c.group_m,
+                             persistent=c.gluon_persistent)
         for fn, kernel in compiled:
             ptx = kernel.asm["ptx"]
             sass = sass_of(kernel.asm["cubin"])
@@ -157,8 +162,13 @@ def main():
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rows.append(row)
             print(row, flush=True)
+            save(args, command, rows)  # after every row: a stage cut by its time limit keeps what ran
         del layer
         torch.cuda.empty_cache()
+    print(save(args, command, rows))
+
+
+def save(args, command, rows) -> str:
     for r in rows:
         flops = 2 * r["tokens"] * 4 * 2880 * 2880  # mlp2's; mlp1's is twice it
         if r.get("mlp1_us"):
@@ -181,7 +191,7 @@ def main():
                            ("max rel vs ref", "max_rel_vs_ref", "{:.1e}"), ("bit-repro", "bit_reproducible", None),
                            ("error", "error", None)])]) + "\n"
     bc.write_results(args.out, args.stem or "diag_gluon_moe", meta, rows, md)
-    print(md)
+    return md
 
 
 if __name__ == "__main__":

@@ -72,6 +72,9 @@ CANDIDATES = {
     "y32": replace(TABLE, pair_out_bf16=False),
     # session 21: mlp1 / mlp2 as the Gluon kernels (kernels/moe_gluon.py: one wgmma in flight through the scaling)
     "gluon": replace(TABLE, mlp1_gluon=True, mlp2_gluon=True),
+    # the same on 8 warps (mlp1's 256 W1 rows in one pass, 256-wide mlp2), persistent programs
+    "gluon_w8p": replace(TABLE, mlp1_gluon=True, mlp2_gluon=True, mlp1_warps=8, mlp2_warps=8, mlp2_block_n=256,
+                         gluon_persistent=True),
 }
 
 

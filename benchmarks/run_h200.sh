@@ -1159,12 +1159,15 @@ gluon22)  # one GPU (prepared in sessions 20-21, not run): the Gluon FP8 GEMMs o
     step diag_gluon_fp8_gemm 150 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
     ;;
 gluon22b)  # one GPU (prepared, not run): the MoE layer on the Gluon kernels beside the table's Triton row, 8192 tokens
-    step diag_gluon_moe 500 python benchmarks/diag_gluon_moe.py --out "$R"
+           # (each file rewritten after every row: a step cut by its limit keeps what ran)
+    step diag_gluon_moe_120b 330 python benchmarks/diag_gluon_moe.py --out "$R" --models 120b --stem diag_gluon_moe_120b
+    step diag_gluon_moe_20b 200 python benchmarks/diag_gluon_moe.py --out "$R" --models 20b --stem diag_gluon_moe_20b \
+        --variants gluon,gluon_w8,gluon_p,gluon_w8p
     ;;
 gluon22ab)  # one GPU (prepared, not run; after gluon22 if its bits and times hold): the whole 120b 8k prefill with the
-            # MoE's table row on Gluon (MoeConfig.mlp1_gluon / mlp2_gluon), then with the dense layers' tiles too
-            # (fp8_gemm.GLUON_PREFILL_TILES), between two runs of the table
-    for v in table gluon gluondense table2; do
+            # MoE's table row on Gluon (MoeConfig.mlp1_gluon / mlp2_gluon), its 8-warp persistent form, then the
+            # table's tiles with the dense layers' on Gluon too (fp8_gemm.GLUON_PREFILL_TILES), between two table runs
+    for v in table gluon gluon_w8p gluondense table2; do
         row=${v%2}; extra=()
         [ "$v" = gluondense ] && row=gluon && extra=(--dense-gluon)
         step "prefill_ab_120b_$v" 80 python benchmarks/prefill_moe_ab.py "$row" "${extra[@]}" --models 120b \

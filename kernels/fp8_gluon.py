@@ -96,8 +96,17 @@ def _add_scaled(acc, p, s, w_s_ptr, w_s_hi, kb, PER_COLUMN: gl.constexpr):
 
 
 @gluon.jit
+def request_first_blocks(a_desc, w_desc, a_bufs, w_bufs, ready, g0, off_a, off_w, num_kb, STAGES: gl.constexpr):
+    """The TMA requests a K loop starts with: its first STAGES blocks into the ring from block g0 on. A persistent
+    program makes them for its next tile before the current tile's epilogue (the ring is free once the loop has
+    waited for its last MMA), so the copies run while it stores."""
+    for i in gl.static_range(STAGES):
+        _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, g0, i, num_kb, off_a, off_w, STAGES)
+
+
+@gluon.jit
 def scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, g0, off_a, off_w, a_s_ptrs, a_s_step, row_ok, w_s_ptr,
-                  w_s_hi, num_kb, STAGES: gl.constexpr):
+                  w_s_hi, num_kb, requested, STAGES: gl.constexpr):
     """acc + sum_kb (A_kb W_kb^T) * a_s[:, kb] * w_s[kb] over the K blocks kb < num_kb, acc fp32 [BLOCK_M, BLOCK_N]
     in the wgmma's layout (zeros, or the bias), the block sums added in K order: A's rows off_a.. from a_desc, W's
     rows off_w.. from w_desc, a_s_ptrs + kb * a_s_step the A rows' scales (masked by row_ok), w_s_ptr + kb the W
@@ -105,7 +114,8 @@ def scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, g0, off_a, off_w, 
     that of its last 128 (the caller keeps it inside the tensor where those rows lie past the weight's edge: their
     columns are dropped; w_s_hi unused for narrower tiles). The ring's blocks are numbered on from
     g0 (a kernel calling this again passes g0 + the blocks used), so its slots' mbarrier phases carry over; the
-    ring holds no request when it returns.
+    ring holds no request when it returns. requested != 0: the caller made the first requests already
+    (`request_first_blocks`).
 
     Block kb's MMA is issued, then block kb - 1's product (finished: `warpgroup_mma_wait(num_outstanding=1)`)
     is scaled and added while kb's runs, and block kb + STAGES - 1's tiles are requested into the slot kb - 1
@@ -113,8 +123,8 @@ def scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, g0, off_a, off_w, 
     blocks): one variable swapped each iteration made ptxas serialise every wgmma (its C7514 warning; in the
     machine code a wait after each one)."""
     PER_COLUMN: gl.constexpr = w_desc.block_type.shape[0] > 128
-    for i in gl.static_range(STAGES):
-        _request_block(a_desc, w_desc, a_bufs, w_bufs, ready, g0, i, num_kb, off_a, off_w, STAGES)
+    if requested == 0:
+        request_first_blocks(a_desc, w_desc, a_bufs, w_bufs, ready, g0, off_a, off_w, num_kb, STAGES)
     zero = gl.zeros_like(acc)
     p0 = _issue_block(a_bufs, w_bufs, ready, g0, zero, STAGES)
     s0 = _row_scale(a_s_ptrs, a_s_step, row_ok, w_s_ptr, 0, PER_COLUMN)
@@ -145,10 +155,9 @@ def scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, g0, off_a, off_w, 
 
 
 @gluon.jit
-def grouped_tile(num_tiles_m, num_tiles_n, GROUP_M: gl.constexpr):
-    """(row tile, column tile) of this program in grouped order: GROUP_M row tiles visit each column tile back
-    to back, while its weights are in L2 (the Triton kernels' order, `fp8_gemm._grouped_tile`)."""
-    pid = gl.program_id(0)
+def grouped_tile(pid, num_tiles_m, num_tiles_n, GROUP_M: gl.constexpr):
+    """(row tile, column tile) of tile pid in grouped order: GROUP_M row tiles visit each column tile back to
+    back, while its weights are in L2 (the Triton kernels' order, `fp8_gemm._grouped_tile`)."""
     width = GROUP_M * num_tiles_n
     first_m = pid // width * GROUP_M
     group_rows = gl.minimum(num_tiles_m - first_m, GROUP_M)
@@ -196,36 +205,59 @@ def fp8_descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
 def _fp8_gemm_gluon_kernel(a_desc, w_desc, AS, WS, BIAS, OUT, M, N, K, stride_as_m, stride_as_k, stride_ws_n,
                            stride_out, GROUP_M: gl.constexpr, HAS_BIAS: gl.constexpr, mma_layout: gl.constexpr,
                            STAGES: gl.constexpr):
-    """`fp8_gemm._fp8_gemm_tma_kernel`'s tile: the accumulator starts at the bias, one rounding to OUT's dtype."""
+    """`fp8_gemm._fp8_gemm_tma_kernel`'s tile: the accumulator starts at the bias, one rounding to OUT's dtype.
+    A program runs tiles pid, pid + grid, ... (one each with a grid of every tile; fewer programs: persistent,
+    each next tile's first copies requested before the current tile's stores)."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(128 % BLOCK_N == 0, "a tile inside one 128-row W scale block")
-    pid_m, pid_n = grouped_tile(gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
-    row_ok = rows < M
-    col_ok = cols < N
-    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma_layout)
-    if HAS_BIAS:
-        acc += gl.load(BIAS + cols, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+    tiles_m = gl.cdiv(M, BLOCK_M)
+    tiles_n = gl.cdiv(N, BLOCK_N)
+    num_kb = gl.cdiv(K, BLOCK_K)
     a_bufs, w_bufs, ready = allocate_ring(a_desc, w_desc, STAGES)
-    acc = scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, 0, off_m, off_n,
-                        AS + rows.to(gl.int64) * stride_as_m, stride_as_k, row_ok, WS + (off_n // 128) * stride_ws_n,
-                        0, gl.cdiv(K, BLOCK_K), STAGES)
+    g = gl.to_tensor(0)
+    requested = gl.to_tensor(0)
+    for tile in range(gl.program_id(0), tiles_m * tiles_n, gl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        row_ok = rows < M
+        col_ok = cols < N
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma_layout)
+        if HAS_BIAS:
+            acc += gl.load(BIAS + cols, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+        acc = scaled_k_loop(acc, a_desc, w_desc, a_bufs, w_bufs, ready, g, off_m, off_n,
+                            AS + rows.to(gl.int64) * stride_as_m, stride_as_k, row_ok,
+                            WS + (off_n // 128) * stride_ws_n, 0, num_kb, requested, STAGES)
+        g += num_kb
+        requested = 0
+        if tile + gl.num_programs(0) < tiles_m * tiles_n:
+            next_m, next_n = grouped_tile(tile + gl.num_programs(0), tiles_m, tiles_n, GROUP_M)
+            request_first_blocks(a_desc, w_desc, a_bufs, w_bufs, ready, g, next_m * BLOCK_M, next_n * BLOCK_N,
+                                 num_kb, STAGES)
+            requested = 1
+        out_ptrs = OUT + rows.to(gl.int64)[:, None] * stride_out + cols[None, :]
+        gl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     release_ring(ready, STAGES)
-    out_ptrs = OUT + rows.to(gl.int64)[:, None] * stride_out + cols[None, :]
-    gl.store(out_ptrs, acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def persistent_grid(tiles: int, num_warps: int, device) -> int:
+    """Programs of a persistent launch: as many as fit on the SMs at once (4 warps: two a SM, their registers
+    and rings fit; 8 warps: one), at most one a tile."""
+    per_sm = 2 if num_warps == 4 else 1
+    return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
 
 
 def fp8_gemm_gluon(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                    bias: torch.Tensor | None = None, out: torch.Tensor | None = None, block_m: int = 128,
-                   block_n: int = 128, stages: int = 4, num_warps: int = 8, group_m: int = 8) -> torch.Tensor:
+                   block_n: int = 128, stages: int = 4, num_warps: int = 8, group_m: int = 8,
+                   persistent: bool = False) -> torch.Tensor:
     """out [M, N] (bf16 unless given) = the block-scaled product (module docstring) + bias: a [M, K] e4m3 with
     a_scale [M, cdiv(K, 128)] fp32 (any strides: fp8_gemm's quantiser writes them MN-major), w [N, K] e4m3 with
     w_scale [cdiv(N, 128), cdiv(K, 128)] (unit last stride), bias [N] (any float) or None. Both operands must
-    suit the copy engine (kernels/tma.py, `tma_2d_ok`)."""
+    suit the copy engine (kernels/tma.py, `tma_2d_ok`). persistent: a program per SM slot, not per tile."""
     m, k = a.shape
     n = w.shape[0]
     kb = triton.cdiv(k, K_TILE)
@@ -240,7 +272,8 @@ def fp8_gemm_gluon(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
         out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
     if out.shape != (m, n) or out.stride(1) != 1:
         raise ValueError(f"fp8_gemm_gluon: out [{m}, {n}] with unit column stride")
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    grid = (persistent_grid(tiles, num_warps, a.device) if persistent else tiles,)
     _fp8_gemm_gluon_kernel[grid](fp8_descriptor(a, [block_m, K_TILE]), fp8_descriptor(w, [block_n, K_TILE]),
                                  a_scale, w_scale, bias if bias is not None else w_scale, out, m, n, k,
                                  a_scale.stride(0), a_scale.stride(1), w_scale.stride(0), out.stride(0),

@@ -207,6 +207,9 @@ class MoeConfig:
     # Session 21: compiled only, never run; no table row takes them.
     mlp1_gluon: bool = False
     mlp2_gluon: bool = False
+    # the Gluon kernels persistent: as many programs as fit on the SMs at once, each running tiles pid, pid + grid,
+    # ... and requesting its next tile's first copies before the current tile's epilogue (1 program an SM on 8 warps)
+    gluon_persistent: bool = False
 
     @property
     def fused_requant(self) -> bool:
@@ -231,7 +234,7 @@ class MoeConfig:
                 + (" tma" if self.tma else "") + (" xptr" if self.tma and not self.tma_x else "")
                 + (" y16" if self.pair_out_bf16 else "")
                 + (" gluon" + "1" * self.mlp1_gluon + "2" * self.mlp2_gluon if self.mlp1_gluon or self.mlp2_gluon
-                   else ""))
+                   else "") + ("p" if self.gluon_persistent else ""))
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
         if self.align_chunk != 128:
@@ -434,7 +437,7 @@ def _check_config(config: MoeConfig) -> None:
     if config.oneshot:
         if (config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1
                 or config.mlp1_maxnreg or config.mlp2_maxnreg or config.tma or config.pair_out_bf16
-                or config.mlp1_gluon or config.mlp2_gluon):
+                or config.mlp1_gluon or config.mlp2_gluon or config.gluon_persistent):
             raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, maxnreg, "
                              "fuse_combine, pdl, tma, pair_out_bf16, mlp*_gluon do not apply")
         return
@@ -447,7 +450,8 @@ def _check_config(config: MoeConfig) -> None:
         if config.gemv_fma and config.block_m != 1:
             raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
         if (config.mlp1_one_dot or config.mlp1_passes != 1 or config.mlp1_maxnreg or config.mlp2_maxnreg
-                or config.tma or config.pair_out_bf16 or config.mlp1_gluon or config.mlp2_gluon):
+                or config.tma or config.pair_out_bf16 or config.mlp1_gluon or config.mlp2_gluon
+                or config.gluon_persistent):
             raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, maxnreg, tma, pair_out_bf16, mlp*_gluon: the "
                              "grouped kernels only, not gemv")
         return
@@ -468,6 +472,8 @@ def _check_config(config: MoeConfig) -> None:
                          "rows (mlp1_block_n 128)")
     if config.mlp2_gluon and not config.tma:
         raise ValueError("MoeConfig.mlp2_gluon: the TMA rows (tma)")
+    if config.gluon_persistent and not (config.mlp1_gluon or config.mlp2_gluon):
+        raise ValueError("MoeConfig.gluon_persistent: the Gluon kernels' option (mlp1_gluon / mlp2_gluon)")
     if config.mlp1_gluon or config.mlp2_gluon:
         from .fp8_gluon import gluon_tile_error  # here, not at import: Gluon only where a config asks for it
 
@@ -2227,7 +2233,8 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         from .moe_gluon import mlp1_gluon
 
         mlp1_gluon(xg, xs, w1, w1_scale_inv, b1, sorted_pairs, block_expert, hq, hs, num_pairs, max_blocks, limit,
-                   SWIGLU_ALPHA, top_k, bm, config.mlp1_warps, config.mlp1_stages, config.group_m)
+                   SWIGLU_ALPHA, top_k, bm, config.mlp1_warps, config.mlp1_stages, config.group_m,
+                   persistent=config.gluon_persistent)
     else:
         _mlp1_kernel[(split1 * max_blocks * n1,)](
             xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv,
@@ -2250,7 +2257,8 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         from .moe_gluon import mlp2_gluon
 
         mlp2_gluon(hq, hs, w2, w2_scale_inv, b2, sorted_pairs, block_expert, pair_out[0], num_pairs, max_blocks, bm,
-                   config.mlp2_block_n, config.mlp2_warps, config.mlp2_stages, config.group_m)
+                   config.mlp2_block_n, config.mlp2_warps, config.mlp2_stages, config.group_m,
+                   persistent=config.gluon_persistent)
     else:
         _mlp2_kernel[(split2 * max_blocks * n2,)](
             hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,

@@ -54,11 +54,11 @@ def test_gluon_kernels_keep_one_mma_in_flight(tmp_path):
     leave one in flight in between."""
     dense = _compile("diag_gluon_fp8_gemm.py", tmp_path / "dense")
     # gluon: mlp1 in two passes (two K loops) on 4 warps; gluon_w8: one pass of 256 W1 rows and 256-wide mlp2
-    # tiles on 8 warps, a scale block per warpgroup
-    moe = _compile("diag_gluon_moe.py", tmp_path / "moe", "--variants", "gluon,gluon_w8")
+    # tiles on 8 warps, a scale block per warpgroup; gluon_w8p: those persistent
+    moe = _compile("diag_gluon_moe.py", tmp_path / "moe", "--variants", "gluon,gluon_w8,gluon_w8p")
     loops = lambda r: 2 if r["kernel"] == "_mlp1_gluon_kernel" and r["variant"] == "gluon" else 1  # noqa: E731
     kernels = [(r["tile"], r, 1) for r in dense] + [(f"{r['variant']} {r['kernel']}", r, loops(r)) for r in moe]
-    assert len(moe) == 4, moe
+    assert len(moe) == 6, moe
     for name, row, loops in kernels:
         assert row["wgmma"] > 0 and row["sass_qgmma"] == row["wgmma"], (name, row)
         waits = _waits(row["sass_depbar"])
@@ -78,7 +78,8 @@ def test_gluon_config_rules():
            replace(mod.select_config(1), mlp2_gluon=True), replace(mod.select_config(8), mlp1_gluon=True),
            replace(mod.select_config(32), mlp2_gluon=True),  # 16-row blocks: no warpgroup tile
            replace(table, mlp1_gluon=True, mlp1_stages=1),  # one ring slot would wait forever
-           replace(table, mlp2_gluon=True, mlp2_block_n=256)]  # n256 on one warpgroup: no registers for it
+           replace(table, mlp2_gluon=True, mlp2_block_n=256),  # n256 on one warpgroup: no registers for it
+           replace(table, gluon_persistent=True)]  # an option of the Gluon kernels only
     for config in bad:
         with pytest.raises(ValueError, match="gluon"):
             mod._check_config(config)
@@ -117,6 +118,9 @@ def test_dense_gemm_gluon_matches_triton(m, n, k):
             assert torch.equal(got, ours), f"m{block_m} w{warps}: bits differ from fp8_gemm's tile ({rel})"
             routed = fp8_gemm.fp8_gemm(a, a_s, w, w_s, bias, config=replace(twin, gluon=True))
             assert torch.equal(routed, got), "fp8_gemm with Fp8GemmConfig.gluon: bits differ"
+        persistent = fp8_gemm_gluon(a, a_s, w, w_s, bias, block_m=block_m, num_warps=warps, stages=stages,
+                                    persistent=True)
+        assert torch.equal(persistent, got), f"m{block_m} w{warps}: persistent programs change the bits"
 
 
 def gluon_moe_cases():
@@ -143,8 +147,13 @@ def test_moe_gluon_rows_match_triton(case):
     want, weights, ids = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=triton_row,
                                            return_routing=True)
     # the table's tiles, then 8 warps: mlp1's 256 W1 rows in one pass, 256-wide mlp2 tiles (a warpgroup each half)
+    # and persistent programs (a program per SM slot, the next tile's copies requested before the epilogue)
     for flags in ({"mlp1_gluon": True}, {"mlp2_gluon": True}, {"mlp1_gluon": True, "mlp1_warps": 8},
-                  {"mlp2_gluon": True, "mlp2_warps": 8, "mlp2_block_n": 256}, {"mlp1_gluon": True, "mlp2_gluon": True}):
+                  {"mlp2_gluon": True, "mlp2_warps": 8, "mlp2_block_n": 256},
+                  {"mlp1_gluon": True, "mlp2_gluon": True, "gluon_persistent": True},
+                  {"mlp1_gluon": True, "mlp2_gluon": True, "mlp1_warps": 8, "mlp2_warps": 8, "mlp2_block_n": 256,
+                   "gluon_persistent": True},
+                  {"mlp1_gluon": True, "mlp2_gluon": True}):
         config = replace(triton_row, **flags)
         got = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config)
         assert torch.equal(got, want), f"{name} {flags}: bits differ from the Triton row"
