@@ -103,3 +103,27 @@ def sass_of(cubin: bytes) -> str:
         f.write(cubin)
         f.flush()
         return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def copies_behind_barrier(ptx: str) -> tuple[int, int]:
+    """(fenced, all) of a kernel's TMA requests (`mbarrier.arrive.expect_tx`, `cp.async.bulk.tensor`): fenced where,
+    going back through the PTX text, a CTA barrier (`bar.sync`) comes before any wgmma instruction. With two
+    warpgroups, each waits only for its own MMAs: a copy into a ring slot that the other may still read is safe
+    only behind such a barrier, which Triton's shared-memory barrier pass inserts (the Gluon source has none)."""
+    import re
+
+    lines = ptx.split("\n")
+    fenced = total = 0
+    for i, line in enumerate(lines):
+        if not re.search(r"cp\.async\.bulk\.tensor|mbarrier\.arrive\.expect_tx", line):
+            continue
+        total += 1
+        for prev in reversed(lines[:i]):
+            if re.search(r"\bbar\.sync|\bbarrier\.sync", prev):
+                fenced += 1
+                break
+            if "wgmma." in prev:
+                break
+        else:  # nothing before it: no MMA to race with
+            fenced += 1
+    return fenced, total

@@ -26,7 +26,8 @@ from sglang_ext.kernels.fp8_gluon import fp8_gemm_gluon, fp8_gemm_gluon_ref  # n
 def compile_only() -> list:
     """Compile the kernel for sm_90 on this machine (no launch) and read its wgmma waits (PTX, SASS), registers
     and spills."""
-    from compile_only import install_compile_only_h200, pretend_torch_has_h200, ptxas_resources, sass_of
+    from compile_only import (copies_behind_barrier, install_compile_only_h200, pretend_torch_has_h200,
+                              ptxas_resources, sass_of)
 
     pretend_torch_has_h200()
     compiled = []
@@ -47,7 +48,8 @@ def compile_only() -> list:
                      "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(
                          re.findall(r"DEPBAR\.LE gsb0, 0x\d", sass)))),
                      "sass_qgmma": sass.count("QGMMA"), "regs": res["regs"],
-                     "spills": f"{res['spill_stores']} / {res['spill_loads']}"})
+                     "spills": f"{res['spill_stores']} / {res['spill_loads']}",
+                     "copies_fenced": "{} / {}".format(*copies_behind_barrier(ptx))})
     return rows
 
 
@@ -70,10 +72,12 @@ def main():
             "Per tile: the wgmma instructions and waits in the PTX, and in the machine code (cuobjdump) the QGMMA "
             "count and the scoreboard waits by how many wgmma groups they leave in flight (0x1: one, the MMA "
             "that runs while the previous K block is scaled; 0x0 only at the end); ptxas's registers and spilled "
-            "bytes (stores / loads). Never run here: no timing, no check of its outputs.", "",
+            "bytes (stores / loads); TMA requests behind a CTA barrier since the last wgmma, of all (two warpgroups "
+            "each wait only for their own MMAs). Never run here: no timing, no check of its outputs.", "",
             bc.md_table(rows, [("tile", "tile", None), ("PTX wgmma", "wgmma", None), ("PTX waits", "ptx_waits", None),
                                ("SASS QGMMA", "sass_qgmma", None), ("SASS waits", "sass_depbar", None),
-                               ("regs", "regs", None), ("spills", "spills", None)])]) + "\n"
+                               ("regs", "regs", None), ("spills", "spills", None),
+                               ("copies behind a barrier", "copies_fenced", None)])]) + "\n"
         bc.write_results(args.out, args.stem or "diag_gluon_fp8_gemm_compile", meta, rows, md)
         print(md)
         return

@@ -53,7 +53,8 @@ COMPILE_VARIANTS = ("gluon", "gluon_w8", "gluon_mlp2n64w8", "gluon_s3", "gluon_m
 def compile_only(names=COMPILE_VARIANTS) -> list:
     """Compile both kernels for sm_90 on this machine (no launch: a routing of 256 tokens over 8 experts at the
     real hidden / intermediate sizes) and read their waits, registers and spills."""
-    from compile_only import install_compile_only_h200, pretend_torch_has_h200, ptxas_resources, sass_of
+    from compile_only import (copies_behind_barrier, install_compile_only_h200, pretend_torch_has_h200,
+                              ptxas_resources, sass_of)
 
     from sglang_ext.kernels import moe_gluon
 
@@ -90,6 +91,7 @@ def compile_only(names=COMPILE_VARIANTS) -> list:
                         "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(
                             re.findall(r"DEPBAR\.LE gsb0, 0x\d", sass)))),
                         "regs": res["regs"], "spills": f"{res['spill_stores']} / {res['spill_loads']}",
+                        "copies_fenced": "{} / {}".format(*copies_behind_barrier(ptx)),
                         "smem_KB": kernel.metadata.shared / 1024})
             print(out[-1], flush=True)
     return out
@@ -115,11 +117,14 @@ def main():
             f"`{command}` — Triton {meta['triton']}", "",
             "Per variant and kernel: wgmma instructions in the PTX; in the machine code (cuobjdump) the QGMMA count "
             "and the scoreboard waits by how many wgmma groups they leave in flight (0x1: one MMA runs while the "
-            "previous K block is scaled); ptxas's registers and spilled bytes (stores / loads); shared memory. "
+            "previous K block is scaled); ptxas's registers and spilled bytes (stores / loads); TMA requests behind "
+            "a CTA barrier since the last wgmma, of all (8 warps: each warpgroup waits only for its own MMAs, so a "
+            "copy into a slot the other may still read needs one); shared memory. "
             "Never run: no timing, no check of its outputs yet.", "",
             bc.md_table(rows, [("variant", "variant", None), ("kernel", "kernel", None), ("PTX wgmma", "wgmma", None),
                                ("SASS QGMMA", "sass_qgmma", None), ("SASS waits", "sass_depbar", None),
                                ("regs", "regs", None), ("spills", "spills", None),
+                               ("copies behind a barrier", "copies_fenced", None),
                                ("smem KB", "smem_KB", "{:.0f}")])]) + "\n"
         bc.write_results(args.out, args.stem or "diag_gluon_moe_compile", meta, rows, md)
         print(md)

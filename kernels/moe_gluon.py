@@ -63,7 +63,8 @@ def _next_tile(tile, num_tiles, num_blocks_m, num_n, BLOCK_EXPERT, GROUP_M: gl.c
     nxt = tile + gl.num_programs(0)
     if not PREFETCH:
         nxt = num_tiles
-    next_m, next_n = grouped_tile(nxt, num_blocks_m, num_n, GROUP_M)
+    # clamped: past the last tile grouped_tile's group can be empty (a division by zero); the load below is masked
+    next_m, next_n = grouped_tile(gl.minimum(nxt, num_tiles - 1), num_blocks_m, num_n, GROUP_M)
     in_range = nxt < num_tiles
     expert = gl.load(BLOCK_EXPERT + next_m, mask=in_range, other=-1)
     return (in_range & (expert >= 0)).to(gl.int32), next_m, next_n, expert
@@ -117,10 +118,14 @@ def _mlp1_tile(tile, g, requested, num_tiles, num_n, num_kb, a_bufs, w_bufs, rea
             acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, g, pid_m * BLOCK_M, w_coord,
                                 xs_ptrs, 1, row_ok, ws_ptr, 0, num_kb, requested, STAGES)
             g += num_kb
+            second = first_row + W_ROWS < 2 * inter
+            if second:  # the second pass's first copies land while the first pass's h is computed
+                request_first_blocks(x_desc, w1_desc, a_bufs, w_bufs, ready, g, pid_m * BLOCK_M, w_coord + W_ROWS,
+                                     num_kb, STAGES)
             h_lo = _swiglu(acc, B1, expert, stride_b1_e, first_row, 2 * inter, limit, alpha, HAS_B1, mma_layout)
-            if first_row + W_ROWS < 2 * inter:
+            if second:
                 acc = scaled_k_loop(zero, x_desc, w1_desc, a_bufs, w_bufs, ready, g, pid_m * BLOCK_M,
-                                    w_coord + W_ROWS, xs_ptrs, 1, row_ok, ws_ptr + stride_w1s_n, 0, num_kb, 0,
+                                    w_coord + W_ROWS, xs_ptrs, 1, row_ok, ws_ptr + stride_w1s_n, 0, num_kb, 1,
                                     STAGES)
                 g += num_kb
                 h_hi = _swiglu(acc, B1, expert, stride_b1_e, first_row + W_ROWS, 2 * inter, limit, alpha, HAS_B1,

@@ -5,7 +5,8 @@ Gluon has no interpreter, so on a CPU the kernels are compiled for sm_90a and la
 (benchmarks/compile_only.py, in a subprocess: it fakes torch's CUDA and Triton's driver): their machine code must
 keep one wgmma group in flight through the scaling (`DEPBAR.LE gsb0, 0x1`) and wait for all of them only at the
 end of each K loop; ptxas serialising the MMAs (what an earlier form did, its warning C7514) fails it, and so do
-spilled registers.
+more than a few spilled registers, and a TMA copy not behind a CTA barrier since the last wgmma (on 8 warps each
+warpgroup waits only for its own MMAs; the barrier is the compiler's, the source has none).
 
 On an H200 (`gpu`): the dense GEMM against float64 of the dequantised operands and bit for bit against
 `fp8_gemm.fp8_gemm` on the same tile (the same block products, summed in the same order); the MoE's table
@@ -64,7 +65,11 @@ def test_gluon_kernels_keep_one_mma_in_flight(tmp_path):
         waits = _waits(row["sass_depbar"])
         assert waits.get(0) == 2 * loops, f"{name}: full waits {waits} (serialised MMAs?)"
         assert waits.get(1, 0) >= 2 * loops, f"{name}: no wait that leaves one MMA in flight: {waits}"
-        assert row["regs"] <= 255 and row["spills"] == "0 / 0", (name, row)
+        # a few spilled bytes stay in L1 (the table's two-pass mlp1: 4 with Triton 3.8); the persistent two-pass
+        # mlp1's 100 are not compiled here
+        assert row["regs"] <= 255 and max(map(int, row["spills"].split(" / "))) <= 16, (name, row)
+        fenced, copies = map(int, row["copies_fenced"].split(" / "))
+        assert copies > 0 and fenced == copies, f"{name}: a TMA copy not behind a CTA barrier ({row['copies_fenced']})"
 
 
 def test_gluon_config_rules():
