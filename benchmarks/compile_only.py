@@ -127,3 +127,32 @@ def copies_behind_barrier(ptx: str) -> tuple[int, int]:
         else:  # nothing before it: no MMA to race with
             fenced += 1
     return fenced, total
+
+
+def wgmma_facts(kernel) -> dict:
+    """What a compiled Hopper GEMM kernel's code says about its tensor-core pipeline: the PTX's wgmma instructions
+    and wait_group levels; the machine code's QGMMA count and scoreboard waits by how many wgmma groups they leave
+    in flight (ptxas may still serialise: a DEPBAR ... 0x0 after every QGMMA); registers and spilled bytes (stores
+    / loads); TMA requests behind a CTA barrier (`copies_behind_barrier`); shared memory."""
+    import re
+
+    ptx = kernel.asm["ptx"]
+    sass = sass_of(kernel.asm["cubin"])
+    res = ptxas_resources(ptx)
+    return {"wgmma": ptx.count("wgmma.mma_async"),
+            "ptx_waits": ", ".join(re.findall(r"wgmma\.wait_group\.sync\.aligned \d+", ptx)),
+            "sass_qgmma": sass.count("QGMMA"),
+            "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(re.findall(r"DEPBAR\.LE gsb0, 0x\d",
+                                                                                                sass)))),
+            "regs": res["regs"], "spills": f"{res['spill_stores']} / {res['spill_loads']}",
+            "copies_fenced": "{} / {}".format(*copies_behind_barrier(ptx)), "smem_KB": kernel.metadata.shared / 1024}
+
+
+def command_line(script: str) -> str:
+    """The command that ran `script`, with the PYTHONPATH that put another Triton first, if one did (e.g. the
+    device image's 3.6: pip install --target DIR triton==3.6.0)."""
+    import os
+    import sys
+
+    prefix = "PYTHONPATH=" + os.environ["PYTHONPATH"] + " " if os.environ.get("PYTHONPATH") else ""
+    return prefix + f"python benchmarks/{script} " + " ".join(sys.argv[1:])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 import torch
@@ -24,10 +23,9 @@ from sglang_ext.kernels.fp8_gluon import fp8_gemm_gluon, fp8_gemm_gluon_ref  # n
 
 
 def compile_only() -> list:
-    """Compile the kernel for sm_90 on this machine (no launch) and read its wgmma waits (PTX, SASS), registers
-    and spills."""
-    from compile_only import (copies_behind_barrier, install_compile_only_h200, pretend_torch_has_h200,
-                              ptxas_resources, sass_of)
+    """Compile the kernel for sm_90 on this machine (no launch) and read its pipeline from its code
+    (`compile_only.wgmma_facts`)."""
+    from compile_only import install_compile_only_h200, pretend_torch_has_h200, wgmma_facts
 
     pretend_torch_has_h200()
     compiled = []
@@ -38,18 +36,8 @@ def compile_only() -> list:
         w = torch.zeros(256, 2880, dtype=torch.float8_e4m3fn)
         fp8_gemm_gluon(a, torch.ones(256, 23), w, torch.ones(2, 23), block_m=block_m, num_warps=warps,
                        persistent=persistent)
-        kernel = compiled[-1]
-        ptx = kernel.asm["ptx"]
-        sass = sass_of(kernel.asm["cubin"])
-        res = ptxas_resources(ptx)
-        rows.append({"tile": f"m{block_m} n128 w{warps} s4" + (" persistent" if persistent else ""), "wgmma": ptx.count("wgmma.mma_async"),
-                     "ptx_waits": ", ".join(re.findall(r"wgmma\.wait_group\.sync\.aligned \d+", ptx)),
-                     # what the GPU runs: ptxas may still serialise (a DEPBAR ... 0x0 after every QGMMA)
-                     "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(
-                         re.findall(r"DEPBAR\.LE gsb0, 0x\d", sass)))),
-                     "sass_qgmma": sass.count("QGMMA"), "regs": res["regs"],
-                     "spills": f"{res['spill_stores']} / {res['spill_loads']}",
-                     "copies_fenced": "{} / {}".format(*copies_behind_barrier(ptx))})
+        rows.append({"tile": f"m{block_m} n128 w{warps} s4" + (" persistent" if persistent else ""),
+                     **wgmma_facts(compiled[-1])})
     return rows
 
 
@@ -59,9 +47,9 @@ def main():
     ap.add_argument("--stem", default=None, help="results file stem (default: diag_gluon_fp8_gemm, + _compile)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = ap.parse_args()
-    # another Triton first on PYTHONPATH (e.g. the device image's 3.6: pip install --target DIR triton==3.6.0)
-    command = ("PYTHONPATH=" + os.environ["PYTHONPATH"] + " " if os.environ.get("PYTHONPATH") else "") + \
-        "python benchmarks/diag_gluon_fp8_gemm.py " + " ".join(sys.argv[1:])
+    from compile_only import command_line
+
+    command = command_line("diag_gluon_fp8_gemm.py")
 
     if args.compile_only:
         rows = compile_only()

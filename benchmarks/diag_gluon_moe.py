@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from dataclasses import replace
 
@@ -53,8 +52,7 @@ COMPILE_VARIANTS = ("gluon", "gluon_w8", "gluon_mlp2n64w8", "gluon_s3", "gluon_m
 def compile_only(names=COMPILE_VARIANTS) -> list:
     """Compile both kernels for sm_90 on this machine (no launch: a routing of 256 tokens over 8 experts at the
     real hidden / intermediate sizes) and read their waits, registers and spills."""
-    from compile_only import (copies_behind_barrier, install_compile_only_h200, pretend_torch_has_h200,
-                              ptxas_resources, sass_of)
+    from compile_only import install_compile_only_h200, pretend_torch_has_h200, wgmma_facts
 
     from sglang_ext.kernels import moe_gluon
 
@@ -83,16 +81,7 @@ def compile_only(names=COMPILE_VARIANTS) -> list:
                              block_m, c.mlp2_block_n, c.mlp2_warps, c.mlp2_stages, c.group_m,
                              persistent=c.gluon_persistent)
         for fn, kernel in compiled:
-            ptx = kernel.asm["ptx"]
-            sass = sass_of(kernel.asm["cubin"])
-            res = ptxas_resources(ptx)
-            out.append({"variant": name, "config": c.short(), "kernel": fn.__name__,
-                        "wgmma": ptx.count("wgmma.mma_async"), "sass_qgmma": sass.count("QGMMA"),
-                        "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(
-                            re.findall(r"DEPBAR\.LE gsb0, 0x\d", sass)))),
-                        "regs": res["regs"], "spills": f"{res['spill_stores']} / {res['spill_loads']}",
-                        "copies_fenced": "{} / {}".format(*copies_behind_barrier(ptx)),
-                        "smem_KB": kernel.metadata.shared / 1024})
+            out.append({"variant": name, "config": c.short(), "kernel": fn.__name__, **wgmma_facts(kernel)})
             print(out[-1], flush=True)
     return out
 
@@ -106,9 +95,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--variants", default=None, help="names of VARIANTS (default: all; compiled: COMPILE_VARIANTS)")
     args = ap.parse_args()
-    # another Triton first on PYTHONPATH (e.g. the device image's 3.6: pip install --target DIR triton==3.6.0)
-    command = ("PYTHONPATH=" + os.environ["PYTHONPATH"] + " " if os.environ.get("PYTHONPATH") else "") + \
-        "python benchmarks/diag_gluon_moe.py " + " ".join(sys.argv[1:])
+    from compile_only import command_line
+
+    command = command_line("diag_gluon_moe.py")
     if args.compile_only:
         rows = compile_only(args.variants.split(",") if args.variants else COMPILE_VARIANTS)
         meta = {"command": command, "triton": triton.__version__, "target": "cuda sm_90a, compiled only (no GPU)"}
