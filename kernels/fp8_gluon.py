@@ -28,6 +28,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from sglang_ext.kernels.tma import tma_2d_layout_ok
+
 BLOCK_K = gl.constexpr(128)  # = the quantisation block: one scale per row (A) and per 128 rows (W) a K step
 K_TILE = 128  # the same, as the host's int
 
@@ -261,13 +263,17 @@ def fp8_gemm_gluon(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_sc
     m, k = a.shape
     n = w.shape[0]
     kb = triton.cdiv(k, K_TILE)
-    error = gluon_tile_error(block_m, block_n, num_warps, stages) or (block_n > 128 and "block_n > 128")
+    error = gluon_tile_error(block_m, block_n, num_warps, stages) or (
+        block_n > 128 and f"block_n {block_n} > 128: the dense kernel keeps one W scale block a tile")
     if error:
         raise ValueError(f"fp8_gemm_gluon: {error}")
     layout = mma_layout_for(block_m, block_n, num_warps)
     if tuple(a_scale.shape) != (m, kb) or tuple(w_scale.shape) != (triton.cdiv(n, 128), kb) or w_scale.stride(1) != 1:
         raise ValueError(f"fp8_gemm_gluon: a_scale [{m}, {kb}] and w_scale [{triton.cdiv(n, 128)}, {kb}] (unit last "
                          f"stride), got {tuple(a_scale.shape)} / {tuple(w_scale.shape)}")
+    if not (tma_2d_layout_ok(a) and tma_2d_layout_ok(w)):
+        raise ValueError("fp8_gemm_gluon: a and w must suit the copy engine (16-byte aligned base and rows, unit "
+                         f"last stride; kernels/tma.py), got strides {a.stride()} / {w.stride()}")
     if out is None:
         out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
     if out.shape != (m, n) or out.stride(1) != 1:

@@ -56,11 +56,16 @@ def sm_major(index: int | None) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def tma_2d_ok(t: torch.Tensor) -> bool:
-    """A non-empty 2-D tensor the copy engine can tile: unit last stride, 16-byte aligned base and row
+def tma_2d_layout_ok(t: torch.Tensor) -> bool:
+    """A non-empty 2-D tensor laid out as the copy engine tiles: unit last stride, 16-byte aligned base and row
     stride (an empty one, e.g. a rank with no local experts, has no descriptor: pointer loads)."""
     return (t.dim() == 2 and t.numel() > 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % TMA_ALIGN == 0
-            and t.data_ptr() % TMA_ALIGN == 0 and tma_supported(t.device))
+            and t.data_ptr() % TMA_ALIGN == 0)
+
+
+def tma_2d_ok(t: torch.Tensor) -> bool:
+    """`tma_2d_layout_ok`, on a device whose loads take descriptors (`tma_supported`)."""
+    return tma_2d_layout_ok(t) and tma_supported(t.device)
 
 
 _recorders: list[list] = []

@@ -90,13 +90,34 @@ def test_gluon_config_rules():
             mod._check_config(config)
 
 
+def test_dense_gluon_rejects_bad_arguments():
+    """`fp8_gemm_gluon` names what it cannot run before any launch: rows the copy engine cannot take (K = 200:
+    200-byte rows), scales of the wrong shape, tiles without a warpgroup layout, one ring slot, n256 tiles (the
+    dense kernel keeps one W scale block a tile)."""
+    from sglang_ext.kernels.fp8_gluon import fp8_gemm_gluon
+
+    e4m3 = torch.float8_e4m3fn
+    a, w = torch.zeros(64, 256, dtype=e4m3), torch.zeros(128, 256, dtype=e4m3)
+    a_s, w_s = torch.ones(64, 2), torch.ones(1, 2)
+    for args, kwargs, match in [
+        ((torch.zeros(64, 200, dtype=e4m3), a_s, torch.zeros(128, 200, dtype=e4m3), w_s), {}, "copy engine"),
+        ((a, torch.ones(64, 3), w, w_s), {}, "a_scale"),
+        ((a, a_s, w, w_s), {"block_m": 16, "num_warps": 4}, "warpgroup"),
+        ((a, a_s, w, w_s), {"stages": 1}, "stages"),
+        ((a, a_s, w, w_s), {"block_n": 256, "num_warps": 8, "block_m": 64}, "one W scale block"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            fp8_gemm_gluon(*args, **kwargs)
+
+
 def _gluon_here():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm_90 GPU (Gluon's wgmma / TMA)")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(8192, 5120, 2880), (1000, 640, 2880), (333, 256, 4096), (64, 128, 200)])
+# K 208: a ragged last K block (80 of 128) with rows the copy engine takes (16-byte multiples)
+@pytest.mark.parametrize("m, n, k", [(8192, 5120, 2880), (1000, 640, 2880), (333, 256, 4096), (64, 128, 208)])
 def test_dense_gemm_gluon_matches_triton(m, n, k):
     """Against float64, and bit for bit against `_fp8_gemm_tma_kernel` on the same tile (the m64 / m128 tiles whose
     warpgroups each run m64 x n128 MMAs, as Triton's), bias in the accumulator, through `fp8_gemm` with
