@@ -16,7 +16,6 @@ first copies before the current tile's epilogue.
 
 from __future__ import annotations
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
