@@ -128,9 +128,9 @@
 #                                         # A/B/A on 120b, A/B on 20b
 #   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
 #   bash benchmarks/run_h200.sh prefill21 # (one GPU) TP1 prefill rows + profile with bf16 pairs; 1024-token A/B (prepared)
-#   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling):
-#                                         # gpu tests, the dense GEMM beside ours (prepared)
-#   bash benchmarks/run_h200.sh gluon22b  # (one GPU) the MoE layer on Gluon (variants) beside the table (prepared)
+#   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
+#                                         # beside ours: the dense GEMM, the 120b MoE layer's variants (prepared)
+#   bash benchmarks/run_h200.sh gluon22t  # (one GPU) their gpu tests, the 20b MoE layer's variants (prepared)
 #   bash benchmarks/run_h200.sh gluon22ab # (one GPU) 120b 8k prefill, the MoE row (then the dense tiles too) on Gluon
 #                                         # between two table runs (prepared)
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
@@ -1152,15 +1152,16 @@ prefill21)  # one GPU (prepared in session 20, not run): the TP1 prefill rows wi
             --lengths 1024 --iters 20 --out "$R" --stem "bench_prefill_ab_1024_$v"
     done
     ;;
-gluon22)  # one GPU (prepared in sessions 20-21, not run): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
-          # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1). Bits against the
-          # Triton kernels (gpu tests), the dense GEMM beside ours
-    step gpu_test_gluon 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gluon.py
-    step diag_gluon_fp8_gemm 150 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
-    ;;
-gluon22b)  # one GPU (prepared, not run): the MoE layer on the Gluon kernels beside the table's Triton row, 8192 tokens
-           # (each file rewritten after every row: a step cut by its limit keeps what ran)
+gluon22)  # one GPU (prepared in sessions 20-21, not run; run first): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
+          # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1) beside ours at
+          # full size: the dense GEMM (float64 check, bits vs ours), then the 120b MoE layer's variants (bits vs the
+          # table, moe_ref, times; the file rewritten after every row: a step cut by its limit keeps what ran)
+    step diag_gluon_fp8_gemm 120 python benchmarks/diag_gluon_fp8_gemm.py --out "$R"
     step diag_gluon_moe_120b 330 python benchmarks/diag_gluon_moe.py --out "$R" --models 120b --stem diag_gluon_moe_120b
+    ;;
+gluon22t)  # one GPU (prepared, not run; before a Gluon form enters the table): the gpu tests (bits vs the Triton
+           # tiles on ragged dims and 120b shapes, moe_ref, CUDA graphs), then the 20b layer's main variants
+    step gpu_test_gluon 330 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gluon.py
     step diag_gluon_moe_20b 200 python benchmarks/diag_gluon_moe.py --out "$R" --models 20b --stem diag_gluon_moe_20b \
         --variants gluon,gluon_w8,gluon_p,gluon_w8p
     ;;

@@ -14,7 +14,7 @@ diag_gluon_fp8_gemm_compile.md).
 Status (session 21): compiled for sm_90a here with Triton 3.6 (the device image's) and 3.8; never run on a GPU.
 `fp8_gemm_gluon` (the dense GEMM: `Fp8GemmConfig.gluon`, benchmarks/diag_gluon_fp8_gemm.py) and the MoE kernels
 built on the loop (kernels/moe_gluon.py, `MoeConfig.mlp1_gluon` / `mlp2_gluon` / `gluon_persistent`) are measured
-by stages gluon22, gluon22b and gluon22ab of benchmarks/run_h200.sh; nothing served takes them.
+by stages gluon22, gluon22ab and gluon22t of benchmarks/run_h200.sh; nothing served takes them.
 
     y [M, N] = sum_kb (A_kb W_kb^T) * a_s[:, kb] * w_s[n // 128, kb]   (fp32 sums, block sums in K order)
 """

@@ -8,8 +8,8 @@ Tiles: 64-row blocks. mlp1 on 4 warps runs a program's 256 W1 rows in two passes
 on 8 warps in one pass with a warpgroup on each half, sharing the x tile; mlp2 128 wide on 4 warps (the table's),
 or 256 wide on 8. Status (session 21): compiled for sm_90a here (Triton 3.6 and 3.8:
 benchmarks/results/diag_gluon_moe_compile*.md; spills only in the table-tile mlp1 on 3.8, 4 bytes, and the
-persistent two-pass mlp1, 100-112); never run on a GPU; no table row takes them (stages gluon22, gluon22b,
-gluon22ab of benchmarks/run_h200.sh measure them).
+persistent two-pass mlp1, 100-112); never run on a GPU; no table row takes them (stages gluon22, gluon22ab,
+gluon22t of benchmarks/run_h200.sh measure them).
 Persistent programs (`MoeConfig.gluon_persistent`) run tiles pid, pid + grid, ... and request each next tile's
 first copies before the current tile's epilogue.
 """
