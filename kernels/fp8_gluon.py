@@ -28,6 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from sglang_ext.kernels.fp8_gemm import num_sms
 from sglang_ext.kernels.tma import tma_2d_layout_ok
 
 BLOCK_K = gl.constexpr(128)  # = the quantisation block: one scale per row (A) and per 128 rows (W) a K step
@@ -249,7 +250,7 @@ def persistent_grid(tiles: int, num_warps: int, device) -> int:
     """Programs of a persistent launch: as many as fit on the SMs at once (4 warps: two a SM, their registers
     and rings fit; 8 warps: one), at most one a tile."""
     per_sm = 2 if num_warps == 4 else 1
-    return max(1, min(tiles, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
+    return max(1, min(tiles, per_sm * num_sms(device)))
 
 
 def fp8_gemm_gluon(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

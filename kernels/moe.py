@@ -2214,6 +2214,8 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         part = torch.empty((split1, 2, rows, inter), dtype=torch.float32, device=dev)
         counters = _split_counters(max_blocks * n1, dev)
     x_desc = w1_desc = h_desc = w2_desc = None
+    gluon = (config.mlp1_gluon or config.mlp2_gluon) and gluon_supported(dev)
+    gluon1 = gluon2 = False  # the Gluon kernels run (they make their own descriptors: none built here for them)
     if config.tma:
         w1_rows = w1.view(-1, hidden) if w1.is_contiguous() else None  # [E * 2I, H]
         if w1_rows is not None and tma_2d_ok(xq) and tma_2d_ok(w1_rows):
@@ -2222,14 +2224,17 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
                 _gather_rows_kernel[(rows // GATHER_BLOCK_R,)](
                     xq, xg, sorted_pairs, block_expert, num_pairs, hidden, TOP_K=top_k, BLOCK_M=bm,
                     BLOCK_R=GATHER_BLOCK_R, BLOCK_H=min(1024, _next_pow2(hidden)), num_warps=4)
-                x_desc = descriptor(xg, [bm, QUANT_GROUP])
-            w1_desc = descriptor(w1_rows, [config.mlp1_block_n, QUANT_GROUP])
+            gluon1 = gluon and config.mlp1_gluon  # _check_config: only with tma_x
+            if not gluon1:
+                x_desc = descriptor(xg, [bm, QUANT_GROUP]) if config.tma_x else None
+                w1_desc = descriptor(w1_rows, [config.mlp1_block_n, QUANT_GROUP])
         w2_rows = w2.view(-1, inter) if w2.is_contiguous() else None  # [E * H, I]
         if w2_rows is not None and tma_2d_ok(hq) and tma_2d_ok(w2_rows):
-            h_desc = descriptor(hq, [bm, QUANT_GROUP])
-            w2_desc = descriptor(w2_rows, [config.mlp2_block_n, QUANT_GROUP])
-    gluon = (config.mlp1_gluon or config.mlp2_gluon) and gluon_supported(dev)
-    if gluon and config.mlp1_gluon and x_desc is not None and w1_desc is not None:
+            gluon2 = gluon and config.mlp2_gluon
+            if not gluon2:
+                h_desc = descriptor(hq, [bm, QUANT_GROUP])
+                w2_desc = descriptor(w2_rows, [config.mlp2_block_n, QUANT_GROUP])
+    if gluon1:
         from .moe_gluon import mlp1_gluon
 
         mlp1_gluon(xg, xs, w1, w1_scale_inv, b1, sorted_pairs, block_expert, hq, hs, num_pairs, max_blocks, limit,
@@ -2253,7 +2258,7 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
     pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if pair_bf16 else torch.float32,
                            device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
-    if gluon and config.mlp2_gluon and h_desc is not None:
+    if gluon2:
         from .moe_gluon import mlp2_gluon
 
         mlp2_gluon(hq, hs, w2, w2_scale_inv, b2, sorted_pairs, block_expert, pair_out[0], num_pairs, max_blocks, bm,

@@ -18,6 +18,7 @@ run to run and inside a CUDA graph.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -90,6 +91,47 @@ def test_gluon_config_rules():
             mod._check_config(config)
 
 
+DISPATCH = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {tests!r})
+from dataclasses import replace
+from sglang_ext.kernels import moe, moe_gluon
+from sglang_ext.kernels.tma import recording_descriptors
+from test_kernel_moe import make_experts, make_router, make_x
+
+calls = []
+moe.gluon_supported = lambda device: True  # as on an H200; the Gluon launchers below record their calls instead
+moe_gluon.mlp1_gluon = lambda *args, persistent=False: calls.append(["mlp1", persistent])
+moe_gluon.mlp2_gluon = lambda *args, persistent=False: calls.append(["mlp2", persistent])
+experts = make_experts(4, 320, 288, seed=1)
+router, x = make_router(8, 320, seed=2), make_x(23, 320, seed=3)
+table = moe.select_config(8192)
+out = {{}}
+for name, flags in [("mlp1", dict(mlp1_gluon=True)), ("mlp2", dict(mlp2_gluon=True)),
+                    ("both_persistent", dict(mlp1_gluon=True, mlp2_gluon=True, gluon_persistent=True))]:
+    calls.clear()
+    with recording_descriptors() as built:
+        moe.fused_moe_fp8(x, *router, *experts, expert_offset=1, config=replace(table, **flags))
+    out[name] = {{"calls": list(calls), "descriptors": built}}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_moe_gluon_dispatch():
+    """`_experts` with the Gluon flags on a GPU that runs them (told so here, interpreted, the Gluon launchers
+    replaced by recorders): each flagged GEMM goes to its Gluon launcher with the persistent option, the other
+    to the Triton kernel, and no Triton descriptor is built for an operand the Gluon kernel loads itself."""
+    result = subprocess.run([sys.executable, "-c", DISPATCH.format(tests=os.path.join(ROOT, "tests"))],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.split("RESULT ", 1)[1])
+    tile_x, tile_w = [64, 128], [128, 128]  # the table's prefill row: 64-row blocks, 128-row weight tiles
+    assert got["mlp1"] == {"calls": [["mlp1", False]], "descriptors": [tile_x, tile_w]}, got["mlp1"]  # mlp2's
+    assert got["mlp2"] == {"calls": [["mlp2", False]], "descriptors": [tile_x, tile_w]}, got["mlp2"]  # mlp1's
+    assert got["both_persistent"] == {"calls": [["mlp1", True], ["mlp2", True]], "descriptors": []}, got
+
+
 def test_dense_gluon_rejects_bad_arguments():
     """`fp8_gemm_gluon` names what it cannot run before any launch: rows the copy engine cannot take (K = 200:
     200-byte rows), scales of the wrong shape, tiles without a warpgroup layout, one ring slot, n256 tiles (the
@@ -110,6 +152,26 @@ def test_dense_gluon_rejects_bad_arguments():
             fp8_gemm_gluon(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def _counting(module, *names):
+    """Within the block, calls of module.<name> are recorded by name (the launchers import them at call time)."""
+    calls, real = [], {name: getattr(module, name) for name in names}
+
+    def counted(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real[name](*args, **kwargs)
+        return call
+
+    for name in names:
+        setattr(module, name, counted(name))
+    try:
+        yield calls
+    finally:
+        for name, fn in real.items():
+            setattr(module, name, fn)
+
+
 def _gluon_here():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm_90 GPU (Gluon's wgmma / TMA)")
@@ -123,7 +185,7 @@ def test_dense_gemm_gluon_matches_triton(m, n, k):
     warpgroups each run m64 x n128 MMAs, as Triton's), bias in the accumulator, through `fp8_gemm` with
     `Fp8GemmConfig.gluon` as well."""
     _gluon_here()
-    from sglang_ext.kernels import fp8_gemm
+    from sglang_ext.kernels import fp8_gemm, fp8_gluon
     from sglang_ext.kernels.fp8_gluon import fp8_gemm_gluon, fp8_gemm_gluon_ref
 
     g = torch.Generator(device="cuda").manual_seed(m + n + k)
@@ -142,7 +204,10 @@ def test_dense_gemm_gluon_matches_triton(m, n, k):
             twin = fp8_gemm.Fp8GemmConfig(block_m=block_m, block_n=128, num_warps=warps, num_stages=stages, tma=True)
             ours = fp8_gemm.fp8_gemm(a, a_s, w, w_s, bias, config=twin)
             assert torch.equal(got, ours), f"m{block_m} w{warps}: bits differ from fp8_gemm's tile ({rel})"
-            routed = fp8_gemm.fp8_gemm(a, a_s, w, w_s, bias, config=replace(twin, gluon=True))
+            with _counting(fp8_gluon, "fp8_gemm_gluon") as calls:
+                routed = fp8_gemm.fp8_gemm(a, a_s, w, w_s, bias, config=replace(twin, gluon=True))
+            # equal bits alone would pass with the Triton kernel too: the launch must have taken the Gluon one
+            assert calls == ["fp8_gemm_gluon"], "Fp8GemmConfig.gluon did not launch the Gluon kernel"
             assert torch.equal(routed, got), "fp8_gemm with Fp8GemmConfig.gluon: bits differ"
         persistent = fp8_gemm_gluon(a, a_s, w, w_s, bias, block_m=block_m, num_warps=warps, stages=stages,
                                     persistent=True)
@@ -163,6 +228,8 @@ def gluon_moe_cases():
 @pytest.mark.parametrize("case", range(len(gluon_moe_cases())))
 def test_moe_gluon_rows_match_triton(case):
     _gluon_here()
+    from sglang_ext.kernels import moe_gluon
+
     mod = _kernel_module()
     name, tokens, hidden, inter, num_local, offset, with_b2 = gluon_moe_cases()[case]
     experts = make_experts(num_local, hidden, inter, seed=40 + case, device="cuda", with_b2=with_b2)
@@ -181,7 +248,11 @@ def test_moe_gluon_rows_match_triton(case):
                    "gluon_persistent": True},
                   {"mlp1_gluon": True, "mlp2_gluon": True}):
         config = replace(triton_row, **flags)
-        got = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config)
+        with _counting(moe_gluon, "mlp1_gluon", "mlp2_gluon") as calls:
+            got = mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config)
+        # equal bits alone would pass with the Triton kernels too: the flagged kernels must have been launched
+        wanted = [k for k in ("mlp1_gluon", "mlp2_gluon") if flags.get(k)]
+        assert calls == wanted, f"{name} {flags}: launched {calls}, expected {wanted}"
         assert torch.equal(got, want), f"{name} {flags}: bits differ from the Triton row"
     assert torch.equal(got, mod.fused_moe_fp8(x, *router, *experts, expert_offset=offset, config=config))
     ref = mod.moe_ref(x, None, None, *experts, expert_offset=offset, routing=(weights, ids), pair_out_bf16=True)
