@@ -139,8 +139,9 @@ def wgmma_facts(kernel) -> dict:
     ptx = kernel.asm["ptx"]
     sass = sass_of(kernel.asm["cubin"])
     res = ptxas_resources(ptx)
+    levels = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)
     return {"wgmma": ptx.count("wgmma.mma_async"),
-            "ptx_waits": ", ".join(re.findall(r"wgmma\.wait_group\.sync\.aligned \d+", ptx)),
+            "ptx_waits": ", ".join(f"wait_group {n} x{levels.count(n)}" for n in sorted(set(levels))),
             "sass_qgmma": sass.count("QGMMA"),
             "sass_depbar": ", ".join(f"{w} x{sass.count(w)}" for w in sorted(set(re.findall(r"DEPBAR\.LE gsb0, 0x\d",
                                                                                                 sass)))),
@@ -156,3 +157,27 @@ def command_line(script: str) -> str:
 
     prefix = "PYTHONPATH=" + os.environ["PYTHONPATH"] + " " if os.environ.get("PYTHONPATH") else ""
     return prefix + f"python benchmarks/{script} " + " ".join(sys.argv[1:])
+
+
+def write_wgmma_report(out_dir: str, stem: str, title: str, command: str, rows: list, key_columns: list) -> str:
+    """The results file of a compile-only run: its rows of `wgmma_facts` (after key_columns, which name each row),
+    under a legend of what each column reads; returns the Markdown."""
+    import triton
+
+    import bench_common as bc
+
+    meta = {"command": command, "triton": triton.__version__, "target": "cuda sm_90a, compiled only (no GPU)"}
+    md = "\n".join([
+        f"# {title}, compiled for sm_90 (no GPU)", "", f"`{command}` — Triton {meta['triton']}", "",
+        "Per kernel: the wgmma instructions and wait levels in the PTX; in the machine code (cuobjdump) the QGMMA "
+        "count and the scoreboard waits by how many wgmma groups they leave in flight (0x1: one MMA runs while the "
+        "previous K block is scaled; 0x0: all done, at a loop's end); ptxas's registers and spilled bytes (stores / "
+        "loads); TMA requests behind a CTA barrier since the last wgmma, of all (two warpgroups each wait only for "
+        "their own MMAs, so a copy into a slot the other may still read needs one); shared memory. Never run here: "
+        "no timing, no check of the outputs.", "",
+        bc.md_table(rows, key_columns + [
+            ("PTX wgmma", "wgmma", None), ("PTX waits", "ptx_waits", None), ("SASS QGMMA", "sass_qgmma", None),
+            ("SASS waits", "sass_depbar", None), ("regs", "regs", None), ("spills", "spills", None),
+            ("copies behind a barrier", "copies_fenced", None), ("smem KB", "smem_KB", "{:.0f}")])]) + "\n"
+    bc.write_results(out_dir, stem, meta, rows, md)
+    return md

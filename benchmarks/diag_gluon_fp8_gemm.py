@@ -52,22 +52,10 @@ def main():
     command = command_line("diag_gluon_fp8_gemm.py")
 
     if args.compile_only:
-        rows = compile_only()
-        meta = {"command": command, "triton": triton.__version__, "target": "cuda sm_90a, compiled only (no GPU)"}
-        md = "\n".join([
-            "# Gluon FP8 GEMM: its wgmma waits, compiled for sm_90 (no GPU)", "",
-            f"`{command}` — Triton {meta['triton']}", "",
-            "Per tile: the wgmma instructions and waits in the PTX, and in the machine code (cuobjdump) the QGMMA "
-            "count and the scoreboard waits by how many wgmma groups they leave in flight (0x1: one, the MMA "
-            "that runs while the previous K block is scaled; 0x0 only at the end); ptxas's registers and spilled "
-            "bytes (stores / loads); TMA requests behind a CTA barrier since the last wgmma, of all (two warpgroups "
-            "each wait only for their own MMAs). Never run here: no timing, no check of its outputs.", "",
-            bc.md_table(rows, [("tile", "tile", None), ("PTX wgmma", "wgmma", None), ("PTX waits", "ptx_waits", None),
-                               ("SASS QGMMA", "sass_qgmma", None), ("SASS waits", "sass_depbar", None),
-                               ("regs", "regs", None), ("spills", "spills", None),
-                               ("copies behind a barrier", "copies_fenced", None)])]) + "\n"
-        bc.write_results(args.out, args.stem or "diag_gluon_fp8_gemm_compile", meta, rows, md)
-        print(md)
+        from compile_only import write_wgmma_report
+
+        print(write_wgmma_report(args.out, args.stem or "diag_gluon_fp8_gemm_compile", "Gluon FP8 GEMM", command,
+                                 compile_only(), [("tile", "tile", None)]))
         return
 
     from sglang_ext.kernels import fp8_gemm

@@ -99,24 +99,11 @@ def main():
 
     command = command_line("diag_gluon_moe.py")
     if args.compile_only:
+        from compile_only import write_wgmma_report
+
         rows = compile_only(args.variants.split(",") if args.variants else COMPILE_VARIANTS)
-        meta = {"command": command, "triton": triton.__version__, "target": "cuda sm_90a, compiled only (no GPU)"}
-        md = "\n".join([
-            "# Gluon MoE prefill GEMMs: waits, registers, spills, compiled for sm_90 (no GPU)", "",
-            f"`{command}` — Triton {meta['triton']}", "",
-            "Per variant and kernel: wgmma instructions in the PTX; in the machine code (cuobjdump) the QGMMA count "
-            "and the scoreboard waits by how many wgmma groups they leave in flight (0x1: one MMA runs while the "
-            "previous K block is scaled); ptxas's registers and spilled bytes (stores / loads); TMA requests behind "
-            "a CTA barrier since the last wgmma, of all (8 warps: each warpgroup waits only for its own MMAs, so a "
-            "copy into a slot the other may still read needs one); shared memory. "
-            "Never run: no timing, no check of its outputs yet.", "",
-            bc.md_table(rows, [("variant", "variant", None), ("kernel", "kernel", None), ("PTX wgmma", "wgmma", None),
-                               ("SASS QGMMA", "sass_qgmma", None), ("SASS waits", "sass_depbar", None),
-                               ("regs", "regs", None), ("spills", "spills", None),
-                               ("copies behind a barrier", "copies_fenced", None),
-                               ("smem KB", "smem_KB", "{:.0f}")])]) + "\n"
-        bc.write_results(args.out, args.stem or "diag_gluon_moe_compile", meta, rows, md)
-        print(md)
+        print(write_wgmma_report(args.out, args.stem or "diag_gluon_moe_compile", "Gluon MoE prefill GEMMs", command,
+                                 rows, [("variant", "variant", None), ("kernel", "kernel", None)]))
         return
 
     import bench_moe as bm
