@@ -15,6 +15,7 @@ PATCH_MODULES = (
     "gpt_oss_model",
     "probe_kv_pool",
     "openai_probe_scores",
+    "responses_api",
     "probe_stop",
     "probe_cuda_graph",
     "harmony_parsers",

@@ -18,6 +18,8 @@ Targets
     in a sink keyed by the request object the stream hands to `generate_request`
     (only completions streams register one, so concurrent requests never see each
     other's) and attached to the next chunk of that choice.
+  - The same `generate_request` hook fills the records of `/v1/responses` requests
+    (`responses_api`, which attaches them there).
   - `OpenAIServingChat._build_chat_response` and
     `OpenAIServingCompletion._build_completion_response` (AROUND): the full list on
     each choice of a non-streamed response.
@@ -33,6 +35,7 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_ext.patches.responses_api import record_of
 from sglang_ext.probe import SCORES_KEY
 
 # How many scores a choice has received is kept in the stream's own `stream_offsets`
@@ -106,15 +109,26 @@ _completion_sinks: dict[int, dict] = {}
 
 async def _generate_request_recording_scores(original, self, obj, *args, **kwargs):
     sink = _completion_sinks.get(id(obj))
+    record = record_of(obj)
+    turn = record.new_turn() if record is not None else None
     async for content in original(self, obj, *args, **kwargs):
-        if sink is not None and isinstance(content, dict):
-            scores = (content.get("meta_info") or {}).get(SCORES_KEY)
-            if scores is not None:
+        if (sink is not None or record is not None) and isinstance(content, dict):
+            meta = content.get("meta_info") or {}
+            scores = meta.get(SCORES_KEY)
+            if scores is not None and sink is not None:
                 index = content.get("index", 0)
                 if _incremental_meta_info():
                     sink.setdefault(index, []).extend(scores)
                 else:
                     sink[index] = scores
+            if record is not None:
+                if scores is not None:
+                    if _incremental_meta_info():
+                        turn.extend(scores)
+                    else:
+                        turn[:] = scores
+                if meta.get("finish_reason") is not None:
+                    record.finish_reason = meta["finish_reason"]
         yield content
 
 

@@ -17,6 +17,7 @@ in test_probe_serving_bf16.py.
 
 import datetime
 import json
+import time
 
 import pytest
 import requests
@@ -550,3 +551,98 @@ def test_unscripted_output_streamed_and_not_is_the_parse_of_its_tokens(client):
     got = collect(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
     assert (got["reasoning"], got["content"], got["calls"]) == (want.reasoning, want.content, want_calls)
     assert got["scores"] == got["usage"].completion_tokens == len(ids)
+
+
+# -- the OpenAI Responses API (patches/responses_api.py) --------------------------------------
+#
+# gpt-oss's Responses path renders the prompt with openai-harmony and parses the output with it;
+# the tiny model's random tokens rarely form Harmony messages, so what these tests hold the path
+# to is what it returns beside the text: one probe score per generated token (the reference head's,
+# on the tokens /generate produces from the same prompt), the usage, and the guard's stop.
+
+
+def responses_prompt(text):
+    """What the Responses path renders for a plain-text input, by openai-harmony: the default
+    system message dated today, an empty developer message, the user's text."""
+    conversation = Conversation.from_messages([
+        Message.from_role_and_content(Role.SYSTEM, SystemContent.new().with_conversation_start_date(
+            datetime.date.today().isoformat())),
+        Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new()),
+        Message.from_role_and_content(Role.USER, text),
+    ])
+    return list(enc().render_conversation_for_completion(conversation, Role.ASSISTANT))
+
+
+def responses(url, body):
+    """The response object, or for `stream: true` the list of SSE event payloads."""
+    r = requests.post(url + "/v1/responses", json=body, stream=bool(body.get("stream")), timeout=600)
+    assert r.status_code == 200, r.text
+    if not body.get("stream"):
+        return r.json()
+    return [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+
+
+LABELS = [f"label_{i}" for i in range(10)]
+
+
+def test_responses_api_carries_one_score_per_token_and_the_usage(probe_server, tiny_checkpoints, tiny_probe):
+    text = "Is the sky blue today?"
+    body = {"input": text, "max_output_tokens": 26, "temperature": 0}  # no model: the one served
+    full = responses(probe_server.url, body)
+    served_name = requests.get(probe_server.url + "/v1/models", timeout=60).json()["data"][0]["id"]
+    assert full["model"] == served_name
+    prompt = responses_prompt(text)
+    usage, scores = full["usage"], full["token_probe_probs"]
+    assert usage["input_tokens"] == len(prompt)  # upstream said 0
+    assert usage["output_tokens"] == len(scores) > 1
+    # The same prompt through /generate gives the same greedy tokens; the reference head scores them.
+    out = generate(probe_server.url, prompt, n=len(scores))
+    labels, want = reference_scores(tiny_checkpoints["fp32"], tiny_probe, prompt, out["output_ids"])
+    assert labels == LABELS
+    torch.testing.assert_close(as_matrix(scores, labels), want, rtol=0, atol=2e-4)
+
+    events = responses(probe_server.url, {**body, "stream": True})
+    final = events[-1]
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert final["type"] == "response." + full["status"]
+    streamed = [s for e in events for s in e.get("token_probe_probs", [])]
+    assert final["response"]["token_probe_probs"] == streamed
+    assert (final["response"]["usage"]["input_tokens"], final["response"]["usage"]["output_tokens"]) == (
+        usage["input_tokens"], usage["output_tokens"])  # upstream streamed 0 / 0
+    torch.testing.assert_close(as_matrix(streamed, LABELS), as_matrix(scores, LABELS), rtol=0, atol=1e-5)
+
+
+def test_responses_api_reports_the_guards_stop(tiny_checkpoints, tiny_probe, vocab_dir):
+    # Threshold 0: the first token's score (a sigmoid, > 0) trips the guard.
+    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--probe-stop", "label_0=0", "--enable-response-store"]
+    body = {"input": "Hello", "max_output_tokens": 20, "temperature": 0}
+    with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
+        full = responses(srv.url, body)
+        stored = requests.get(f"{srv.url}/v1/responses/{full['id']}", timeout=60).json()
+        events = responses(srv.url, {**body, "stream": True})
+        stored_streamed = requests.get(f"{srv.url}/v1/responses/{events[-1]['response']['id']}", timeout=60).json()
+        queued = responses(srv.url, {**body, "background": True})
+        for _ in range(600):
+            background = requests.get(f"{srv.url}/v1/responses/{queued['id']}", timeout=60).json()
+            if background["status"] not in ("queued", "in_progress"):
+                break
+            time.sleep(0.2)
+        chat = requests.post(srv.url + "/v1/chat/completions", timeout=600, json={
+            "model": "default", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 20}).json()
+    assert chat["choices"][0]["finish_reason"] == "content_filter"  # the guard itself, as chat reports it
+    scores = full["token_probe_probs"]
+    assert full["status"] == "incomplete"  # upstream: "completed"
+    assert full["usage"]["output_tokens"] == len(scores) == 1
+    details = full["incomplete_details"]
+    assert details == {"reason": "content_filter", "label": "label_0", "threshold": 0.0,
+                       "score": pytest.approx(scores[0]["label_0"], rel=1e-6)}
+    assert details["score"] > 0
+    assert (stored["status"], stored["incomplete_details"]) == ("incomplete", details)
+    final = events[-1]
+    assert final["type"] == "response.incomplete"
+    assert final["response"]["status"] == "incomplete"
+    assert final["response"]["incomplete_details"]["reason"] == "content_filter"
+    assert len(final["response"]["token_probe_probs"]) == 1
+    assert stored_streamed["status"] == "incomplete"
+    assert queued["status"] == "queued"
+    assert (background["status"], background["incomplete_details"]["reason"]) == ("incomplete", "content_filter")
