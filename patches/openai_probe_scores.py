@@ -36,7 +36,7 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_ext.patches.responses_api import record_of
-from sglang_ext.probe import SCORES_KEY
+from sglang_ext.probe import SCORES_KEY, json_scores
 
 # How many scores a choice has received is kept in the stream's own `stream_offsets`
 # dict (upstream reads it only by integer choice index), so it lives and dies with the
@@ -63,7 +63,7 @@ def _with_scores(sse: str, index: int, scores: list) -> str | None:
         return None
     for choice in payload.get("choices") or []:
         if choice.get("index") == index:
-            choice[SCORES_KEY] = scores
+            choice[SCORES_KEY] = json_scores(scores)
             return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
     return None
 
@@ -98,7 +98,7 @@ async def _stream_content_with_scores(original, self, *args, **kwargs):
             "object": "chat.completion.chunk",
             "created": bound["created"],
             "model": request.model,
-            "choices": [{"index": index, "delta": {}, "finish_reason": None, SCORES_KEY: pending}],
+            "choices": [{"index": index, "delta": {}, "finish_reason": None, SCORES_KEY: json_scores(pending)}],
         }
         yield "data: " + json.dumps(carrier, ensure_ascii=False) + "\n\n"
 
@@ -122,13 +122,7 @@ async def _generate_request_recording_scores(original, self, obj, *args, **kwarg
                 else:
                     sink[index] = scores
             if record is not None:
-                if scores is not None:
-                    if _incremental_meta_info():
-                        turn.extend(scores)
-                    else:
-                        turn[:] = scores
-                if meta.get("finish_reason") is not None:
-                    record.finish_reason = meta["finish_reason"]
+                record.update(turn, meta, _incremental_meta_info())
         yield content
 
 
@@ -160,7 +154,7 @@ def _response_with_scores(original, self, request, ret: list[dict[str, Any]], cr
     for choice in payload.get("choices") or []:
         i = choice.get("index", 0)
         if i < len(scores) and scores[i] is not None:
-            choice[SCORES_KEY] = scores[i]
+            choice[SCORES_KEY] = json_scores(scores[i])
     return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
 
 

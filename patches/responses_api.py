@@ -2,78 +2,111 @@
 
 gpt-oss is served on `/v1/responses` through SGLang's Harmony path (`OpenAIServingResponses`
 with `HarmonyContext` / `StreamingHarmonyContext`). Upstream, that path returned no probe
-scores, reported a request the SingProbe guard stopped as `completed`, and reported
-`input_tokens` 0 (it reads the prompt length only when `meta_info` has `prompt_token_ids`,
-which SGLang never sends) and, streamed, `output_tokens` 0 (the streaming context counts
-nothing); a request without `model` (upstream: "whatever is loaded") generated and then failed.
+scores; reported a request the SingProbe guard stopped as `completed`, and ran a built-in tool
+the stopped output had called and generated on; reported `input_tokens` 0 (it reads the prompt
+length only when `meta_info` has `prompt_token_ids`, which SGLang never sends) and, streamed,
+`output_tokens` 0 (the streaming context counts nothing), and after a built-in tool's turn fed
+its parser only the next turn's tokens past the previous turn's length; and a request without
+`model` (upstream: "whatever is loaded") generated in full and then failed.
 
 Targets
   - `OpenAIServingResponses.create_responses` (AROUND): a request without `model` is given the
-    served model's name. A `ResponseRecord` keyed by the
-    request id collects the scores of every generation turn of the request (filled by
-    `openai_probe_scores`' `generate_request` hook, which sees each turn's engine outputs;
-    built-in tool turns reuse the request id). Then
+    served model's name. A `ResponseRecord` for the request, held in a context variable (so only
+    this request's own engine calls, in its own task or the background task it starts, fill it:
+    not another request that reuses its id), collects the scores of every generation turn
+    (`openai_probe_scores`' `generate_request` hook calls `record_of`). Then
       * not streamed: the response object gets `token_probe_probs`, one `{label: p}` per
         generated token, all turns in order;
       * streamed: each SSE event carries, as `token_probe_probs` beside `type`, the scores of
         the tokens decoded since the previous event that carried any, so the concatenation
         over a stream is one score per token whatever the Harmony parser held back; the final
-        event's `response` carries the whole list, as a non-streamed response does;
-      * a request the guard stopped (finish reason `content_filter`) ends `incomplete` with
-        `incomplete_details` `{"reason": "content_filter", label, score, threshold}` (OpenAI's
-        reason for a filtered response), streamed as `response.incomplete`, also in the
-        response store (`GET /v1/responses/{id}`).
-    Background requests (`background: true`, not streamed) get the guard's status in the store
-    once their task ends, but no scores: the stored response object has no field for them.
-  - `HarmonyContext.append_output` (AROUND): the prompt length from `meta_info.prompt_tokens`.
+        event's `response` carries the whole list, as a non-streamed response does.
+    Background requests (`background: true`, not streamed) carry no scores: the stored
+    response object has no field for them.
+  - `OpenAIServingResponses._status_from_finish_reason` (AROUND): the guard's finish reason
+    (`content_filter`) is `incomplete`, for the response and for the output item it cut, as
+    a length stop is.
+  - `OpenAIServingResponses.responses_full_generator` (AROUND): a guard stop's
+    `incomplete_details` are `{"reason": "content_filter", label, score, threshold}` (OpenAI's
+    reason for a filtered response; upstream wrote `max_output_tokens` for every incomplete
+    one), set on the very object upstream stores, before anything else runs: a non-streamed,
+    streamed (Harmony: its final event is built from it) or background response, and
+    `GET /v1/responses/{id}` with `--enable-response-store`.
+  - `HarmonyContext.need_builtin_tool_call` (AROUND): no built-in tool turn after a guard stop.
+  - `HarmonyContext.append_output` (AROUND): the prompt length from `meta_info.prompt_tokens`
+    (the last turn's, as upstream meant it).
   - `StreamingHarmonyContext.append_output` (AROUND): prompt, cached and output tokens, the
-    output tokens counted as the tokens its parser was fed.
+    output tokens counted as the tokens its parser was fed; after a tool's message the next
+    turn's cumulative outputs are read from their start.
 Without `--probe-ckpt`, meta_info has no scores and nothing is added.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_ext.probe import SCORES_KEY
+from sglang_ext.probe import SCORES_KEY, json_scores
 
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+def guard_details(finish_reason: Any) -> dict | None:
+    """`incomplete_details` for the SingProbe guard's finish reason (`probe_stop`), else None."""
+    if not (isinstance(finish_reason, dict) and finish_reason.get("type") == "content_filter"):
+        return None
+    return {"reason": "content_filter",
+            **{k: finish_reason[k] for k in ("label", "score", "threshold") if k in finish_reason}}
 
 
 class ResponseRecord:
     """What the engine returned for one /v1/responses request, turn by turn."""
 
-    def __init__(self) -> None:
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
         self.turns: list[list] = []
+        self.total = 0
         self.finish_reason: Any = None
 
     def new_turn(self) -> list:
         self.turns.append([])
         return self.turns[-1]
 
+    def update(self, turn: list, meta: dict, incremental: bool) -> None:
+        """One engine output of `turn`: its scores (new ones only, or all so far) and finish reason."""
+        scores = meta.get(SCORES_KEY)
+        if scores is not None:
+            added = scores if incremental else scores[len(turn):]
+            turn.extend(added)
+            self.total += len(added)
+        reason = meta.get("finish_reason")
+        if reason is not None and guard_details(self.finish_reason) is None:  # a guard stop sticks
+            self.finish_reason = reason
+
     def scores(self) -> list:
         return [s for turn in self.turns for s in turn]
 
-    def guard_stop(self) -> dict | None:
-        """`incomplete_details` for a request the SingProbe guard stopped, else None."""
-        reason = self.finish_reason
-        if not (isinstance(reason, dict) and reason.get("type") == "content_filter"):
-            return None
-        return {"reason": "content_filter",
-                **{k: reason[k] for k in ("label", "score", "threshold") if k in reason}}
+    def since(self, cursor: tuple) -> tuple[list, tuple]:
+        """The scores after `cursor` (turn, offset, total) and the cursor after them: O(new scores)."""
+        t, i, seen = cursor
+        if seen == self.total:
+            return [], cursor
+        new = self.turns[t][i:] + [s for turn in self.turns[t + 1:] for s in turn]
+        last = len(self.turns) - 1
+        return new, (last, len(self.turns[last]), self.total)
 
 
-# request id of a live /v1/responses request -> its record
-_records: dict[str, ResponseRecord] = {}
+_current: contextvars.ContextVar[ResponseRecord | None] = contextvars.ContextVar(
+    "sglang_ext_response_record", default=None)
 
 
 def record_of(obj) -> ResponseRecord | None:
-    """The record a `GenerateReqInput` belongs to (`openai_probe_scores` calls this per request)."""
-    rid = getattr(obj, "rid", None)
-    return _records.get(rid) if isinstance(rid, str) and _records else None
+    """The record a `GenerateReqInput` fills: the current request's, if the ids match."""
+    record = _current.get()
+    return record if record is not None and record.rid == getattr(obj, "rid", None) else None
 
 
 def _event_with(sse: str, pending: list, record: ResponseRecord) -> tuple[str, bool]:
@@ -89,83 +122,88 @@ def _event_with(sse: str, pending: list, record: ResponseRecord) -> tuple[str, b
     if not isinstance(payload, dict):
         return sse, False
     if pending:
-        payload[SCORES_KEY] = pending
+        payload[SCORES_KEY] = json_scores(pending)
     event_type = payload.get("type")
     response = payload.get("response")
     if event_type in FINAL_EVENTS and isinstance(response, dict):
-        scores = record.scores()
-        if scores:
-            response[SCORES_KEY] = scores
-        stop = record.guard_stop()
-        if stop is not None and event_type == "response.completed":
+        if record.total:
+            response[SCORES_KEY] = json_scores(record.scores())
+        stop = guard_details(record.finish_reason)
+        if stop is not None and event_type != "response.failed":
+            # Upstream's Harmony stream already says so (the hooks below); other streams get it here.
+            head = head.replace(event_type, "response.incomplete")
             payload["type"] = "response.incomplete"
-            response["status"] = "incomplete"
-            response["incomplete_details"] = stop
-            head = head.replace("response.completed", "response.incomplete")
+            response["status"], response["incomplete_details"] = "incomplete", stop
     return head + "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n", bool(pending)
 
 
-def _finish(serving, record: ResponseRecord, rid: str, response=None) -> None:
-    """The guard's status on `response` and on the stored copy (the response id is the request id);
-    then the record is dropped."""
-    stop = record.guard_stop()
-    stored = getattr(serving, "response_store", {}).get(rid)
-    for r in (response, stored):
-        if stop is not None and r is not None and r.status == "completed":
-            r.status, r.incomplete_details = "incomplete", stop
-    _records.pop(rid, None)
-
-
-async def _stream_with_scores(serving, events, record: ResponseRecord, rid: str):
-    sent = 0
+async def _stream_with_scores(events, record: ResponseRecord):
+    # The body is iterated after create_responses returned, in the response's task: the record is
+    # made current here for the engine calls the iteration makes.
+    _current.set(record)
+    cursor = (0, 0, 0)
     try:
         async for event in events:
             if isinstance(event, str):
-                scores = record.scores()
-                event, attached = _event_with(event, scores[sent:], record)
+                pending, after = record.since(cursor)
+                event, attached = _event_with(event, pending, record)
                 if attached:
-                    sent = len(scores)
+                    cursor = after
             yield event
     finally:
-        _finish(serving, record, rid)
+        _current.set(None)
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def _create_responses_with_scores(original, self, request, *args, **kwargs):
-    if getattr(request, "model", "") is None:
+    manager = getattr(self, "tokenizer_manager", None)
+    if getattr(request, "model", "") is None and manager is not None:
         # "None means whatever is loaded" upstream, but the response object requires a model name:
         # without this a request with no model generated in full and then failed (a 400 naming
         # ResponsesResponse, or an empty stream).
-        request.model = self.tokenizer_manager.served_model_name
+        request.model = manager.served_model_name
     rid = getattr(request, "request_id", None)
-    if not isinstance(rid, str) or rid in _records:
+    if not isinstance(rid, str):
         return await original(self, request, *args, **kwargs)
-    record = _records[rid] = ResponseRecord()
-    kept = False
+    record = ResponseRecord(rid)
+    token = _current.set(record)  # a background task started inside inherits it
     try:
         result = await original(self, request, *args, **kwargs)
-        if hasattr(result, "__aiter__"):
-            kept = True
-            return _stream_with_scores(self, result, record, rid)
-        if getattr(result, "status", None) == "queued":
-            task = getattr(self, "background_tasks", {}).get(getattr(result, "id", None))
-            if task is not None:
-                kept = True
-                task.add_done_callback(lambda _: _finish(self, record, rid))
-            return result
-        if not hasattr(result, "model_dump_json"):
-            return result
-        _finish(self, record, rid, result)
-        scores = record.scores()
-        if not scores:
-            return result
-        from fastapi.responses import Response
-
-        payload = json.loads(result.model_dump_json())
-        payload[SCORES_KEY] = scores
-        return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
     finally:
-        if not kept:
-            _records.pop(rid, None)
+        _current.reset(token)
+    if hasattr(result, "__aiter__"):
+        return _stream_with_scores(result, record)
+    if not record.total or not hasattr(result, "model_dump_json") or result.status == "queued":
+        return result
+    from fastapi.responses import Response
+
+    payload = json.loads(result.model_dump_json())
+    payload[SCORES_KEY] = json_scores(record.scores())
+    return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
+
+
+def _status_with_guard(original, finish_reason):
+    if guard_details(finish_reason) is not None:
+        return "incomplete"
+    return original(finish_reason)
+
+
+async def _full_response_with_guard(original, self, *args, **kwargs):
+    response = await original(self, *args, **kwargs)
+    record = _current.get()
+    stop = guard_details(record.finish_reason) if record is not None else None
+    if stop is not None and getattr(response, "status", None) == "incomplete":
+        # The object upstream just stored, if it stores: no await has run since.
+        response.incomplete_details = stop
+    return response
+
+
+def _no_tool_turn_after_guard(original, self, *args, **kwargs):
+    if guard_details(getattr(self, "finish_reason", None)) is not None:
+        return False
+    return original(self, *args, **kwargs)
 
 
 def _harmony_append_with_prompt_tokens(original, self, output, *args, **kwargs):
@@ -180,7 +218,10 @@ def _streaming_append_with_usage(original, self, output, *args, **kwargs):
     before = getattr(self, "num_processed_tokens", 0)
     result = original(self, output, *args, **kwargs)
     meta = output.get("meta_info") if isinstance(output, dict) and "output_ids" in output else None
-    if isinstance(meta, dict):
+    if not isinstance(output, dict):
+        # A tool's message: the next turn's cumulative output_ids start again at 0.
+        self.num_processed_tokens = 0
+    elif isinstance(meta, dict):
         if "prompt_tokens" in meta:
             self.num_prompt_tokens = meta["prompt_tokens"]
         if "cached_tokens" in meta:
@@ -194,6 +235,10 @@ def register() -> None:
     responses = "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses"
     context = "sglang.srt.entrypoints.context"
     HookRegistry.register(f"{responses}.create_responses", _create_responses_with_scores, HookType.AROUND)
+    HookRegistry.register(f"{responses}._status_from_finish_reason", _status_with_guard, HookType.AROUND)
+    HookRegistry.register(f"{responses}.responses_full_generator", _full_response_with_guard, HookType.AROUND)
+    HookRegistry.register(f"{context}.HarmonyContext.need_builtin_tool_call", _no_tool_turn_after_guard,
+                          HookType.AROUND)
     HookRegistry.register(f"{context}.HarmonyContext.append_output", _harmony_append_with_prompt_tokens,
                           HookType.AROUND)
     HookRegistry.register(f"{context}.StreamingHarmonyContext.append_output", _streaming_append_with_usage,

@@ -1,18 +1,26 @@
-"""patches/responses_api.py without a server: how a /v1/responses stream's events get their scores.
+"""patches/responses_api.py without a server.
 
-The served checks (scores against the reference head, usage, the guard's stop, streamed and not)
-are in test_probe_serving.py; the tiny model's random tokens rarely form Harmony messages, so
-there the scores mostly arrive with the final event. Here a scripted event stream, with the
-engine's (cumulative) scores growing between events the way the tokenizer manager delivers
-them, checks the alignment: every event carries the scores decoded since the previous event
-that carried any, none twice, none lost, and the final event the whole list.
+The served checks (scores against the reference head, usage, the guard's stop, streamed, not
+and in the background) are in test_probe_serving.py; the tiny model's random tokens rarely form
+Harmony messages, so there the scores mostly arrive with the final event, and its requests have
+one generation turn. Here: a scripted event stream, with the engine's (cumulative) scores growing
+between events the way the tokenizer manager delivers them (every event carries the scores decoded
+since the previous event that carried any, none twice, none lost, the final event the whole list);
+the recording hook (turns, both streaming modes, another request reusing the id); the guard's
+status; NaN rows as JSON null; the streaming context's usage across a built-in tool's turn.
 """
 
 import asyncio
 import json
+import math
 
-from sglang_ext.patches import responses_api
+import pytest
+
+from sglang_ext.patches import openai_probe_scores, responses_api
 from sglang_ext.probe import SCORES_KEY
+
+GUARD = {"type": "content_filter", "label": "label_8", "score": 0.97, "threshold": 0.9, "message": "m"}
+GUARD_DETAILS = {"reason": "content_filter", "label": "label_8", "score": 0.97, "threshold": 0.9}
 
 
 def sse(event_type, **fields):
@@ -23,20 +31,19 @@ def score(i):
     return {"label_0": i / 10, "label_1": 1 - i / 10}
 
 
-class Stored:
-    """A response in the server's store."""
-    status, incomplete_details = "completed", None
+def strict_json(text):
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
 
 
-def run_stream(script, finish_reason=None, stored=None):
+def run_stream(script, finish_reason=None):
     """`script`: ("turn", None) starts a generation turn; (ids, event) says the engine has delivered the
-    scores of tokens `ids` in this turn so far (cumulative, as the tokenizer manager streams them), then
-    yields `event` (None: no event for those tokens). `finish_reason`: the engine's, known before the
-    final event. Returns the events as the client receives them, each as (event line, payload or the raw
-    text)."""
-    rid = "resp_test"
-    serving = type("Serving", (), {"response_store": {rid: stored} if stored else {}})()
-    record = responses_api._records[rid] = responses_api.ResponseRecord()
+    scores of tokens `ids` in this turn so far (cumulative), then yields `event` (None: no event for
+    those tokens). `finish_reason`: the engine's, known before the final event. Returns the events
+    as the client receives them, each as (event line, payload) or as the raw text."""
+    record = responses_api.ResponseRecord("resp_test")
     record.finish_reason = finish_reason
 
     async def events():
@@ -45,16 +52,15 @@ def run_stream(script, finish_reason=None, stored=None):
             if delivered == "turn":
                 turn = record.new_turn()
                 continue
-            turn[:] = [score(i) for i in delivered]
+            record.update(turn, {SCORES_KEY: [score(i) for i in delivered]}, incremental=False)
             if event is not None:
                 yield event
 
     async def collect():
-        return [e async for e in responses_api._stream_with_scores(serving, events(), record, rid)]
+        return [e async for e in responses_api._stream_with_scores(events(), record)]
 
     out = asyncio.run(collect())
-    assert rid not in responses_api._records  # the record ends with its stream
-    return [(e.split("\n", 1)[0], json.loads(e.split("data: ", 1)[1])) if e.startswith("event: ") else e
+    return [(e.split("\n", 1)[0], strict_json(e.split("data: ", 1)[1])) if e.startswith("event: ") else e
             for e in out]
 
 
@@ -87,23 +93,6 @@ def test_scores_delivered_after_the_last_text_event_ride_the_final_event():
     assert got[-1][1]["response"][SCORES_KEY] == [score(0), score(1), score(2)]
 
 
-def test_a_guard_stop_turns_the_final_event_incomplete_here_and_in_the_store():
-    reason = {"type": "content_filter", "label": "label_8", "score": 0.97, "threshold": 0.9, "message": "m"}
-    stored = Stored()
-    script = [("turn", None), ([0], sse("response.output_text.delta", delta="a")),
-              ([0, 1], sse("response.completed", response={"status": "completed", "incomplete_details": None}))]
-    got = run_stream(script, finish_reason=reason, stored=stored)
-    want = {"reason": "content_filter", "label": "label_8", "score": 0.97, "threshold": 0.9}
-    head, payload = got[-1]
-    assert head == "event: response.incomplete" and payload["type"] == "response.incomplete"
-    assert payload["response"]["status"] == "incomplete" and payload["response"]["incomplete_details"] == want
-    assert (stored.status, stored.incomplete_details) == ("incomplete", want)
-    # Any other finish leaves both as they were.
-    stored = Stored()
-    got = run_stream(script, finish_reason={"type": "length", "length": 2}, stored=stored)
-    assert got[-1][0] == "event: response.completed" and stored.status == "completed"
-
-
 def test_scores_are_not_lost_on_events_that_are_not_json_objects():
     odd = ["data: [DONE]\n\n", ": keep-alive\n\n", "event: x\ndata: [1, 2]\n\n"]
     script = [("turn", None), ([0], odd[0]), ([0, 1], odd[1]), ([0, 1], odd[2]),
@@ -111,3 +100,157 @@ def test_scores_are_not_lost_on_events_that_are_not_json_objects():
     got = run_stream(script)
     assert got[:3] == [odd[0], odd[1], ("event: x", [1, 2])]
     assert got[3][1][SCORES_KEY] == [score(0), score(1), score(2)]
+
+
+def test_a_guard_stop_ends_a_stream_incomplete_whatever_its_final_event_said():
+    script = [("turn", None), ([0], sse("response.output_text.delta", delta="a")),
+              ([0, 1], sse("response.completed", response={"status": "completed", "incomplete_details": None}))]
+    head, payload = run_stream(script, finish_reason=GUARD)[-1]
+    assert head == "event: response.incomplete" and payload["type"] == "response.incomplete"
+    assert payload["response"]["status"] == "incomplete"
+    assert payload["response"]["incomplete_details"] == GUARD_DETAILS
+    # Any other finish leaves it as it was.
+    head, payload = run_stream(script, finish_reason={"type": "length", "length": 2})[-1]
+    assert head == "event: response.completed" and payload["response"]["status"] == "completed"
+
+
+def test_the_guard_stop_is_incomplete_with_its_details_and_ends_the_tool_loop():
+    def upstream_status(reason):
+        return "incomplete" if (reason or {}).get("type") == "length" else "completed"
+
+    assert responses_api._status_with_guard(upstream_status, GUARD) == "incomplete"
+    assert responses_api._status_with_guard(upstream_status, {"type": "stop"}) == "completed"
+    assert responses_api._status_with_guard(upstream_status, {"type": "length"}) == "incomplete"
+
+    class Response:
+        status, incomplete_details = "incomplete", {"reason": "max_output_tokens"}
+
+    async def full_generator(serving):
+        return Response()
+
+    async def run(reason):
+        record = responses_api.ResponseRecord("resp_x")
+        record.finish_reason = reason
+        token = responses_api._current.set(record)
+        try:
+            return await responses_api._full_response_with_guard(full_generator, None)
+        finally:
+            responses_api._current.reset(token)
+
+    assert asyncio.run(run(GUARD)).incomplete_details == GUARD_DETAILS
+    assert asyncio.run(run({"type": "length"})).incomplete_details == {"reason": "max_output_tokens"}
+
+    class Context:
+        finish_reason = GUARD
+
+        def need_builtin_tool_call(self):
+            return True
+
+    assert responses_api._no_tool_turn_after_guard(Context.need_builtin_tool_call, Context()) is False
+    Context.finish_reason = {"type": "stop"}
+    assert responses_api._no_tool_turn_after_guard(Context.need_builtin_tool_call, Context()) is True
+
+
+def test_record_update_cursor_and_sticky_guard():
+    for incremental in (False, True):
+        record = responses_api.ResponseRecord("r")
+        turn = record.new_turn()
+        chunks = [[0, 1], [2], [3, 4, 5]]
+        so_far = []
+        for chunk in chunks:
+            so_far += chunk
+            record.update(turn, {SCORES_KEY: [score(i) for i in (chunk if incremental else so_far)]}, incremental)
+        assert record.scores() == [score(i) for i in range(6)] and record.total == 6
+        new, cursor = record.since((0, 0, 0))
+        assert new == record.scores()
+        assert record.since(cursor) == ([], cursor)
+        turn2 = record.new_turn()
+        record.update(turn2, {SCORES_KEY: [score(9)]}, incremental)
+        assert record.since(cursor)[0] == [score(9)]
+    record.update(turn, {"finish_reason": GUARD}, False)
+    record.update(turn2, {"finish_reason": {"type": "stop"}}, False)  # a later turn's stop
+    assert responses_api.guard_details(record.finish_reason) == GUARD_DETAILS
+
+
+def test_only_the_requests_own_engine_calls_fill_its_record():
+    class Req:
+        def __init__(self, rid):
+            self.rid = rid
+
+    async def engine(self, obj):
+        for n in (1, 2):
+            yield {"meta_info": {SCORES_KEY: [score(i) for i in range(n)],
+                                 "finish_reason": GUARD if n == 2 else None}}
+
+    async def drain(obj):
+        return [c async for c in openai_probe_scores._generate_request_recording_scores(engine, None, obj)]
+
+    record = responses_api.ResponseRecord("resp_a")
+    token = responses_api._current.set(record)
+    try:
+        asyncio.run(drain(Req("resp_a")))
+        asyncio.run(drain(Req("resp_b")))  # another request in the same task
+        asyncio.run(drain(Req(["resp_a"])))  # a batch
+    finally:
+        responses_api._current.reset(token)
+    assert record.turns == [[score(0), score(1)]] and record.finish_reason == GUARD
+    asyncio.run(drain(Req("resp_a")))  # outside the request: the id alone does not find the record
+    assert record.total == 2
+
+
+def test_non_finite_scores_are_json_null():
+    bad = [{"label_0": math.nan, "label_1": 0.5}, {"label_0": math.inf, "label_1": 0.25}]
+    record = responses_api.ResponseRecord("r")
+    record.update(record.new_turn(), {SCORES_KEY: bad}, False)
+    event, attached = responses_api._event_with(
+        sse("response.completed", response={"status": "completed"}), bad, record)
+    payload = strict_json(event.split("data: ", 1)[1])
+    assert attached and payload[SCORES_KEY] == payload["response"][SCORES_KEY] == [
+        {"label_0": None, "label_1": 0.5}, {"label_0": None, "label_1": 0.25}]
+    chunk = 'data: {"choices": [{"index": 0, "delta": {}}]}\n\n'
+    out = openai_probe_scores._with_scores(chunk, 0, bad)
+    assert strict_json(out[len("data: "):])["choices"][0][SCORES_KEY][0] == {"label_0": None, "label_1": 0.5}
+
+
+def test_streamed_usage_and_parser_input_across_a_tool_turn():
+    from openai_harmony import Author, Message, Role
+    from sglang.srt.entrypoints.context import StreamingHarmonyContext
+
+    from sglang_ext.harmony.encoding import harmony_encoding
+
+    harmony_encoding()  # the offline vocabulary for SGLang's own loader
+    append = StreamingHarmonyContext.append_output
+    append = getattr(append, "__wrapped__", append)  # upstream's, even if this process applied the hooks
+    ctx = StreamingHarmonyContext([], {})
+    fed = []
+    ctx.parser = type("Parser", (), {"process": lambda self, tok: fed.append(tok)})()
+
+    def engine_output(ids, prompt=50, cached=7):
+        return {"output_ids": ids, "meta_info": {"completion_tokens": len(ids), "prompt_tokens": prompt,
+                                                 "cached_tokens": cached}}
+
+    for ids in ([101, 102, 103], [101, 102, 103, 104, 105]):  # cumulative, as without incremental output
+        responses_api._streaming_append_with_usage(append, ctx, engine_output(ids))
+    tool = Message.from_author_and_content(Author.new(Role.TOOL, "browser.search"), "result")
+    responses_api._streaming_append_with_usage(append, ctx, [tool])
+    tool_tokens = fed[5:]
+    for ids in ([201, 202], [201, 202, 203]):
+        responses_api._streaming_append_with_usage(append, ctx, engine_output(ids, prompt=80, cached=60))
+    assert fed == [101, 102, 103, 104, 105, *tool_tokens, 201, 202, 203]  # upstream lost 201 and 202
+    assert (ctx.num_output_tokens, ctx.num_prompt_tokens, ctx.num_cached_tokens) == (8, 80, 60)
+
+
+@pytest.mark.parametrize("model", [None, "served"])
+def test_a_request_without_model_means_the_served_one(model):
+    class Request:
+        request_id = None
+
+    class Serving:
+        tokenizer_manager = type("TM", (), {"served_model_name": "served"})()
+
+    async def create(serving, request):
+        return request.model
+
+    request = Request()
+    request.model = model
+    assert asyncio.run(responses_api._create_responses_with_scores(create, Serving(), request)) == "served"
