@@ -18,8 +18,8 @@ Targets
     in a sink keyed by the request object the stream hands to `generate_request`
     (only completions streams register one, so concurrent requests never see each
     other's) and attached to the next chunk of that choice.
-  - The same `generate_request` hook fills the records of `/v1/responses` requests
-    (`responses_api`, which attaches them there).
+  - The same `generate_request` hook fills the records of `/v1/responses` requests and puts
+    their custom logit processor on each engine call (`responses_api`, which attaches them).
   - `OpenAIServingChat._build_chat_response` and
     `OpenAIServingCompletion._build_completion_response` (AROUND): the full list on
     each choice of a non-streamed response.
@@ -35,7 +35,7 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_ext.patches.responses_api import record_of
+from sglang_ext.patches.responses_api import record_of, with_processor
 from sglang_ext.probe import SCORES_KEY, json_scores
 
 # How many scores a choice has received is kept in the stream's own `stream_offsets`
@@ -110,7 +110,10 @@ _completion_sinks: dict[int, dict] = {}
 async def _generate_request_recording_scores(original, self, obj, *args, **kwargs):
     sink = _completion_sinks.get(id(obj))
     record = record_of(obj)
-    turn = record.new_turn() if record is not None else None
+    turn = None
+    if record is not None:
+        turn = record.new_turn()
+        with_processor(obj, record)
     async for content in original(self, obj, *args, **kwargs):
         if (sink is not None or record is not None) and isinstance(content, dict):
             meta = content.get("meta_info") or {}

@@ -22,7 +22,14 @@ Targets
         over a stream is one score per token whatever the Harmony parser held back; the final
         event's `response` carries the whole list, as a non-streamed response does.
     Background requests (`background: true`, not streamed) carry no scores: the stored
-    response object has no field for them.
+    response object has no field for them. The request's `custom_params` (per-request guard
+    thresholds, `probe_stop`) and `custom_logit_processor`, which the Responses request model
+    drops, are read from the body: the first goes into the sampling parameters
+    (`ResponsesRequest.to_sampling_params`, AROUND), the second onto each engine call
+    (`with_processor`); both are checked as a chat request's are, before a stream starts (HTTP
+    400 naming the problem). An exception inside a stream (upstream catches none: the response
+    was cut without a word and the request kept running) ends it with an `error` event and
+    aborts the request in the scheduler.
   - `OpenAIServingResponses._status_from_finish_reason` (AROUND): the guard's finish reason
     (`content_filter`) is `incomplete`, for the response and for the output item it cut, as
     a length stop is.
@@ -45,11 +52,15 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
+import re
 from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_ext.probe import SCORES_KEY, json_scores
+
+logger = logging.getLogger(__name__)
 
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
@@ -65,8 +76,10 @@ def guard_details(finish_reason: Any) -> dict | None:
 class ResponseRecord:
     """What the engine returned for one /v1/responses request, turn by turn."""
 
-    def __init__(self, rid: str) -> None:
+    def __init__(self, rid: str, extras: dict | None = None) -> None:
         self.rid = rid
+        # SGLang's request extras that the Responses schema drops (`REQUEST_EXTRAS`), from the body.
+        self.extras = extras or {}
         self.turns: list[list] = []
         self.total = 0
         self.finish_reason: Any = None
@@ -97,6 +110,20 @@ class ResponseRecord:
         new = self.turns[t][i:] + [s for turn in self.turns[t + 1:] for s in turn]
         last = len(self.turns) - 1
         return new, (last, len(self.turns[last]), self.total)
+
+
+# What chat requests take beyond OpenAI's schema and the Responses request model drops unread:
+# per-request guard thresholds (`custom_params.probe_stop`) and SGLang's custom logit processor.
+REQUEST_EXTRAS = ("custom_params", "custom_logit_processor")
+
+
+async def request_extras(raw_request) -> dict:
+    """`REQUEST_EXTRAS` present in the request's JSON body (already read and cached by FastAPI)."""
+    try:
+        body = await raw_request.json()
+    except Exception:  # no request (the Python API), or a body that is not JSON: nothing to add
+        return {}
+    return {k: body[k] for k in REQUEST_EXTRAS if isinstance(body, dict) and body.get(k) is not None}
 
 
 _current: contextvars.ContextVar[ResponseRecord | None] = contextvars.ContextVar(
@@ -137,11 +164,21 @@ def _event_with(sse: str, pending: list, record: ResponseRecord) -> tuple[str, b
     return head + "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n", bool(pending)
 
 
-async def _stream_with_scores(events, record: ResponseRecord):
+def error_event(message: str, code: str, sequence_number: int | None) -> str:
+    """The Responses API's stream error event."""
+    payload = {"type": "error", "code": code, "message": message, "param": None,
+               "sequence_number": sequence_number}
+    return "event: error\ndata: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
+
+
+_SEQUENCE = re.compile(r'"sequence_number":\s*(\d+)')
+
+
+async def _stream_with_scores(serving, events, record: ResponseRecord):
     # The body is iterated after create_responses returned, in the response's task: the record is
     # made current here for the engine calls the iteration makes.
     _current.set(record)
-    cursor = (0, 0, 0)
+    cursor, sequence = (0, 0, 0), None
     try:
         async for event in events:
             if isinstance(event, str):
@@ -149,7 +186,18 @@ async def _stream_with_scores(events, record: ResponseRecord):
                 event, attached = _event_with(event, pending, record)
                 if attached:
                     cursor = after
+                found = _SEQUENCE.search(event)
+                sequence = int(found.group(1)) if found else sequence
             yield event
+    except Exception as e:
+        # Upstream's stream catches nothing: an exception (a bad request found by the engine's checks,
+        # a Harmony parse it refuses) cut the response without a word and left the request running.
+        message = f"{type(e).__name__}: {e}"
+        logger.exception("sglang-ext: /v1/responses stream %s failed: %s; only this request stops", record.rid,
+                         message)
+        serving.tokenizer_manager.abort_request(record.rid)
+        code = "invalid_request_error" if isinstance(e, ValueError) else "server_error"
+        yield error_event(message, code, None if sequence is None else sequence + 1)
     finally:
         _current.set(None)
         close = getattr(events, "aclose", None)
@@ -167,14 +215,19 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
     rid = getattr(request, "request_id", None)
     if not isinstance(rid, str):
         return await original(self, request, *args, **kwargs)
-    record = ResponseRecord(rid)
+    raw_request = args[0] if args else kwargs.get("raw_request")
+    record = ResponseRecord(rid, await request_extras(raw_request) if raw_request is not None else None)
+    try:
+        check_extras(record.extras)
+    except ValueError as e:  # before any byte of a stream: one 400 naming the problem
+        return self.create_error_response(str(e))
     token = _current.set(record)  # a background task started inside inherits it
     try:
         result = await original(self, request, *args, **kwargs)
     finally:
         _current.reset(token)
     if hasattr(result, "__aiter__"):
-        return _stream_with_scores(result, record)
+        return _stream_with_scores(self, result, record)
     if not record.total or not hasattr(result, "model_dump_json") or result.status == "queued":
         return result
     from fastapi.responses import Response
@@ -182,6 +235,36 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
     payload = json.loads(result.model_dump_json())
     payload[SCORES_KEY] = json_scores(record.scores())
     return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
+
+
+def check_extras(extras: dict) -> None:
+    """The chat path's checks of the extras (raises `RequestRejected`, a ValueError, naming the problem)."""
+    from sglang.srt.runtime_context import get_exec
+
+    from sglang_ext.patches.request_isolation import check_custom_logit_processor, check_custom_params
+
+    processor = extras.get("custom_logit_processor")
+    if "custom_params" in extras:
+        check_custom_params({"custom_params": extras["custom_params"]}, bool(processor))
+    if processor and get_exec().features.enable_custom_logit_processor:
+        check_custom_logit_processor(processor)
+
+
+def _sampling_params_with_extras(original, self, *args, **kwargs):
+    params = original(self, *args, **kwargs)
+    record = _current.get()
+    custom = record.extras.get("custom_params") if record is not None and record.rid == self.request_id else None
+    if custom is not None and isinstance(params, dict):
+        params["custom_params"] = custom  # checked like a chat request's before it is scheduled
+    return params
+
+
+def with_processor(obj, record: ResponseRecord) -> None:
+    """The request's custom logit processor on each of its engine calls (`openai_probe_scores`'
+    `generate_request` hook calls this; SGLang then checks it as it checks a chat request's)."""
+    processor = record.extras.get("custom_logit_processor")
+    if processor is not None and getattr(obj, "custom_logit_processor", None) is None:
+        obj.custom_logit_processor = processor
 
 
 def _status_with_guard(original, finish_reason):
@@ -235,6 +318,8 @@ def register() -> None:
     responses = "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses"
     context = "sglang.srt.entrypoints.context"
     HookRegistry.register(f"{responses}.create_responses", _create_responses_with_scores, HookType.AROUND)
+    HookRegistry.register("sglang.srt.entrypoints.openai.protocol.ResponsesRequest.to_sampling_params",
+                          _sampling_params_with_extras, HookType.AROUND)
     HookRegistry.register(f"{responses}._status_from_finish_reason", _status_with_guard, HookType.AROUND)
     HookRegistry.register(f"{responses}.responses_full_generator", _full_response_with_guard, HookType.AROUND)
     HookRegistry.register(f"{context}.HarmonyContext.need_builtin_tool_call", _no_tool_turn_after_guard,

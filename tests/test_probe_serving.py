@@ -646,3 +646,55 @@ def test_responses_api_reports_the_guards_stop(tiny_checkpoints, tiny_probe, voc
     assert stored_streamed["status"] == "incomplete"
     assert queued["status"] == "queued"
     assert (background["status"], background["incomplete_details"]["reason"]) == ("incomplete", "content_filter")
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]
+
+
+def test_responses_api_harmony_output_streamed_and_not_with_one_score_per_token(probe_server):
+    # Scripted through the same custom logit processor as the chat tests (a request extra the Responses
+    # schema drops; patches/responses_api.py reads it from the body): reasoning, then a tool call.
+    from sglang_ext.harmony.forced_tokens import PARAM, ForcedTokens
+
+    meant = [assistant("Check the weather first.", "analysis"), call("functions.get_weather", '{"city": "Paris"}')]
+    ids = completion_tokens(meant)
+    assert ids[-1] == 200012  # <|call|>: a stop token of the Responses path
+    body = {"input": "Weather in Paris?", "tools": RESPONSES_TOOLS, "temperature": 0,
+            "max_output_tokens": len(ids) + 10, "custom_logit_processor": ForcedTokens.to_str(),
+            "custom_params": {PARAM: ids}}
+    full = responses(probe_server.url, body)
+    parsed = enc().parse_messages_from_completion_tokens(ids, Role.ASSISTANT)
+    reasoning, tool_call = full["output"]
+    assert reasoning["type"] == "reasoning"
+    assert [c["text"] for c in reasoning["content"]] == [parsed[0].content[0].text]
+    assert (tool_call["type"], "functions." + tool_call["name"], tool_call["arguments"]) == (
+        "function_call", parsed[1].recipient, parsed[1].content[0].text)
+    assert full["status"] == "completed"
+    assert len(full["token_probe_probs"]) == full["usage"]["output_tokens"] == len(ids)
+
+    events = responses(probe_server.url, {**body, "stream": True})
+    carriers = [e for e in events[:-1] if e.get("token_probe_probs")]
+    assert len(carriers) > 5, "scores arrive with the events, not all at the end"
+    streamed = [s for e in events for s in e.get("token_probe_probs", [])]
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["token_probe_probs"] == streamed
+    torch.testing.assert_close(as_matrix(streamed, LABELS), as_matrix(full["token_probe_probs"], LABELS),
+                               rtol=0, atol=1e-5)
+    arguments = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    assert arguments == tool_call["arguments"]
+
+
+def test_responses_api_takes_per_request_guard_thresholds_and_refuses_bad_ones(probe_server):
+    base = {"input": "Hello", "max_output_tokens": 12, "temperature": 0}
+    guarded = responses(probe_server.url, {**base, "custom_params": {"probe_stop": {"label_0": 0}}})
+    assert (guarded["status"], guarded["incomplete_details"]["reason"]) == ("incomplete", "content_filter")
+    assert len(guarded["token_probe_probs"]) == 1
+    for stream in (False, True):
+        for extra, problem in ((("custom_params", {"probe_stop": "label_0=2"}), "must lie in [0, 1]"),
+                               (("custom_params", {"probe_stop": {"label_99": 0.5}}), "unknown label"),
+                               (("custom_params", "label_0=0.5"), "must be a JSON object")):
+            r = requests.post(probe_server.url + "/v1/responses", timeout=600,
+                              json={**base, extra[0]: extra[1], "stream": stream})
+            assert r.status_code == 400 and problem in r.json()["error"]["message"], (stream, r.text)
+    assert responses(probe_server.url, base)["status"] in ("completed", "incomplete")  # the server goes on

@@ -38,6 +38,15 @@ def strict_json(text):
     return json.loads(text, parse_constant=refuse)
 
 
+class Serving:
+    aborted: list = []
+
+    class tokenizer_manager:  # noqa: N801
+        @staticmethod
+        def abort_request(rid):
+            Serving.aborted.append(rid)
+
+
 def run_stream(script, finish_reason=None):
     """`script`: ("turn", None) starts a generation turn; (ids, event) says the engine has delivered the
     scores of tokens `ids` in this turn so far (cumulative), then yields `event` (None: no event for
@@ -57,7 +66,7 @@ def run_stream(script, finish_reason=None):
                 yield event
 
     async def collect():
-        return [e async for e in responses_api._stream_with_scores(events(), record)]
+        return [e async for e in responses_api._stream_with_scores(Serving(), events(), record)]
 
     out = asyncio.run(collect())
     return [(e.split("\n", 1)[0], strict_json(e.split("data: ", 1)[1])) if e.startswith("event: ") else e
@@ -100,6 +109,34 @@ def test_scores_are_not_lost_on_events_that_are_not_json_objects():
     got = run_stream(script)
     assert got[:3] == [odd[0], odd[1], ("event: x", [1, 2])]
     assert got[3][1][SCORES_KEY] == [score(0), score(1), score(2)]
+
+
+def test_an_exception_inside_the_stream_ends_it_with_an_error_event_and_aborts_the_request():
+    class Boom:
+        def __init__(self):
+            self.sent = 0
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            self.sent += 1
+            if self.sent == 3:
+                raise ValueError("Harmony rewrote previously emitted tool input")
+            return sse("response.output_text.delta", delta="a", sequence_number=self.sent + 4)
+
+    Serving.aborted.clear()
+    record = responses_api.ResponseRecord("resp_boom")
+
+    async def collect():
+        return [e async for e in responses_api._stream_with_scores(Serving(), Boom(), record)]
+
+    out = asyncio.run(collect())
+    assert len(out) == 3 and out[-1].startswith("event: error\n")
+    error = strict_json(out[-1].split("data: ", 1)[1])
+    assert error == {"type": "error", "code": "invalid_request_error", "param": None, "sequence_number": 7,
+                     "message": "ValueError: Harmony rewrote previously emitted tool input"}
+    assert Serving.aborted == ["resp_boom"]
 
 
 def test_a_guard_stop_ends_a_stream_incomplete_whatever_its_final_event_said():
