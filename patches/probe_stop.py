@@ -58,7 +58,7 @@ def parse_probe_stop(spec) -> dict[str, float]:
     for name, value in items:
         try:
             threshold = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an integer past float's range
             raise ProbeStopSpecError(f"probe_stop: threshold of {name!r} is not a number: {value!r}") from None
         if not 0.0 <= threshold <= 1.0:
             raise ProbeStopSpecError(f"probe_stop: threshold of {name!r} must lie in [0, 1], got {threshold}")

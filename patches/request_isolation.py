@@ -14,7 +14,8 @@ Targets
     request passes (single and batch, native and OpenAI) before it is sent to the
     scheduler: HTTP 400 for an empty prompt, input token ids that are not integers in
     [0, vocab_size) (the message names the first bad id, its position and the vocab
-    size), a custom logit processor that cannot be loaded, `custom_params` that is not
+    size), a custom logit processor that is not one string (a list on a single request ended
+    the scheduler) or cannot be loaded, `custom_params` that is not
     an object, `top_logprobs_num` above the vocabulary size, and an invalid per-request
     `probe_stop` (the guard's own parser, plus its labels against the probe's, and no
     probe loaded at all; before, unknown labels were ignored and a bad spec was found
@@ -169,6 +170,11 @@ def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     if isinstance(obj, GenerateReqInput):
         check_top_logprobs_num(obj, tokenizer_manager.model_config.vocab_size)
         processor = obj.custom_logit_processor
+        if processor is not None and not isinstance(processor, str):
+            # One request, one serialized processor. A list reached the scheduler's batch assembly
+            # (`processor_str not in processor_dict`: TypeError, unhashable) and ended the server.
+            raise RequestRejected("custom_logit_processor of one request must be a string (a serialized "
+                                  f"processor), got {type(processor).__name__}")
         if processor and get_exec().features.enable_custom_logit_processor:
             check_custom_logit_processor(processor)
         if isinstance(obj.sampling_params, dict):

@@ -195,7 +195,10 @@ async def _stream_with_scores(serving, events, record: ResponseRecord):
         message = f"{type(e).__name__}: {e}"
         logger.exception("sglang-ext: /v1/responses stream %s failed: %s; only this request stops", record.rid,
                          message)
-        serving.tokenizer_manager.abort_request(record.rid)
+        try:
+            serving.tokenizer_manager.abort_request(record.rid)
+        except Exception as abort_failed:  # the error event still goes out
+            logger.warning("sglang-ext: aborting %s failed: %s", record.rid, abort_failed)
         code = "invalid_request_error" if isinstance(e, ValueError) else "server_error"
         yield error_event(message, code, None if sequence is None else sequence + 1)
     finally:
@@ -241,13 +244,20 @@ def check_extras(extras: dict) -> None:
     """The chat path's checks of the extras (raises `RequestRejected`, a ValueError, naming the problem)."""
     from sglang.srt.runtime_context import get_exec
 
-    from sglang_ext.patches.request_isolation import check_custom_logit_processor, check_custom_params
+    from sglang_ext.patches.request_isolation import (RequestRejected, check_custom_logit_processor,
+                                                      check_custom_params)
 
     processor = extras.get("custom_logit_processor")
     if "custom_params" in extras:
         check_custom_params({"custom_params": extras["custom_params"]}, bool(processor))
-    if processor and get_exec().features.enable_custom_logit_processor:
-        check_custom_logit_processor(processor)
+    if processor is None:
+        return
+    if not isinstance(processor, str):
+        raise RequestRejected(f"custom_logit_processor must be a string (a serialized processor), "
+                              f"got {type(processor).__name__}")
+    if not get_exec().features.enable_custom_logit_processor:
+        raise RequestRejected("custom_logit_processor needs a server started with --enable-custom-logit-processor")
+    check_custom_logit_processor(processor)
 
 
 def _sampling_params_with_extras(original, self, *args, **kwargs):

@@ -285,6 +285,35 @@ def test_invalid_per_request_probe_stop_gets_400(unharmed, spec, message):
         "model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
         "custom_params": {"probe_stop": spec}})
     assert r.status_code == 400 and message in r.json()["message"], r.text[:300]
+    for stream in (False, True):  # the Responses API: refused before a stream starts
+        r = post(unharmed.url, "/v1/responses", {"input": "hi", "max_output_tokens": 4, "stream": stream,
+                                                 "custom_params": {"probe_stop": spec}})
+        assert r.status_code == 400 and message in r.json()["error"]["message"], r.text[:300]
+
+
+def test_probe_stop_threshold_past_floats_range_is_a_spec_error():
+    # Not reachable over HTTP (the JSON decoders refuse such a number first, with a 400), but through the
+    # Python API: float() raised OverflowError, which was no ProbeStopSpecError.
+    from sglang_ext.patches.probe_stop import ProbeStopSpecError, parse_probe_stop
+
+    with pytest.raises(ProbeStopSpecError, match="is not a number"):
+        parse_probe_stop({"label_3": 10**400})
+
+
+@pytest.mark.parametrize("processor", [[None], ["x", "y"], {"callable": "zz"}, 5, False],
+                         ids=["list_of_null", "list", "object", "number", "false"])
+def test_custom_logit_processor_that_is_not_one_string_gets_400(unharmed, processor):
+    """Upstream: a list on one request reached the scheduler's batch assembly (unhashable) and ended
+    the server with SIGQUIT."""
+    r = greedy(unharmed.url, BASELINE_PROMPT, n=2, custom_logit_processor=processor)
+    assert r.status_code == 400 and "custom_logit_processor" in r.text, r.text[:300]  # ours or the schema's
+    r = post(unharmed.url, "/v1/chat/completions", {
+        "model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "custom_logit_processor": processor})
+    assert r.status_code in (400, 422), r.text[:300]  # 422: the chat schema's own type check
+    r = post(unharmed.url, "/v1/responses", {"input": "hi", "max_output_tokens": 4, "stream": True,
+                                             "custom_logit_processor": processor})
+    assert r.status_code == 400 and "must be a string" in r.json()["error"]["message"], r.text[:300]
 
 
 def test_custom_params_that_is_not_an_object_gets_400(unharmed):
