@@ -16,7 +16,12 @@ Targets
     [0, vocab_size) (the message names the first bad id, its position and the vocab
     size), a custom logit processor that is not one string (a list on a single request ended
     the scheduler) or cannot be loaded, `custom_params` that is not
-    an object, `top_logprobs_num` above the vocabulary size, and an invalid per-request
+    an object, `top_logprobs_num` above the vocabulary size, a list where one request takes one
+    `top_logprobs_num` / `logprob_start_len`, `sampling_params` that is not an object,
+    `stop_token_ids` outside the vocabulary (with `min_new_tokens` they ended the scheduler),
+    `top_k` past int32 (it ended the scheduler), a `stop_regex` Python cannot compile (a 500),
+    `session_params` with unknown fields or wrong types (a non-string id ended the scheduler),
+    and an invalid per-request
     `probe_stop` (the guard's own parser, plus its labels against the probe's, and no
     probe loaded at all; before, unknown labels were ignored and a bad spec was found
     only in the scheduler).
@@ -95,6 +100,74 @@ def check_input_ids(input_ids, vocab_size: int) -> None:
             f"ids must be integers in [0, {vocab_size}) (vocab size {vocab_size})")
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_one_request_scalars(obj) -> None:
+    # A list here passed the /generate schema ("int or list", meant for batches) and reached the
+    # scheduler of a single request, which compares it with an int and ends.
+    for field in ("logprob_start_len", "top_logprobs_num"):
+        value = getattr(obj, field, None)
+        if value is not None and not _is_int(value):
+            raise RequestRejected(f"{field} of one request must be an integer, got {type(value).__name__}")
+
+
+def check_sampling_params(sampling_params, vocab_size: int) -> None:
+    """What the scheduler uses unchecked and ends on: stop ids out of the vocabulary (with
+    min_new_tokens they index a vocabulary-wide tensor), top_k past int32 (its batch tensor), a
+    stop_regex Python cannot compile (a 500 from the tokenizer manager)."""
+    import re
+
+    if not isinstance(sampling_params, dict):
+        raise RequestRejected(f"sampling_params of one request must be a JSON object, got "
+                              f"{type(sampling_params).__name__}")
+    stop_ids = sampling_params.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, (list, tuple, set)):
+            raise RequestRejected(f"stop_token_ids must be a list of token ids, got {type(stop_ids).__name__}")
+        bad = first_bad_token_id(list(stop_ids), vocab_size) if stop_ids else None
+        if bad is not None:
+            raise RequestRejected(f"stop_token_ids: {bad[1]!r} is not a token id: ids must be integers in "
+                                  f"[0, {vocab_size}) (vocab size {vocab_size})")
+    top_k = sampling_params.get("top_k")
+    if _is_int(top_k) and top_k > INT32_MAX:  # a float is refused by the schemas (or made an int)
+        raise RequestRejected(f"top_k must be at most {INT32_MAX} (-1: the whole vocabulary), got {top_k}")
+    patterns = sampling_params.get("stop_regex")
+    for pattern in ([patterns] if isinstance(patterns, str) else patterns or []):
+        try:
+            re.compile(pattern)
+        except (re.error, OverflowError, RecursionError, TypeError) as e:
+            raise RequestRejected(f"stop_regex {pattern!r} is not a regular expression Python can compile: "
+                                  f"{e}") from None
+
+
+def check_session_params(session_params) -> None:
+    """Field names and types of SGLang's SessionParams (a msgspec struct, built without type checks):
+    a session id that is not a string ended the scheduler (unhashable), an unknown field was a 500."""
+    from typing import get_args, get_type_hints
+
+    from sglang.srt.managers.io_struct import SessionParams
+
+    if session_params is None:
+        return
+    if not isinstance(session_params, dict):
+        raise RequestRejected(f"session_params must be a JSON object, got {type(session_params).__name__}")
+    hints = get_type_hints(SessionParams)
+    for key, value in session_params.items():
+        if key not in SessionParams.__struct_fields__:
+            raise RequestRejected(f"session_params: unknown field {key!r}; the fields are "
+                                  f"{list(SessionParams.__struct_fields__)}")
+        allowed = tuple(t for t in get_args(hints[key]) if t is not type(None)) or (hints[key],)
+        if value is None or (isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool))):
+            continue
+        raise RequestRejected(f"session_params.{key} must be {' or '.join(t.__name__ for t in allowed)} or "
+                              f"null, got {type(value).__name__}")
+
+
 def check_top_logprobs_num(obj, vocab_size: int) -> None:
     # The sampler's top-k over the vocabulary raises (and ends the scheduler) above it.
     k = getattr(obj, "top_logprobs_num", None)
@@ -168,7 +241,11 @@ def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
     if input_ids is not None and not has_embeds and not has_mm:
         check_input_ids(input_ids, tokenizer_manager.model_config.vocab_size)
     if isinstance(obj, GenerateReqInput):
-        check_top_logprobs_num(obj, tokenizer_manager.model_config.vocab_size)
+        vocab_size = tokenizer_manager.model_config.vocab_size
+        check_one_request_scalars(obj)
+        check_top_logprobs_num(obj, vocab_size)
+        check_sampling_params(obj.sampling_params, vocab_size)
+        check_session_params(getattr(obj, "session_params", None))
         processor = obj.custom_logit_processor
         if processor is not None and not isinstance(processor, str):
             # One request, one serialized processor. A list reached the scheduler's batch assembly
@@ -177,8 +254,7 @@ def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
                                   f"processor), got {type(processor).__name__}")
         if processor and get_exec().features.enable_custom_logit_processor:
             check_custom_logit_processor(processor)
-        if isinstance(obj.sampling_params, dict):
-            check_custom_params(obj.sampling_params, bool(processor))
+        check_custom_params(obj.sampling_params, bool(processor))
 
 
 # -- custom logit processors (scheduler) ------------------------------------------------

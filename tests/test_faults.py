@@ -316,6 +316,43 @@ def test_custom_logit_processor_that_is_not_one_string_gets_400(unharmed, proces
     assert r.status_code == 400 and "must be a string" in r.json()["error"]["message"], r.text[:300]
 
 
+# Found by fuzzing the CPU server (session 22): each of these ended the scheduler, or answered 500, upstream.
+SCHEDULER_ENDERS = {
+    "stop_id_past_vocab_with_min_new_tokens": ("/generate", {"text": "hello", "sampling_params": {
+        "max_new_tokens": 4, "min_new_tokens": 2, "stop_token_ids": [300000]}}, "stop_token_ids"),
+    "chat_stop_id_past_vocab_with_min_tokens": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "min_tokens": 1,
+        "stop_token_ids": [VOCAB + 1]}, "stop_token_ids"),
+    "top_k_past_int32": ("/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4, "top_k": 2**40}},
+                         "top_k"),
+    "chat_top_k_past_int32": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "top_k": 2**31},
+        "top_k"),
+    "session_id_list": ("/generate", {"text": "hello", "session_params": {"id": ["x"]},
+                                      "sampling_params": {"max_new_tokens": 4}}, "session_params.id"),
+    "session_unknown_field": ("/generate", {"text": "hello", "session_params": {"bogus": 1}}, "unknown field"),
+    "top_logprobs_num_list_on_one_request": ("/generate", {"text": "hello", "return_logprob": True,
+                                                           "top_logprobs_num": [5],
+                                                           "sampling_params": {"max_new_tokens": 4}},
+                                             "top_logprobs_num"),
+    "logprob_start_len_list_on_one_request": ("/generate", {"text": "hello", "return_logprob": True,
+                                                            "logprob_start_len": [0],
+                                                            "sampling_params": {"max_new_tokens": 4}},
+                                              "logprob_start_len"),
+    "sampling_params_list_on_one_request": ("/generate", {"text": "hello", "sampling_params": [
+        {"max_new_tokens": 4}]}, "sampling_params"),
+    "stop_regex_repeat_past_re": ("/generate", {"text": "hello", "sampling_params": {
+        "max_new_tokens": 4, "stop_regex": "x{0,4294967295}"}}, "stop_regex"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEDULER_ENDERS))
+def test_fields_the_scheduler_used_unchecked_get_400(unharmed, case):
+    path, body, field = SCHEDULER_ENDERS[case]
+    r = post(unharmed.url, path, body)
+    assert r.status_code == 400 and field in r.text, r.text[:300]
+
+
 def test_custom_params_that_is_not_an_object_gets_400(unharmed):
     r = greedy(unharmed.url, BASELINE_PROMPT, n=2, sampling={"custom_params": "label_3=0.5"})
     assert r.status_code == 400 and "custom_params must be a JSON object" in r.text
