@@ -21,6 +21,7 @@ Targets
     `stop_token_ids` outside the vocabulary (with `min_new_tokens` they ended the scheduler),
     `top_k` past int32 (it ended the scheduler), a `stop_regex` Python cannot compile (a 500),
     `session_params` with unknown fields or wrong types (a non-string id ended the scheduler),
+    a `logit_bias` value past float32 (NaN logits: token 0 every step),
     and an invalid per-request
     `probe_stop` (the guard's own parser, plus its labels against the probe's, and no
     probe loaded at all; before, unknown labels were ignored and a bad spec was found
@@ -101,6 +102,7 @@ def check_input_ids(input_ids, vocab_size: int) -> None:
 
 
 INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _is_int(value) -> bool:
@@ -119,7 +121,8 @@ def check_one_request_scalars(obj) -> None:
 def check_sampling_params(sampling_params, vocab_size: int) -> None:
     """What the scheduler uses unchecked and ends on: stop ids out of the vocabulary (with
     min_new_tokens they index a vocabulary-wide tensor), top_k past int32 (its batch tensor), a
-    stop_regex Python cannot compile (a 500 from the tokenizer manager)."""
+    stop_regex Python cannot compile (a 500 from the tokenizer manager); and a logit_bias past
+    float32, which served garbage (token 0 every step)."""
     import re
 
     if not isinstance(sampling_params, dict):
@@ -136,6 +139,12 @@ def check_sampling_params(sampling_params, vocab_size: int) -> None:
     top_k = sampling_params.get("top_k")
     if _is_int(top_k) and top_k > INT32_MAX:  # a float is refused by the schemas (or made an int)
         raise RequestRejected(f"top_k must be at most {INT32_MAX} (-1: the whole vocabulary), got {top_k}")
+    bias = sampling_params.get("logit_bias")
+    for token, value in (bias.items() if isinstance(bias, dict) else ()):
+        # Past float32 the bias is inf in the logits row: NaN probabilities, token 0 every step.
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not abs(value) <= FLOAT32_MAX:
+            raise RequestRejected(f"logit_bias of token {token}: {value!r} is not a finite number within "
+                                  f"float32's range (|bias| <= {FLOAT32_MAX:.4g})")
     patterns = sampling_params.get("stop_regex")
     for pattern in ([patterns] if isinstance(patterns, str) else patterns or []):
         try:

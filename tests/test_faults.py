@@ -316,7 +316,8 @@ def test_custom_logit_processor_that_is_not_one_string_gets_400(unharmed, proces
     assert r.status_code == 400 and "must be a string" in r.json()["error"]["message"], r.text[:300]
 
 
-# Found by fuzzing the CPU server (session 22): each of these ended the scheduler, or answered 500, upstream.
+# Found by fuzzing the CPU server (session 22): each of these ended the scheduler, answered 500, or (the
+# logit bias) served garbage, upstream.
 SCHEDULER_ENDERS = {
     "stop_id_past_vocab_with_min_new_tokens": ("/generate", {"text": "hello", "sampling_params": {
         "max_new_tokens": 4, "min_new_tokens": 2, "stop_token_ids": [300000]}}, "stop_token_ids"),
@@ -341,6 +342,9 @@ SCHEDULER_ENDERS = {
                                               "logprob_start_len"),
     "sampling_params_list_on_one_request": ("/generate", {"text": "hello", "sampling_params": [
         {"max_new_tokens": 4}]}, "sampling_params"),
+    "logit_bias_past_float32": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+        "logit_bias": {"5": 1e39}}, "float32's range"),
     "stop_regex_repeat_past_re": ("/generate", {"text": "hello", "sampling_params": {
         "max_new_tokens": 4, "stop_regex": "x{0,4294967295}"}}, "stop_regex"),
 }
