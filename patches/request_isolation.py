@@ -21,7 +21,8 @@ Targets
     `stop_token_ids` outside the vocabulary (with `min_new_tokens` they ended the scheduler),
     `top_k` past int32 (it ended the scheduler), a `stop_regex` Python cannot compile (a 500),
     `session_params` with unknown fields or wrong types (a non-string id ended the scheduler),
-    a `logit_bias` value past float32 (NaN logits: token 0 every step),
+    a `logit_bias` value past 1e30 (over a small temperature: inf logits, NaN probabilities, and the
+    sampler ended the scheduler),
     and an invalid per-request
     `probe_stop` (the guard's own parser, plus its labels against the probe's, and no
     probe loaded at all; before, unknown labels were ignored and a bad spec was found
@@ -42,6 +43,10 @@ Targets
     probe is batched, so when it raises no request of that forward has a score; each
     gets a NaN row and is finished with the error and status 500 (fail closed: a
     guarded request never continues unscored). The rest of the server keeps serving.
+  - `Scheduler.expert_distribution_handle` (AROUND) and the tokenizer manager's
+    `{start,stop,dump}_expert_distribution_record` (AROUND): an operator endpoint that ended
+    the scheduler from one GET on a server without `--expert-distribution-recorder-mode`
+    now answers 400 saying so, and a failure of the recorder stays in the scheduler's log.
   - `OpenAIServingChat._generate_chat_stream` and
     `OpenAIServingCompletion._generate_completion_stream` (AROUND, outermost): upstream's
     chat stream catches only ValueError, so any other exception in a parser or in our
@@ -102,7 +107,7 @@ def check_input_ids(input_ids, vocab_size: int) -> None:
 
 
 INT32_MAX = 2**31 - 1
-FLOAT32_MAX = 3.4028234663852886e38
+LOGIT_BIAS_MAX = 1e30  # / 1e-6 (the smallest sampled temperature) stays well inside float32
 
 
 def _is_int(value) -> bool:
@@ -121,8 +126,8 @@ def check_one_request_scalars(obj) -> None:
 def check_sampling_params(sampling_params, vocab_size: int) -> None:
     """What the scheduler uses unchecked and ends on: stop ids out of the vocabulary (with
     min_new_tokens they index a vocabulary-wide tensor), top_k past int32 (its batch tensor), a
-    stop_regex Python cannot compile (a 500 from the tokenizer manager); and a logit_bias past
-    float32, which served garbage (token 0 every step)."""
+    stop_regex Python cannot compile (a 500 from the tokenizer manager); and a logit_bias so large
+    that the logits over the temperature overflow (the sampler ended, or greedy served token 0)."""
     import re
 
     if not isinstance(sampling_params, dict):
@@ -141,10 +146,12 @@ def check_sampling_params(sampling_params, vocab_size: int) -> None:
         raise RequestRejected(f"top_k must be at most {INT32_MAX} (-1: the whole vocabulary), got {top_k}")
     bias = sampling_params.get("logit_bias")
     for token, value in (bias.items() if isinstance(bias, dict) else ()):
-        # Past float32 the bias is inf in the logits row: NaN probabilities, token 0 every step.
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not abs(value) <= FLOAT32_MAX:
-            raise RequestRejected(f"logit_bias of token {token}: {value!r} is not a finite number within "
-                                  f"float32's range (|bias| <= {FLOAT32_MAX:.4g})")
+        # The biased logits are divided by the temperature (>= 1e-6 when sampled) in float32: past
+        # LOGIT_BIAS_MAX they reach inf, the probabilities NaN, and the sampler's multinomial ended the
+        # scheduler (greedy rows served token 0 every step instead).
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not abs(value) <= LOGIT_BIAS_MAX:
+            raise RequestRejected(f"logit_bias of token {token}: {value!r} is not a number within "
+                                  f"[-{LOGIT_BIAS_MAX:.0e}, {LOGIT_BIAS_MAX:.0e}]")
     patterns = sampling_params.get("stop_regex")
     for pattern in ([patterns] if isinstance(patterns, str) else patterns or []):
         try:
@@ -431,6 +438,30 @@ async def _stream_failing_alone(original, serving, adapted_request, *args, **kwa
         await stream.aclose()
 
 
+# -- operator endpoints (scheduler) --------------------------------------------------------
+
+
+def _expert_distribution_needs_mode(original, tokenizer_manager, *args, **kwargs):
+    if getattr(tokenizer_manager.server_args, "expert_distribution_recorder_mode", None) is None:
+        import fastapi
+
+        raise fastapi.HTTPException(status_code=400, detail="expert distribution recording needs a server "
+                                    "started with --expert-distribution-recorder-mode")
+    return original(tokenizer_manager, *args, **kwargs)
+
+
+def _expert_distribution_failing_alone(original, scheduler, recv_req, *args, **kwargs):
+    # Upstream: the recorder's raise (e.g. no recorder mode) ended the scheduler, from one GET.
+    try:
+        return original(scheduler, recv_req, *args, **kwargs)
+    except Exception as e:
+        from sglang.srt.managers.io_struct import ExpertDistributionReqOutput
+
+        logger.warning("sglang-ext: expert distribution request %s failed: %s: %s", getattr(recv_req, "action", None),
+                       type(e).__name__, e)
+        return ExpertDistributionReqOutput()
+
+
 def register() -> None:
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
                           _validate_request, HookType.BEFORE)
@@ -442,6 +473,12 @@ def register() -> None:
     processor = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
     for step in ("process_batch_result_prefill", "process_batch_result_decode"):
         HookRegistry.register(f"{processor}.{step}", _finish_unscored, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.expert_distribution_handle",
+                          _expert_distribution_failing_alone, HookType.AROUND)
+    mixin = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
+    for action in ("start", "stop", "dump"):
+        HookRegistry.register(f"{mixin}.{action}_expert_distribution_record", _expert_distribution_needs_mode,
+                              HookType.AROUND)
     HookRegistry.register("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._generate_chat_stream",
                           _stream_failing_alone, HookType.AROUND)
     HookRegistry.register(

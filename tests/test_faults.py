@@ -344,10 +344,32 @@ SCHEDULER_ENDERS = {
         {"max_new_tokens": 4}]}, "sampling_params"),
     "logit_bias_past_float32": ("/v1/chat/completions", {
         "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
-        "logit_bias": {"5": 1e39}}, "float32's range"),
+        "logit_bias": {"5": 1e39}}, "is not a number within"),
+    "logit_bias_over_a_small_temperature": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 2, "temperature": 0.5, "top_k": 5, "logit_bias": {"5": 3.4e38}}},
+        "is not a number within"),
     "stop_regex_repeat_past_re": ("/generate", {"text": "hello", "sampling_params": {
         "max_new_tokens": 4, "stop_regex": "x{0,4294967295}"}}, "stop_regex"),
 }
+
+
+def test_expert_distribution_endpoints_without_a_recorder_get_400(unharmed):
+    """Upstream: one GET of /start_expert_distribution_record ended the scheduler (no recorder mode)."""
+    for action in ("start", "stop", "dump"):
+        r = requests.get(f"{unharmed.url}/{action}_expert_distribution_record", timeout=60)
+        assert r.status_code == 400 and "--expert-distribution-recorder-mode" in r.text, r.text[:300]
+
+
+def test_a_failing_expert_distribution_request_stays_in_the_scheduler():
+    from sglang.srt.managers.io_struct import ExpertDistributionReqOutput
+
+    from sglang_ext.patches import request_isolation as iso
+
+    def recorder_raises(scheduler, recv_req):
+        raise Exception("Please set ServerArgs.expert_distribution_recorder_mode")
+
+    out = iso._expert_distribution_failing_alone(recorder_raises, None, SimpleNamespace(action="START_RECORD"))
+    assert isinstance(out, ExpertDistributionReqOutput)
 
 
 @pytest.mark.parametrize("case", sorted(SCHEDULER_ENDERS))
