@@ -555,10 +555,11 @@ def test_unscripted_output_streamed_and_not_is_the_parse_of_its_tokens(client):
 
 # -- the OpenAI Responses API (patches/responses_api.py) --------------------------------------
 #
-# gpt-oss's Responses path renders the prompt with openai-harmony and parses the output with it;
-# the tiny model's random tokens rarely form Harmony messages, so what these tests hold the path
-# to is what it returns beside the text: one probe score per generated token (the reference head's,
-# on the tokens /generate produces from the same prompt), the usage, and the guard's stop.
+# gpt-oss's Responses path renders the prompt with openai-harmony and parses the output with it.
+# The tiny model's own tokens rarely form Harmony messages: those requests check what the path
+# returns beside the text (one probe score per generated token, the reference head's on the tokens
+# /generate produces from the same prompt; the usage; the guard's stop). A scripted Harmony output
+# (the custom logit processor) checks the output items and the scores on the streamed events.
 
 
 def responses_prompt(text):

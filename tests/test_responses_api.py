@@ -1,9 +1,8 @@
 """patches/responses_api.py without a server.
 
 The served checks (scores against the reference head, usage, the guard's stop, streamed, not
-and in the background) are in test_probe_serving.py; the tiny model's random tokens rarely form
-Harmony messages, so there the scores mostly arrive with the final event, and its requests have
-one generation turn. Here: a scripted event stream, with the engine's (cumulative) scores growing
+and in the background, a scripted Harmony output) are in test_probe_serving.py; its requests have
+one generation turn and one streaming mode. Here: a scripted event stream, with the engine's (cumulative) scores growing
 between events the way the tokenizer manager delivers them (every event carries the scores decoded
 since the previous event that carried any, none twice, none lost, the final event the whole list);
 the recording hook (turns, both streaming modes, another request reusing the id); the guard's
