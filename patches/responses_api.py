@@ -33,12 +33,12 @@ Targets
   - `OpenAIServingResponses._status_from_finish_reason` (AROUND): the guard's finish reason
     (`content_filter`) is `incomplete`, for the response and for the output item it cut, as
     a length stop is.
-  - `OpenAIServingResponses.responses_full_generator` (AROUND): a guard stop's
+  - `OpenAIServingResponses._build_response` (AROUND), where every final response object is
+    made (non-streamed, background, and the streams' final events): a guard stop's
     `incomplete_details` are `{"reason": "content_filter", label, score, threshold}` (OpenAI's
     reason for a filtered response; upstream wrote `max_output_tokens` for every incomplete
-    one), set on the very object upstream stores, before anything else runs: a non-streamed,
-    streamed (Harmony: its final event is built from it) or background response, and
-    `GET /v1/responses/{id}` with `--enable-response-store`.
+    one), before upstream stores the object (`GET /v1/responses/{id}` with
+    `--enable-response-store`).
   - `HarmonyContext.need_builtin_tool_call` (AROUND): no built-in tool turn after a guard stop.
   - `HarmonyContext.append_output` (AROUND): the prompt length from `meta_info.prompt_tokens`
     (the last turn's, as upstream meant it).
@@ -74,42 +74,29 @@ def guard_details(finish_reason: Any) -> dict | None:
 
 
 class ResponseRecord:
-    """What the engine returned for one /v1/responses request, turn by turn."""
+    """What the engine returned for one /v1/responses request: every turn's scores, in order (a
+    request's turns run one after another), and the finish reason."""
 
     def __init__(self, rid: str, extras: dict | None = None) -> None:
         self.rid = rid
         # SGLang's request extras that the Responses schema drops (`REQUEST_EXTRAS`), from the body.
         self.extras = extras or {}
-        self.turns: list[list] = []
-        self.total = 0
+        self.scores: list = []
         self.finish_reason: Any = None
 
-    def new_turn(self) -> list:
-        self.turns.append([])
-        return self.turns[-1]
+    def new_turn(self) -> int:
+        """A generation turn starts: its handle for `update` is where its scores begin."""
+        return len(self.scores)
 
-    def update(self, turn: list, meta: dict, incremental: bool) -> None:
-        """One engine output of `turn`: its scores (new ones only, or all so far) and finish reason."""
+    def update(self, turn: int, meta: dict, incremental: bool) -> None:
+        """One engine output of `turn`: its scores (new ones only, or all of the turn so far) and
+        finish reason."""
         scores = meta.get(SCORES_KEY)
         if scores is not None:
-            added = scores if incremental else scores[len(turn):]
-            turn.extend(added)
-            self.total += len(added)
+            self.scores.extend(scores if incremental else scores[len(self.scores) - turn:])
         reason = meta.get("finish_reason")
         if reason is not None and guard_details(self.finish_reason) is None:  # a guard stop sticks
             self.finish_reason = reason
-
-    def scores(self) -> list:
-        return [s for turn in self.turns for s in turn]
-
-    def since(self, cursor: tuple) -> tuple[list, tuple]:
-        """The scores after `cursor` (turn, offset, total) and the cursor after them: O(new scores)."""
-        t, i, seen = cursor
-        if seen == self.total:
-            return [], cursor
-        new = self.turns[t][i:] + [s for turn in self.turns[t + 1:] for s in turn]
-        last = len(self.turns) - 1
-        return new, (last, len(self.turns[last]), self.total)
 
 
 # What chat requests take beyond OpenAI's schema and the Responses request model drops unread:
@@ -137,8 +124,8 @@ def record_of(obj) -> ResponseRecord | None:
 
 
 def _event_with(sse: str, pending: list, record: ResponseRecord) -> tuple[str, bool]:
-    """One SSE event with `pending` scores attached (and whether they were); the final event also
-    gets the whole list and the guard's status. What is not one JSON event passes unchanged."""
+    """One SSE event with `pending` scores attached (and whether they were); the final event's response
+    also gets the whole list. What is not one JSON event passes unchanged."""
     if not pending and not any(t in sse for t in FINAL_EVENTS):
         return sse, False
     head, sep, body = sse.partition("data: ")
@@ -150,17 +137,9 @@ def _event_with(sse: str, pending: list, record: ResponseRecord) -> tuple[str, b
         return sse, False
     if pending:
         payload[SCORES_KEY] = json_scores(pending)
-    event_type = payload.get("type")
     response = payload.get("response")
-    if event_type in FINAL_EVENTS and isinstance(response, dict):
-        if record.total:
-            response[SCORES_KEY] = json_scores(record.scores())
-        stop = guard_details(record.finish_reason)
-        if stop is not None and event_type != "response.failed":
-            # Upstream's Harmony stream already says so (the hooks below); other streams get it here.
-            head = head.replace(event_type, "response.incomplete")
-            payload["type"] = "response.incomplete"
-            response["status"], response["incomplete_details"] = "incomplete", stop
+    if payload.get("type") in FINAL_EVENTS and isinstance(response, dict) and record.scores:
+        response[SCORES_KEY] = json_scores(record.scores)
     return head + "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n", bool(pending)
 
 
@@ -178,16 +157,14 @@ async def _stream_with_scores(serving, events, record: ResponseRecord):
     # The body is iterated after create_responses returned, in the response's task: the record is
     # made current here for the engine calls the iteration makes.
     _current.set(record)
-    cursor, sequence = (0, 0, 0), None
+    sent, last = 0, ""
     try:
         async for event in events:
             if isinstance(event, str):
-                pending, after = record.since(cursor)
-                event, attached = _event_with(event, pending, record)
+                event, attached = _event_with(event, record.scores[sent:], record)
                 if attached:
-                    cursor = after
-                found = _SEQUENCE.search(event)
-                sequence = int(found.group(1)) if found else sequence
+                    sent = len(record.scores)
+                last = event
             yield event
     except Exception as e:
         # Upstream's stream catches nothing: an exception (a bad request found by the engine's checks,
@@ -200,7 +177,8 @@ async def _stream_with_scores(serving, events, record: ResponseRecord):
         except Exception as abort_failed:  # the error event still goes out
             logger.warning("sglang-ext: aborting %s failed: %s", record.rid, abort_failed)
         code = "invalid_request_error" if isinstance(e, ValueError) else "server_error"
-        yield error_event(message, code, None if sequence is None else sequence + 1)
+        found = _SEQUENCE.search(last)
+        yield error_event(message, code, int(found.group(1)) + 1 if found else None)
     finally:
         _current.set(None)
         close = getattr(events, "aclose", None)
@@ -231,12 +209,12 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
         _current.reset(token)
     if hasattr(result, "__aiter__"):
         return _stream_with_scores(self, result, record)
-    if not record.total or not hasattr(result, "model_dump_json") or result.status == "queued":
+    if not record.scores or not hasattr(result, "model_dump_json") or result.status == "queued":
         return result
     from fastapi.responses import Response
 
     payload = json.loads(result.model_dump_json())
-    payload[SCORES_KEY] = json_scores(record.scores())
+    payload[SCORES_KEY] = json_scores(record.scores)
     return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
 
 
@@ -283,13 +261,12 @@ def _status_with_guard(original, finish_reason):
     return original(finish_reason)
 
 
-async def _full_response_with_guard(original, self, *args, **kwargs):
-    response = await original(self, *args, **kwargs)
+def _response_with_guard_details(original, *args, **kwargs):
+    response = original(*args, **kwargs)
     record = _current.get()
     stop = guard_details(record.finish_reason) if record is not None else None
     if stop is not None and getattr(response, "status", None) == "incomplete":
-        # The object upstream just stored, if it stores: no await has run since.
-        response.incomplete_details = stop
+        response.incomplete_details = stop  # upstream wrote max_output_tokens for every incomplete one
     return response
 
 
@@ -331,7 +308,7 @@ def register() -> None:
     HookRegistry.register("sglang.srt.entrypoints.openai.protocol.ResponsesRequest.to_sampling_params",
                           _sampling_params_with_extras, HookType.AROUND)
     HookRegistry.register(f"{responses}._status_from_finish_reason", _status_with_guard, HookType.AROUND)
-    HookRegistry.register(f"{responses}.responses_full_generator", _full_response_with_guard, HookType.AROUND)
+    HookRegistry.register(f"{responses}._build_response", _response_with_guard_details, HookType.AROUND)
     HookRegistry.register(f"{context}.HarmonyContext.need_builtin_tool_call", _no_tool_turn_after_guard,
                           HookType.AROUND)
     HookRegistry.register(f"{context}.HarmonyContext.append_output", _harmony_append_with_prompt_tokens,

@@ -5,8 +5,8 @@ and in the background, a scripted Harmony output) are in test_probe_serving.py; 
 one generation turn and one streaming mode. Here: a scripted event stream, with the engine's (cumulative) scores growing
 between events the way the tokenizer manager delivers them (every event carries the scores decoded
 since the previous event that carried any, none twice, none lost, the final event the whole list);
-the recording hook (turns, both streaming modes, another request reusing the id); the guard's
-status; NaN rows as JSON null; the streaming context's usage across a built-in tool's turn.
+the record (turns, both streaming modes, another request reusing the id); the guard's status and
+details; NaN rows as JSON null; the streaming context's usage across a built-in tool's turn.
 """
 
 import asyncio
@@ -138,18 +138,6 @@ def test_an_exception_inside_the_stream_ends_it_with_an_error_event_and_aborts_t
     assert Serving.aborted == ["resp_boom"]
 
 
-def test_a_guard_stop_ends_a_stream_incomplete_whatever_its_final_event_said():
-    script = [("turn", None), ([0], sse("response.output_text.delta", delta="a")),
-              ([0, 1], sse("response.completed", response={"status": "completed", "incomplete_details": None}))]
-    head, payload = run_stream(script, finish_reason=GUARD)[-1]
-    assert head == "event: response.incomplete" and payload["type"] == "response.incomplete"
-    assert payload["response"]["status"] == "incomplete"
-    assert payload["response"]["incomplete_details"] == GUARD_DETAILS
-    # Any other finish leaves it as it was.
-    head, payload = run_stream(script, finish_reason={"type": "length", "length": 2})[-1]
-    assert head == "event: response.completed" and payload["response"]["status"] == "completed"
-
-
 def test_the_guard_stop_is_incomplete_with_its_details_and_ends_the_tool_loop():
     def upstream_status(reason):
         return "incomplete" if (reason or {}).get("type") == "length" else "completed"
@@ -158,23 +146,23 @@ def test_the_guard_stop_is_incomplete_with_its_details_and_ends_the_tool_loop():
     assert responses_api._status_with_guard(upstream_status, {"type": "stop"}) == "completed"
     assert responses_api._status_with_guard(upstream_status, {"type": "length"}) == "incomplete"
 
-    class Response:
-        status, incomplete_details = "incomplete", {"reason": "max_output_tokens"}
+    class Response:  # what upstream's _build_response makes of an incomplete status
+        def __init__(self, status):
+            self.status = status
+            self.incomplete_details = {"reason": "max_output_tokens"} if status == "incomplete" else None
 
-    async def full_generator(serving):
-        return Response()
-
-    async def run(reason):
+    def built(reason, status):
         record = responses_api.ResponseRecord("resp_x")
         record.finish_reason = reason
         token = responses_api._current.set(record)
         try:
-            return await responses_api._full_response_with_guard(full_generator, None)
+            return responses_api._response_with_guard_details(Response, status)
         finally:
             responses_api._current.reset(token)
 
-    assert asyncio.run(run(GUARD)).incomplete_details == GUARD_DETAILS
-    assert asyncio.run(run({"type": "length"})).incomplete_details == {"reason": "max_output_tokens"}
+    assert built(GUARD, "incomplete").incomplete_details == GUARD_DETAILS
+    assert built({"type": "length"}, "incomplete").incomplete_details == {"reason": "max_output_tokens"}
+    assert built(GUARD, "in_progress").incomplete_details is None  # only the final, incomplete one
 
     class Context:
         finish_reason = GUARD
@@ -187,22 +175,18 @@ def test_the_guard_stop_is_incomplete_with_its_details_and_ends_the_tool_loop():
     assert responses_api._no_tool_turn_after_guard(Context.need_builtin_tool_call, Context()) is True
 
 
-def test_record_update_cursor_and_sticky_guard():
+def test_record_turns_both_streaming_modes_and_sticky_guard():
     for incremental in (False, True):
         record = responses_api.ResponseRecord("r")
         turn = record.new_turn()
-        chunks = [[0, 1], [2], [3, 4, 5]]
         so_far = []
-        for chunk in chunks:
+        for chunk in ([0, 1], [2], [3, 4, 5]):
             so_far += chunk
             record.update(turn, {SCORES_KEY: [score(i) for i in (chunk if incremental else so_far)]}, incremental)
-        assert record.scores() == [score(i) for i in range(6)] and record.total == 6
-        new, cursor = record.since((0, 0, 0))
-        assert new == record.scores()
-        assert record.since(cursor) == ([], cursor)
-        turn2 = record.new_turn()
+        turn2 = record.new_turn()  # a built-in tool's next turn: its cumulative scores start again
         record.update(turn2, {SCORES_KEY: [score(9)]}, incremental)
-        assert record.since(cursor)[0] == [score(9)]
+        record.update(turn2, {SCORES_KEY: [score(8)] if incremental else [score(9), score(8)]}, incremental)
+        assert record.scores == [score(i) for i in (0, 1, 2, 3, 4, 5, 9, 8)]
     record.update(turn, {"finish_reason": GUARD}, False)
     record.update(turn2, {"finish_reason": {"type": "stop"}}, False)  # a later turn's stop
     assert responses_api.guard_details(record.finish_reason) == GUARD_DETAILS
@@ -229,9 +213,9 @@ def test_only_the_requests_own_engine_calls_fill_its_record():
         asyncio.run(drain(Req(["resp_a"])))  # a batch
     finally:
         responses_api._current.reset(token)
-    assert record.turns == [[score(0), score(1)]] and record.finish_reason == GUARD
+    assert record.scores == [score(0), score(1)] and record.finish_reason == GUARD
     asyncio.run(drain(Req("resp_a")))  # outside the request: the id alone does not find the record
-    assert record.total == 2
+    assert record.scores == [score(0), score(1)]
 
 
 def test_non_finite_scores_are_json_null():
@@ -276,8 +260,8 @@ def test_streamed_usage_and_parser_input_across_a_tool_turn():
     assert (ctx.num_output_tokens, ctx.num_prompt_tokens, ctx.num_cached_tokens) == (8, 80, 60)
 
 
-@pytest.mark.parametrize("model", [None, "served"])
-def test_a_request_without_model_means_the_served_one(model):
+@pytest.mark.parametrize("model,want", [(None, "served"), ("named", "named")])
+def test_a_request_without_model_means_the_served_one(model, want):
     class Request:
         request_id = None
 
@@ -289,4 +273,4 @@ def test_a_request_without_model_means_the_served_one(model):
 
     request = Request()
     request.model = model
-    assert asyncio.run(responses_api._create_responses_with_scores(create, Serving(), request)) == "served"
+    assert asyncio.run(responses_api._create_responses_with_scores(create, Serving(), request)) == want
