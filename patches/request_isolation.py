@@ -191,6 +191,28 @@ def check_top_logprobs_num(obj, vocab_size: int) -> None:
         raise RequestRejected(f"top_logprobs_num must lie in [0, {vocab_size}] (the vocab size), got {k}")
 
 
+# GenerateReqInput's fields that a batch gives one entry per request (after normalization): a
+# shorter list was an IndexError in the tokenizer manager's batch split, an HTTP 500.
+PER_REQUEST_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                      "token_ids_logprob", "return_sampling_mask", "sampling_logprobs_mode",
+                      "custom_logit_processor", "lora_path", "lora_id", "modalities")
+
+
+def check_batch_lengths(result, obj, *args, **kwargs):
+    if getattr(obj, "is_single", True) or not isinstance(getattr(obj, "rid", None), list):
+        return result
+    count = len(obj.rid)  # the requests the tokenizer manager splits the batch into
+    copies = getattr(obj, "parallel_sample_num", 1) or 1
+    for field in PER_REQUEST_FIELDS:
+        value = getattr(obj, field, None)
+        if isinstance(value, list) and len(value) < count:
+            given = len(value) // copies if field == "sampling_params" else len(value)
+            raise RequestRejected(
+                f"{field} has {given} entries for a batch of {obj.batch_size} requests: give one entry per "
+                "request, or one value (not a list) for all of them")
+    return result
+
+
 def _probe_labels() -> list[str] | None:
     from sglang_ext.patches.probe_ckpt_flag import ENV_VAR
 
@@ -248,7 +270,21 @@ def check_custom_logit_processor(serialized) -> None:
             raise RequestRejected(processor.message)
 
 
-def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
+def _validate_request(original, tokenizer_manager, obj, input_ids, *args, **kwargs):
+    _check_request(tokenizer_manager, obj, input_ids)
+    return _type_errors_rejected(original, tokenizer_manager, obj, input_ids, *args, **kwargs)
+
+
+def _type_errors_rejected(original, *args, **kwargs):
+    try:
+        return original(*args, **kwargs)
+    except TypeError as e:
+        # A field of the wrong type that no schema checked (/vertex_generate builds its request
+        # without one): max_new_tokens "8" or temperature "x" were 500s from the arithmetic on them.
+        raise RequestRejected(f"a request field has the wrong type: {e}") from None
+
+
+def _check_request(tokenizer_manager, obj, input_ids) -> None:
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.runtime_context import get_exec
 
@@ -271,6 +307,73 @@ def _validate_request(tokenizer_manager, obj, input_ids, *args, **kwargs):
         if processor and get_exec().features.enable_custom_logit_processor:
             check_custom_logit_processor(processor)
         check_custom_params(obj.sampling_params, bool(processor))
+
+
+def check_detokenize_ids(result, serving, request, *args, **kwargs):
+    """/detokenize: an id outside the vocabulary was a 500 ("out of range integral type conversion")."""
+    if result:
+        return result
+    tokens = getattr(request, "tokens", None)
+    if not isinstance(tokens, list):
+        return result
+    vocab_size = serving.tokenizer_manager.model_config.vocab_size
+    for row, ids in enumerate(tokens if tokens and isinstance(tokens[0], list) else [tokens]):
+        bad = first_bad_token_id(ids, vocab_size) if isinstance(ids, list) and ids else None
+        if bad is not None:
+            where = f"tokens[{row}][{bad[0]}]" if isinstance(tokens[0], list) else f"tokens[{bad[0]}]"
+            return (f"{where} = {bad[1]!r} is not a token id: ids must be integers in [0, {vocab_size}) "
+                    f"(vocab size {vocab_size})")
+    return result
+
+
+@functools.lru_cache(maxsize=1)
+def _http_400():
+    from fastapi import HTTPException
+
+    class UnknownParserName(ValueError, HTTPException):
+        """A ValueError where a parser is built at startup; HTTP 400 where a request names it."""
+
+        def __init__(self, message: str):
+            ValueError.__init__(self, message)
+            HTTPException.__init__(self, status_code=400, detail=message)
+
+        def __str__(self):
+            return self.detail
+
+    return UnknownParserName
+
+
+def check_tool_call_parser_name(parser, tools=None, tool_call_parser=None, *args, **kwargs):
+    # /parse_function_call builds a parser from the request's name; an unknown one (or none) was a 500.
+    known = type(parser).ToolCallParserEnum
+    if tool_call_parser not in known:
+        raise _http_400()(f"unknown tool_call_parser {tool_call_parser!r}; the parsers are {sorted(known)}")
+
+
+def check_reasoning_parser_name(parser, model_type=None, *args, **kwargs):
+    # /separate_reasoning: the same for the request's reasoning_parser.
+    known = type(parser).DetectorMap
+    if not isinstance(model_type, str) or model_type.lower() not in known:
+        raise _http_400()(f"unknown reasoning_parser {model_type!r}; the parsers are {sorted(known)}")
+
+
+REQUEST_LOG_LEVELS = (0, 1, 2, 3)  # RequestLogger._compute_metadata's
+
+
+def check_logging_config(tokenizer_manager, obj, *args, **kwargs):
+    """/configure_logging: upstream applied the request's fields one by one and raised on the first bad
+    one (a 500 for an unknown log_level, the fields before it already applied); a request_log level
+    past 3 was stored and made every later request's logging raise. All are checked first now."""
+    import logging
+
+    level = getattr(obj, "log_requests_level", None)
+    if level is not None and level not in REQUEST_LOG_LEVELS:
+        raise _http_400()(f"log_requests_level must be one of {list(REQUEST_LOG_LEVELS)}, got {level!r}")
+    name = getattr(obj, "log_level", None)
+    if name is not None and (not isinstance(name, str) or not isinstance(
+            logging.getLevelName(name.upper()), int)):
+        raise _http_400()(f"unknown log_level {name!r}; the levels are "
+                          f"{[logging.getLevelName(n).lower() for n in (10, 20, 30, 40, 50)]}")
 
 
 # -- custom logit processors (scheduler) ------------------------------------------------
@@ -464,7 +567,19 @@ def _expert_distribution_failing_alone(original, scheduler, recv_req, *args, **k
 
 def register() -> None:
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-                          _validate_request, HookType.BEFORE)
+                          _validate_request, HookType.AROUND)
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
+                          _type_errors_rejected, HookType.AROUND)
+    HookRegistry.register("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
+                          check_batch_lengths, HookType.AFTER)
+    HookRegistry.register("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
+                          check_detokenize_ids, HookType.AFTER)
+    HookRegistry.register("sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__",
+                          check_tool_call_parser_name, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.parser.reasoning_parser.ReasoningParser.__init__",
+                          check_reasoning_parser_name, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.configure_logging",
+                          check_logging_config, HookType.BEFORE)
     HookRegistry.register("sglang.srt.layers.sampler.apply_custom_logit_processor",
                           apply_custom_logit_processor, HookType.REPLACE)
     HookRegistry.register("sglang.srt.sampling.custom_logit_processor.CustomLogitProcessor.from_str",

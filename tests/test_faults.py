@@ -379,6 +379,70 @@ def test_fields_the_scheduler_used_unchecked_get_400(unharmed, case):
     assert r.status_code == 400 and field in r.text, r.text[:300]
 
 
+# Requests that upstream answered with HTTP 500 (the server alive): each a 400 naming what is wrong.
+UPSTREAM_500S = {
+    "batch_sampling_params_short": ("/generate", {"text": ["a", "b", "c"], "sampling_params": [
+        {"max_new_tokens": 2}]}, "sampling_params has 1 entries for a batch of 3"),
+    "batch_sampling_params_short_with_n": ("/generate", {"text": ["a", "b"], "sampling_params": [
+        {"max_new_tokens": 2, "n": 2}]}, "sampling_params has 1 entries for a batch of 2"),
+    "batch_return_logprob_short": ("/generate", {"text": ["a", "b"], "return_logprob": [True],
+                                                 "sampling_params": {"max_new_tokens": 2}}, "return_logprob"),
+    "batch_top_logprobs_num_short": ("/generate", {"text": ["a", "b"], "return_logprob": True,
+                                                   "top_logprobs_num": [1],
+                                                   "sampling_params": {"max_new_tokens": 2}}, "top_logprobs_num"),
+    "batch_token_ids_logprob_short": ("/generate", {"text": ["a", "b"], "return_logprob": True,
+                                                    "token_ids_logprob": [[1]],
+                                                    "sampling_params": {"max_new_tokens": 2}}, "token_ids_logprob"),
+    "batch_custom_logit_processor_short": ("/generate", {"text": ["a", "b"], "custom_logit_processor": [None],
+                                                         "sampling_params": {"max_new_tokens": 2}},
+                                           "custom_logit_processor has 1 entries"),
+    "detokenize_negative_id": ("/detokenize", {"tokens": [5, -1]}, "tokens[1] = -1 is not a token id"),
+    "detokenize_id_past_int64": ("/v1/detokenize", {"tokens": [2**63]}, "is not a token id"),
+    "detokenize_nested_id_past_vocab": ("/detokenize", {"tokens": [[13], [14, VOCAB]]},
+                                        f"tokens[1][1] = {VOCAB} is not a token id"),
+    "unknown_reasoning_parser": ("/separate_reasoning", {"text": "x", "reasoning_parser": "nope"},
+                                 "unknown reasoning_parser 'nope'"),
+    "unknown_tool_call_parser": ("/parse_function_call", {"text": "x", "tool_call_parser": "nope", "tools": []},
+                                 "unknown tool_call_parser 'nope'"),
+    "no_tool_call_parser": ("/parse_function_call", {"text": "x", "tools": []}, "unknown tool_call_parser None"),
+    "unknown_log_level": ("/configure_logging", {"log_level": "loud"}, "unknown log_level 'loud'"),
+    "request_log_level_past_3": ("/configure_logging", {"log_requests": True, "log_requests_level": 99},
+                                 "log_requests_level must be one of"),
+    "vertex_max_new_tokens_string": ("/vertex_generate", {"instances": [{"text": "a"}], "parameters": {
+        "sampling_params": {"max_new_tokens": "8"}}}, "wrong type"),
+    "vertex_temperature_string": ("/vertex_generate", {"instances": [{"text": "a"}], "parameters": {
+        "sampling_params": {"max_new_tokens": 2, "temperature": "x"}}}, "wrong type"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UPSTREAM_500S))
+def test_requests_upstream_answered_500_get_400(unharmed, case):
+    path, body, message = UPSTREAM_500S[case]
+    r = post(unharmed.url, path, body)
+    assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
+
+
+def test_the_checks_behind_those_400s_pass_good_requests(unharmed):
+    r = post(unharmed.url, "/generate", {"text": ["a", "b"], "return_logprob": [True, False],
+                                         "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 3}]})
+    assert r.status_code == 200 and [len(o["output_ids"]) for o in r.json()] == [2, 3], r.text[:300]
+    r = post(unharmed.url, "/generate", {"text": ["a", "b"], "sampling_params": [
+        {"max_new_tokens": 2, "n": 2}, {"max_new_tokens": 2, "n": 2}]})
+    assert r.status_code == 200 and len(r.json()) == 4, r.text[:300]
+    r = post(unharmed.url, "/detokenize", {"tokens": [[13, 14], [VOCAB - 1]]})
+    assert r.status_code == 200 and len(r.json()["text"]) == 2, r.text[:300]
+    r = post(unharmed.url, "/separate_reasoning", {"text": "<think>a</think>b", "reasoning_parser": "qwen3"})
+    assert r.status_code == 200 and r.json()["reasoning_text"] == "a", r.text[:300]
+    r = post(unharmed.url, "/parse_function_call", {"text": "x", "tool_call_parser": "gpt-oss", "tools": []})
+    assert r.status_code == 200 and r.json()["normal_text"] == "x", r.text[:300]
+    for body in ({"log_level": "info"}, {"log_requests": False, "log_requests_level": 2}):
+        r = post(unharmed.url, "/configure_logging", body)
+        assert r.status_code == 200, r.text[:300]
+    r = post(unharmed.url, "/vertex_generate", {"instances": [{"input_ids": BASELINE_PROMPT}], "parameters": {
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0}}})
+    assert r.status_code == 200 and len(r.json()["predictions"][0]["output_ids"]) == 2, r.text[:300]
+
+
 def test_custom_params_that_is_not_an_object_gets_400(unharmed):
     r = greedy(unharmed.url, BASELINE_PROMPT, n=2, sampling={"custom_params": "label_3=0.5"})
     assert r.status_code == 400 and "custom_params must be a JSON object" in r.text
