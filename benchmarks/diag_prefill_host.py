@@ -33,13 +33,32 @@ bc.import_project()
 from model_step import MODELS, ModelStep, Sharding  # noqa: E402
 
 
-def kernel_ms(fn) -> float:
+# CUDA runtime / driver calls that can hold the host: a synchronisation or a copy to the host in the middle of a
+# forward stops its enqueueing until the GPU has caught up (the overlap of host and device is lost)
+HOST_BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMalloc", "cudaFree",
+                 "cudaMemcpy", "cudaMemcpyAsync", "cudaHostAlloc", "cudaStreamIsCapturing")
+
+
+def kernel_ms(fn) -> tuple[float, str]:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages()) / 1e3
+    events = prof.key_averages()
+    blocking = ", ".join(f"{e.key} {e.count} / {e.cpu_time_total / 1e3:.1f} ms" for e in events
+                         if e.key.startswith(HOST_BLOCKING))
+    return sum(e.device_time_total for e in events) / 1e3, blocking or "none"
+
+
+def use_moe_row(name: str) -> None:
+    """The MoE table's prefill row (T > 128) as diag_moe_prefill.CANDIDATES[name], as prefill_moe_ab does."""
+    import diag_moe_prefill as diag
+    from sglang_ext.kernels import moe as moe_kernels
+
+    config = diag.CANDIDATES[name]
+    moe_kernels.H200_HIDDEN_2880_CONFIGS = tuple(
+        (bound, config if bound > 128 else old) for bound, old in moe_kernels.H200_HIDDEN_2880_CONFIGS)
 
 
 def measure(model, length: int, iters: int) -> dict:
@@ -56,7 +75,9 @@ def measure(model, length: int, iters: int) -> dict:
         torch.cuda.synchronize()
         wall.append((time.perf_counter() - t0) * 1e3)
     row = {"length": length, "enqueue_ms": bc.enqueue_time(call, iters) * 1e3, "call_ms": statistics.median(wall),
-           "event_ms": bc.event_time(call, iters=iters, warmup=1) * 1e3, "kernel_ms": kernel_ms(call)}
+           "event_ms": bc.event_time(call, iters=iters, warmup=1) * 1e3,
+           "graph_ms": bc.graph_time_calls([call], iters=iters) * 1e3}
+    row["kernel_ms"], row["host_blocking"] = kernel_ms(call)
     prof = cProfile.Profile()
     torch.cuda.synchronize()
     prof.enable()
@@ -77,7 +98,11 @@ def main():
     ap.add_argument("--models", default="20b,120b")
     ap.add_argument("--lengths", default="1024,8192")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--moe-row", default=None, help="the MoE prefill row by diag_moe_prefill.CANDIDATES name")
+    ap.add_argument("--stem", default="diag_prefill_host")
     args = ap.parse_args()
+    if args.moe_row:
+        use_moe_row(args.moe_row)
     rows = []
     for name in args.models.split(","):
         dims = MODELS[name]
@@ -85,7 +110,7 @@ def main():
         model = ModelStep(dims, Sharding(tp=1, ep=1, dp=1, rank=0), batch=1, context=max(lengths),
                           swa_slots=max(lengths), device="cuda")
         for length in lengths:
-            rows.append({"model": dims.name, **measure(model, length, args.iters)})
+            rows.append({"model": dims.name, "moe_row": args.moe_row or "table", **measure(model, length, args.iters)})
         del model
         torch.cuda.empty_cache()
     meta = bc.run_meta("python benchmarks/diag_prefill_host.py " + " ".join(sys.argv[1:]))
@@ -93,17 +118,19 @@ def main():
              f"`{meta['command']}` — {meta['date']}, {meta.get('gpu', '')}, torch {meta['torch']}, "
              f"triton {meta.get('triton', '')}", "",
              "enqueue: `forward()` returning, no synchronise (the host's share); call: with synchronise; "
-             "event: CUDA events as bench_prefill; kernels: the profiler's summed device kernel time.", "",
-             bc.md_table(rows, [("model", "model", None), ("tokens", "length", None),
+             "event: CUDA events as bench_prefill; graph: the call as one CUDA graph; kernels: the profiler's summed "
+             "device kernel time; host-blocking: runtime calls that can stop the enqueueing (count / host time).", "",
+             bc.md_table(rows, [("model", "model", None), ("MoE row", "moe_row", None), ("tokens", "length", None),
                                 ("enqueue ms", "enqueue_ms", "{:.1f}"), ("call ms", "call_ms", "{:.1f}"),
-                                ("event ms", "event_ms", "{:.1f}"), ("kernels ms", "kernel_ms", "{:.1f}")]), ""]
+                                ("event ms", "event_ms", "{:.1f}"), ("graph ms", "graph_ms", "{:.1f}"),
+                                ("kernels ms", "kernel_ms", "{:.1f}"), ("host-blocking", "host_blocking", None)]), ""]
     for r in rows:
         for key, what in (("tottime", "own time"), ("cumulative", "cumulative")):
             lines += [f"## Host profile, {r['model']} {r['length']} tokens ({what})", "", "```",
                       r[f"host_profile_{key}"].strip(), "```", ""]
     md = "\n".join(lines) + "\n"
     if args.out:
-        bc.write_results(args.out, "diag_prefill_host", meta, rows, md)
+        bc.write_results(args.out, args.stem, meta, rows, md)
     print(md)
 
 

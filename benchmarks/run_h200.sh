@@ -128,6 +128,7 @@
 #                                         # A/B/A on 120b, A/B on 20b
 #   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
 #   bash benchmarks/run_h200.sh prefill21 # (one GPU) TP1 prefill rows + profile with bf16 pairs; 1024-token A/B (prepared)
+#   bash benchmarks/run_h200.sh ab23      # (one GPU) the 256/1024-token prefill A/B (bf16 pairs vs fp32) in CUDA graphs; Gluon gpu tests
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
 #                                         # beside ours: the dense GEMM, the 120b MoE layer's variants (prepared)
 #   bash benchmarks/run_h200.sh gluon22t  # (one GPU) their gpu tests, the 20b MoE layer's variants (prepared)
@@ -1150,6 +1151,23 @@ prefill21)  # one GPU (prepared in session 20, not run): the TP1 prefill rows wi
     for v in y32 table; do  # y32: the row before session 20 (fp32 pair outputs)
         step "prefill_ab_1024_$v" 90 python benchmarks/prefill_moe_ab.py "$v" --models 120b,20b --configs 1:1:1 \
             --lengths 1024 --iters 20 --out "$R" --stem "bench_prefill_ab_1024_$v"
+    done
+    ;;
+ab23)  # one GPU (session 23): prefill21's 1024-token A/B was eager, launch-bound and noisy (120b y32 77.0 / table
+       # 52.8 ms, 20b 35.5 / 42.8): again with one CUDA graph per call, 256 and 1024 tokens, the two rows interleaved;
+       # then the Gluon kernels' gpu tests (never run on a GPU)
+    for v in y32 table y32b tableb; do
+        row=${v%b}
+        step "prefill_ab_graph_$v" 100 python benchmarks/prefill_moe_ab.py "$row" --models 120b,20b --configs 1:1:1 \
+            --lengths 256,1024 --iters 10 --graph --out "$R" --stem "bench_prefill_ab_graph_$v"
+    done
+    step gpu_test_gluon 300 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gluon.py
+    ;;
+host23)  # one GPU (session 23): why ab23's eager calls were 1.6-2x slower with the table row than with y32 while their
+        # CUDA graphs were equal: host enqueue time, graph, kernel time and the runtime calls that block the host
+    for v in y32 table; do
+        step "diag_prefill_host_$v" 200 python benchmarks/diag_prefill_host.py --models 20b,120b --lengths 256,1024 \
+            --iters 10 --moe-row "$v" --out "$R" --stem "diag_prefill_host_$v"
     done
     ;;
 gluon22)  # one GPU (prepared in sessions 20-21, not run; run first): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
