@@ -1170,6 +1170,18 @@ host23)  # one GPU (session 23): why ab23's eager calls were 1.6-2x slower with 
             --iters 10 --moe-row "$v" --out "$R" --stem "diag_prefill_host_$v"
     done
     ;;
+decode23)  # one GPU (session 23): s20d's decode rows again on today's machine, the code unchanged since: 20b with the
+          # probe pair (batch 8's bandwidth, the probe at 64 / 128 against the 0.25 % line), 120b batch 1 and 8
+    step bench_decode_20b 240 python benchmarks/bench_decode.py --models 20b --batches 1,4,8,16,32,64,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_s23
+    step bench_decode_120b 150 python benchmarks/bench_decode.py --models 120b --batches 1,8 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 100 --out "$R" --stem bench_decode_tp1_120b_s23
+    ;;
+probe23)  # one GPU (session 23): where the probe's step goes at the batches decode23 found it over 0.25 % on 20b
+         # (32: 0.26, 64 / 128: 0.32 %): the step's launch variants and the last kernels of one replay
+    step diag_probe_variants_b32_128 240 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 32,128 \
+        --rounds 100 --probe-variants positions,chain --stem diag_probe_variants_b32_128
+    ;;
 gluon22)  # one GPU (prepared in sessions 20-21, not run; run first): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
           # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1) beside ours at
           # full size: the dense GEMM (float64 check, bits vs ours), then the 120b MoE layer's variants (bits vs the
