@@ -108,10 +108,15 @@ def check_input_ids(input_ids, vocab_size: int) -> None:
 
 INT32_MAX = 2**31 - 1
 LOGIT_BIAS_MAX = 1e30  # / 1e-6 (the smallest sampled temperature) stays well inside float32
+REPETITION_PENALTY_MIN = 1e-6  # a logit of 1e4 / 1e-6 / 1e-6 (temperature) stays well inside float32 too
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_one_request_scalars(obj) -> None:
@@ -152,6 +157,12 @@ def check_sampling_params(sampling_params, vocab_size: int) -> None:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not abs(value) <= LOGIT_BIAS_MAX:
             raise RequestRejected(f"logit_bias of token {token}: {value!r} is not a number within "
                                   f"[-{LOGIT_BIAS_MAX:.0e}, {LOGIT_BIAS_MAX:.0e}]")
+    penalty = sampling_params.get("repetition_penalty")
+    if _is_number(penalty) and 0 < penalty < REPETITION_PENALTY_MIN:
+        # Seen tokens' positive logits are divided by it: 1e-45 made them +inf, the probabilities NaN,
+        # and the sampler's multinomial ended the scheduler. Upstream's own check refuses <= 0 and > 2.
+        raise RequestRejected(f"repetition_penalty must be in [{REPETITION_PENALTY_MIN:g}, 2] (1.0 = no penalty), "
+                              f"got {penalty!r}")
     patterns = sampling_params.get("stop_regex")
     for pattern in ([patterns] if isinstance(patterns, str) else patterns or []):
         try:
@@ -420,6 +431,10 @@ def _processed(processor, selected: torch.Tensor, params: list) -> torch.Tensor:
     if not isinstance(result, torch.Tensor) or result.shape != selected.shape:
         shape = tuple(result.shape) if isinstance(result, torch.Tensor) else type(result).__name__
         raise ValueError(f"returned {shape}, expected a tensor of shape {tuple(selected.shape)}")
+    if not bool(torch.isfinite(result.amax(dim=-1)).all()):
+        # A row with no finite logit (every token -inf) or with NaN / +inf has no distribution to
+        # sample: the sampler's multinomial raised and ended the scheduler.
+        raise ValueError("returned a row with no finite logit, or with NaN or +inf: nothing to sample from")
     return result
 
 
@@ -468,6 +483,36 @@ def apply_custom_logit_processor(logits: torch.Tensor, sampling_batch_info, num_
                     _finish_with_error(req, message, PROCESSOR_ERROR, HTTPStatus.BAD_REQUEST)
                 continue
             logits.index_copy_(0, row_flat, result.to(logits.dtype))
+
+
+def refuse_grammar_without_a_first_token(grammar, backend, *args, **kwargs):
+    """A compiled grammar that allows no token at its start can never be satisfied: refused at
+    compile time (HTTP 400 "Failed to compile ... grammar"), not found by the sampler mid-batch."""
+    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+
+    matcher = getattr(grammar, "matcher", None)
+    if matcher is None or matcher.is_terminated():
+        return grammar
+    mask = grammar.allocate_vocab_mask(grammar.vocab_size, 1, "cpu")
+    grammar.fill_vocab_mask(mask, 0)
+    if bool((mask != 0).any()):
+        return grammar
+    return InvalidGrammarObject("the grammar allows no token at its start, so no output can satisfy it "
+                                "(e.g. a schema that only refers to itself, or a rule that never ends)")
+
+
+def _sampleable_logits(original, sampler, logits, sampling_info, *args, **kwargs):
+    """A grammar can leave a row without any allowed token (a schema whose only value is itself,
+    `{"$ref": "#"}`; an EBNF rule that never ends; an EOS-only state under min_new_tokens): every
+    logit -inf, softmax NaN, and the sampler's multinomial raised in the scheduler, which ended the
+    server. Such rows sample from uniform logits instead; the grammar then refuses the token and
+    upstream ends that request alone ("Grammar accept_token failed"). No host sync: the rows are
+    found and rewritten on the device, for batches with a grammar only."""
+    logits = original(sampler, logits, sampling_info, *args, **kwargs)
+    if getattr(sampling_info, "grammars", None) and logits.numel():
+        dead = ~torch.isfinite(logits.amax(dim=-1, keepdim=True))
+        logits.masked_fill_(dead, 0.0)
+    return logits
 
 
 # -- the probe (scheduler) ------------------------------------------------------------------
@@ -582,6 +627,10 @@ def register() -> None:
                           check_logging_config, HookType.BEFORE)
     HookRegistry.register("sglang.srt.layers.sampler.apply_custom_logit_processor",
                           apply_custom_logit_processor, HookType.REPLACE)
+    HookRegistry.register("sglang.srt.constrained.xgrammar_backend.XGrammarGrammarBackend._from_context",
+                          refuse_grammar_without_a_first_token, HookType.AFTER)
+    HookRegistry.register("sglang.srt.layers.sampler.Sampler._preprocess_logits", _sampleable_logits,
+                          HookType.AROUND)
     HookRegistry.register("sglang.srt.sampling.custom_logit_processor.CustomLogitProcessor.from_str",
                           _from_str_or_stand_in, HookType.AROUND)
     HookRegistry.register("sglang_ext.probe_runtime.ProbeRuntime.score", _score_or_nan, HookType.AROUND)

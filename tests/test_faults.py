@@ -57,13 +57,17 @@ class FailAfterTokens(CustomLogitProcessor):
 class WrongShape(CustomLogitProcessor):
     def __call__(self, logits, custom_param_list=None):
         return logits[:, :5]
+
+class MasksEverything(CustomLogitProcessor):
+    def __call__(self, logits, custom_param_list=None):
+        return logits.fill_(float("-inf"))
 '''
 
 
 def _processors() -> dict[str, str]:
     namespace = {"__name__": "__main__"}
     exec(PROCESSOR_SOURCE, namespace)
-    return {name: namespace[name].to_str() for name in ("FailAfterTokens", "WrongShape")}
+    return {name: namespace[name].to_str() for name in ("FailAfterTokens", "WrongShape", "MasksEverything")}
 
 
 class Tally:
@@ -555,6 +559,48 @@ def test_raising_custom_logit_processor_finishes_only_its_request(unharmed, base
 def test_custom_logit_processor_returning_wrong_shape_finishes_its_request(unharmed):
     r = greedy(unharmed.url, BASELINE_PROMPT, n=4, custom_logit_processor=_processors()["WrongShape"])
     assert r.status_code == 400 and "expected a tensor of shape (1, 201088)" in r.text
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "top_p": 0.9}],
+                         ids=["greedy", "sampled"])
+def test_custom_logit_processor_masking_every_token_finishes_its_request(unharmed, sampling):
+    """Upstream: sampled, the all -inf row reached the sampler's multinomial (NaN) and ended the scheduler;
+    greedy, it served token 0 every step."""
+    r = greedy(unharmed.url, BASELINE_PROMPT, n=4, custom_logit_processor=_processors()["MasksEverything"],
+               sampling=sampling)
+    assert r.status_code == 400 and "no finite logit" in r.text, r.text[:300]
+
+
+# Grammars no output can satisfy (HTTP 400 at compile time), and sampling parameters whose logits overflow.
+# Upstream, sampled (top_p), each ended the scheduler: every logit -inf (or +inf), the multinomial raised.
+UNSAMPLEABLE = {
+    "json_schema_only_itself": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 8, "json_schema": '{"$ref": "#"}', "top_p": 0.5, "top_k": 5}}, "allows no token"),
+    "ebnf_rule_that_never_ends": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 8, "ebnf": "root ::= a\na ::= a", "top_p": 0.9}}, "allows no token"),
+    "completions_response_format_only_itself": ("/v1/completions", {
+        "model": "default", "prompt": "hi", "max_tokens": 8, "top_p": 0.9, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}, "allows no token"),
+    "repetition_penalty_1e-45": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 8, "repetition_penalty": 1e-45, "top_p": 0.9}}, "repetition_penalty must be in"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSAMPLEABLE))
+def test_requests_that_leave_nothing_to_sample_get_400(unharmed, case):
+    path, body, message = UNSAMPLEABLE[case]
+    r = post(unharmed.url, path, body)
+    assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
+
+
+def test_a_grammar_state_that_allows_no_token_ends_only_its_request(unharmed):
+    """An EOS-only grammar under min_new_tokens: the grammar allows only EOS, min_new_tokens masks it, so
+    no token is left. Sampled, upstream's multinomial ended the scheduler; now the row samples uniform
+    logits, the grammar refuses the token and that request alone ends with an error."""
+    for sampling in ({"top_p": 0.9}, {"temperature": 0}):
+        r = post(unharmed.url, "/generate", {"text": "hi", "sampling_params": {
+            "max_new_tokens": 8, "min_new_tokens": 4, "ebnf": 'root ::= ""', **sampling}})
+        assert r.status_code >= 400 and "Grammar accept_token failed" in r.text, r.text[:300]
 
 
 def test_client_disconnects_at_random_points_of_streams(unharmed):
