@@ -598,6 +598,83 @@ def _expert_distribution_needs_mode(original, tokenizer_manager, *args, **kwargs
     return original(tokenizer_manager, *args, **kwargs)
 
 
+# The arguments the chat endpoint passes to apply_chat_template itself: the same key in a request's
+# chat_template_kwargs raised "got multiple values for keyword argument" (a 500)
+CHAT_TEMPLATE_OWN_ARGS = ("messages", "conversation", "tools", "add_generation_prompt", "tokenize", "return_dict")
+
+
+def check_chat_request(result, serving, request, *args, **kwargs):
+    if result:
+        return result
+    extra = getattr(request, "chat_template_kwargs", None) or {}
+    taken = sorted(k for k in extra if k in CHAT_TEMPLATE_OWN_ARGS)
+    if taken:
+        return (f"chat_template_kwargs may not set {taken}: the endpoint passes them itself (messages, tools "
+                "and the generation prompt come from the request's own fields)")
+    if isinstance(getattr(request, "rid", None), list):
+        return "rid of a chat completion must be a string (one request)"  # a list was a 500 (unhashable)
+    return None
+
+
+def check_completion_request(result, serving, request, *args, **kwargs):
+    if result:
+        return result
+    rid, prompt = getattr(request, "rid", None), getattr(request, "prompt", None)
+    if isinstance(rid, list):
+        # A list of rids names the requests of a batch of prompts, one each (else a 500: unhashable)
+        batch = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else None
+        if batch is None:
+            return "rid of a single prompt must be a string"
+        if len(rid) != batch or not all(isinstance(r, str) for r in rid):
+            return f"rid must be a string, or a list of strings with one per prompt: {batch} prompts, {len(rid)} rids"
+    return None
+
+
+def check_weights_load_format(tokenizer_manager, obj, *args, **kwargs):
+    """/update_weights_from_disk: an unknown load_format raised in the scheduler and ended the server."""
+    from sglang.srt.configs.load_config import LoadFormat
+
+    load_format = getattr(obj, "load_format", None)
+    known = [f.value for f in LoadFormat]
+    if load_format is not None and load_format not in known:
+        raise _http_400()(f"unknown load_format {load_format!r}; the formats are {known}")
+
+
+def check_memory_occupation(tokenizer_manager, obj, *args, **kwargs):
+    """/release_memory_occupation, /resume_memory_occupation: an unknown tag (a KeyError) or a server
+    without a GPU (its CUDA synchronise) raised in the scheduler and ended the server."""
+    from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+
+    unknown = [t for t in (getattr(obj, "tags", None) or []) if t not in GPU_MEMORY_ALL_TYPES]
+    if unknown:
+        raise RequestRejected(f"unknown memory tag(s) {unknown}; the tags are {GPU_MEMORY_ALL_TYPES}")
+    device = getattr(getattr(tokenizer_manager, "server_args", None), "device", None)
+    if device == "cpu":
+        raise RequestRejected("releasing or resuming memory occupation needs a GPU server; this one runs on the CPU")
+
+
+def _weights_update_failing_alone(original, updater, recv_req, *args, **kwargs):
+    try:
+        return original(updater, recv_req, *args, **kwargs)
+    except Exception as e:
+        from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
+
+        logger.exception("sglang-ext: update_weights_from_disk failed; the server keeps serving")
+        return UpdateWeightFromDiskReqOutput(success=False, message=f"update failed: {type(e).__name__}: {e}")
+
+
+def _memory_occupation_failing_alone(original, updater, recv_req, *args, **kwargs):
+    # e.g. resuming a tag that was never released (KeyError before anything is resumed)
+    try:
+        return original(updater, recv_req, *args, **kwargs)
+    except Exception as e:
+        from sglang.srt.managers import io_struct
+
+        logger.warning("sglang-ext: %s failed: %s: %s", type(recv_req).__name__, type(e).__name__, e)
+        name = type(recv_req).__name__.replace("ReqInput", "ReqOutput")
+        return getattr(io_struct, name)()
+
+
 def _expert_distribution_failing_alone(original, scheduler, recv_req, *args, **kwargs):
     # Upstream: the recorder's raise (e.g. no recorder mode) ended the scheduler, from one GET.
     try:
@@ -639,6 +716,21 @@ def register() -> None:
         HookRegistry.register(f"{processor}.{step}", _finish_unscored, HookType.BEFORE)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.expert_distribution_handle",
                           _expert_distribution_failing_alone, HookType.AROUND)
+    HookRegistry.register("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
+                          check_chat_request, HookType.AFTER)
+    HookRegistry.register(
+        "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._validate_request",
+        check_completion_request, HookType.AFTER)
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk",
+                          check_weights_load_format, HookType.BEFORE)
+    updater = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+    HookRegistry.register(f"{updater}.update_weights_from_disk", _weights_update_failing_alone, HookType.AROUND)
+    for action in ("release", "resume"):
+        HookRegistry.register(f"{updater}.{action}_memory_occupation", _memory_occupation_failing_alone,
+                              HookType.AROUND)
+        HookRegistry.register(
+            f"sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.{action}_memory_occupation",
+            check_memory_occupation, HookType.BEFORE)
     mixin = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
     for action in ("start", "stop", "dump"):
         HookRegistry.register(f"{mixin}.{action}_expert_distribution_record", _expert_distribution_needs_mode,

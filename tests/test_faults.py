@@ -354,6 +354,12 @@ SCHEDULER_ENDERS = {
         "is not a number within"),
     "stop_regex_repeat_past_re": ("/generate", {"text": "hello", "sampling_params": {
         "max_new_tokens": 4, "stop_regex": "x{0,4294967295}"}}, "stop_regex"),
+    # session 23's fuzz round: operator endpoints whose errors were raised in the scheduler
+    "update_weights_unknown_load_format": ("/update_weights_from_disk", {"model_path": "/nonexistent",
+                                                                         "load_format": "nope"}, "unknown load_format"),
+    "release_memory_unknown_tag": ("/release_memory_occupation", {"tags": ["nope"]}, "unknown memory tag"),
+    "resume_memory_unknown_tag": ("/resume_memory_occupation", {"tags": ["weights", "nope"]}, "unknown memory tag"),
+    "release_memory_on_a_cpu_server": ("/release_memory_occupation", {}, "needs a GPU server"),
 }
 
 
@@ -416,6 +422,20 @@ UPSTREAM_500S = {
         "sampling_params": {"max_new_tokens": "8"}}}, "wrong type"),
     "vertex_temperature_string": ("/vertex_generate", {"instances": [{"text": "a"}], "parameters": {
         "sampling_params": {"max_new_tokens": 2, "temperature": "x"}}}, "wrong type"),
+    # session 23's fuzz round
+    "chat_template_kwargs_messages": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"messages": "x"}}, "chat_template_kwargs may not set ['messages']"),
+    "chat_template_kwargs_add_generation_prompt": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"add_generation_prompt": False}}, "may not set ['add_generation_prompt']"),
+    "chat_rid_list": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "rid": ["a", "b"]},
+        "rid of a chat completion must be a string"),
+    "completion_rid_list_for_one_prompt": ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4,
+                                                               "rid": ["a"]}, "rid of a single prompt"),
+    "completion_rids_fewer_than_prompts": ("/v1/completions", {"model": "default", "prompt": ["hi", "yo"],
+                                                               "max_tokens": 4, "rid": ["r1"]}, "2 prompts, 1 rids"),
 }
 
 
@@ -445,6 +465,30 @@ def test_the_checks_behind_those_400s_pass_good_requests(unharmed):
     r = post(unharmed.url, "/vertex_generate", {"instances": [{"input_ids": BASELINE_PROMPT}], "parameters": {
         "sampling_params": {"max_new_tokens": 2, "temperature": 0}}})
     assert r.status_code == 200 and len(r.json()["predictions"][0]["output_ids"]) == 2, r.text[:300]
+    chat = {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    r = post(unharmed.url, "/v1/chat/completions", {**chat, "rid": "chat-rid-1",
+                                                    "chat_template_kwargs": {"reasoning_effort": "low"}})
+    assert r.status_code == 200 and r.json()["id"] == "chat-rid-1", r.text[:300]
+    r = post(unharmed.url, "/v1/completions", {"model": "default", "prompt": ["hi", "yo"], "max_tokens": 2,
+                                               "rid": ["co-r1", "co-r2"]})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text[:300]
+    r = post(unharmed.url, "/update_weights_from_disk", {"model_path": "/nonexistent", "load_format": "auto"})
+    assert r.status_code == 400 and r.json()["success"] is False, r.text[:300]  # upstream's own answer
+
+
+def test_operator_requests_that_fail_in_the_scheduler_stay_there():
+    from sglang.srt.managers.io_struct import (ResumeMemoryOccupationReqInput, ResumeMemoryOccupationReqOutput,
+                                               UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput)
+
+    from sglang_ext.patches import request_isolation as iso
+
+    def raises(updater, recv_req):
+        raise KeyError("weights")  # e.g. resuming a tag that was never released
+
+    out = iso._memory_occupation_failing_alone(raises, None, ResumeMemoryOccupationReqInput(tags=["weights"]))
+    assert isinstance(out, ResumeMemoryOccupationReqOutput)
+    out = iso._weights_update_failing_alone(raises, None, UpdateWeightFromDiskReqInput(model_path="/x"))
+    assert isinstance(out, UpdateWeightFromDiskReqOutput) and not out.success and "KeyError" in out.message
 
 
 def test_custom_params_that_is_not_an_object_gets_400(unharmed):
