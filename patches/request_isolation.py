@@ -675,6 +675,40 @@ def _memory_occupation_failing_alone(original, updater, recv_req, *args, **kwarg
         return getattr(io_struct, name)()
 
 
+def check_profile_output_dir(tokenizer_manager, req=None, *args, **kwargs):
+    """/start_profile: an output_dir the server cannot write was accepted, and the scheduler's mkdir at
+    the profile's end raised and ended the server."""
+    folder = getattr(req, "output_dir", None)
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        writable = os.access(folder, os.W_OK | os.X_OK)
+    except OSError as e:
+        raise _http_400()(f"profile output_dir {folder!r} cannot be created: {e}") from None
+    if not writable:
+        raise _http_400()(f"profile output_dir {folder!r} is not writable by the server")
+
+
+async def _profile_refusal_is_400(original, tokenizer_manager, req, *args, **kwargs):
+    # The scheduler's refusal (e.g. /stop_profile with no profile running) came back as a RuntimeError: a 500.
+    try:
+        return await original(tokenizer_manager, req, *args, **kwargs)
+    except RuntimeError as e:
+        raise _http_400()(str(e)) from None
+
+
+def _profile_stop_failing_alone(original, manager, *args, **kwargs):
+    try:
+        return original(manager, *args, **kwargs)
+    except Exception as e:
+        from sglang.srt.managers.io_struct import ProfileReqOutput
+
+        logger.exception("sglang-ext: stopping the profile failed; the server keeps serving")
+        manager.profile_in_progress = False  # a stop at every later batch would fail the same way
+        return ProfileReqOutput(success=False, message=f"stopping the profile failed: {type(e).__name__}: {e}")
+
+
 def _expert_distribution_failing_alone(original, scheduler, recv_req, *args, **kwargs):
     # Upstream: the recorder's raise (e.g. no recorder mode) ended the scheduler, from one GET.
     try:
@@ -731,6 +765,13 @@ def register() -> None:
         HookRegistry.register(
             f"sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.{action}_memory_occupation",
             check_memory_occupation, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.start_profile",
+                          check_profile_output_dir, HookType.BEFORE)
+    HookRegistry.register("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin._execute_profile",
+                          _profile_refusal_is_400, HookType.AROUND)
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._stop_profile",
+        _profile_stop_failing_alone, HookType.AROUND)
     mixin = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
     for action in ("start", "stop", "dump"):
         HookRegistry.register(f"{mixin}.{action}_expert_distribution_record", _expert_distribution_needs_mode,

@@ -360,6 +360,8 @@ SCHEDULER_ENDERS = {
     "release_memory_unknown_tag": ("/release_memory_occupation", {"tags": ["nope"]}, "unknown memory tag"),
     "resume_memory_unknown_tag": ("/resume_memory_occupation", {"tags": ["weights", "nope"]}, "unknown memory tag"),
     "release_memory_on_a_cpu_server": ("/release_memory_occupation", {}, "needs a GPU server"),
+    "start_profile_output_dir_not_creatable": ("/start_profile", {"output_dir": "/proc/nope", "num_steps": 1},
+                                               "cannot be created"),
 }
 
 
@@ -434,6 +436,7 @@ UPSTREAM_500S = {
         "rid of a chat completion must be a string"),
     "completion_rid_list_for_one_prompt": ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4,
                                                                "rid": ["a"]}, "rid of a single prompt"),
+    "stop_profile_without_a_profile": ("/stop_profile", {}, "not in progress"),
     "completion_rids_fewer_than_prompts": ("/v1/completions", {"model": "default", "prompt": ["hi", "yo"],
                                                                "max_tokens": 4, "rid": ["r1"]}, "2 prompts, 1 rids"),
 }
@@ -489,6 +492,13 @@ def test_operator_requests_that_fail_in_the_scheduler_stay_there():
     assert isinstance(out, ResumeMemoryOccupationReqOutput)
     out = iso._weights_update_failing_alone(raises, None, UpdateWeightFromDiskReqInput(model_path="/x"))
     assert isinstance(out, UpdateWeightFromDiskReqOutput) and not out.success and "KeyError" in out.message
+
+    def stop_raises(manager, stage=None):
+        raise FileNotFoundError("/proc/nope")
+
+    manager = SimpleNamespace(profile_in_progress=True)
+    out = iso._profile_stop_failing_alone(stop_raises, manager)
+    assert not out.success and "/proc/nope" in out.message and manager.profile_in_progress is False
 
 
 def test_custom_params_that_is_not_an_object_gets_400(unharmed):
