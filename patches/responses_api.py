@@ -200,6 +200,7 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
     record = ResponseRecord(rid, await request_extras(raw_request) if raw_request is not None else None)
     try:
         check_extras(record.extras)
+        check_tool_outputs(getattr(request, "input", None))
     except ValueError as e:  # before any byte of a stream: one 400 naming the problem
         return self.create_error_response(str(e))
     token = _current.set(record)  # a background task started inside inherits it
@@ -216,6 +217,21 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
     payload = json.loads(result.model_dump_json())
     payload[SCORES_KEY] = json_scores(record.scores)
     return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
+
+
+TOOL_OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
+
+
+def check_tool_outputs(items) -> None:
+    """A tool output names the call it answers: without a call_id upstream's Harmony rendering raised
+    KeyError (a 500)."""
+    from sglang_ext.patches.request_isolation import RequestRejected
+
+    for position, item in enumerate(items if isinstance(items, list) else []):
+        fields = item if isinstance(item, dict) else getattr(item, "__dict__", {})
+        if fields.get("type") in TOOL_OUTPUT_ITEMS and not isinstance(fields.get("call_id"), str):
+            raise RequestRejected(f"input[{position}]: a {fields['type']} item needs the call_id of the call it "
+                                  "answers")
 
 
 def check_extras(extras: dict) -> None:

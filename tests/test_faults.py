@@ -437,6 +437,15 @@ UPSTREAM_500S = {
     "completion_rid_list_for_one_prompt": ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4,
                                                                "rid": ["a"]}, "rid of a single prompt"),
     "stop_profile_without_a_profile": ("/stop_profile", {}, "not in progress"),
+    "responses_tool_output_without_call_id": ("/v1/responses", {"input": [
+        {"type": "function_call_output", "output": "x"}], "max_output_tokens": 8}, "needs the call_id"),
+    # not a 500: 201088 alternatives a token blocked the server for 159 s and answered 315 MB
+    "chat_top_logprobs_past_openai_bound": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+        "top_logprobs": 201088}, "top_logprobs must be at most 20"),
+    "completion_logprobs_past_openai_bound": ("/v1/completions", {"model": "default", "prompt": "hi",
+                                                                  "max_tokens": 4, "logprobs": 21},
+                                              "logprobs must be at most 20"),
     "completion_rids_fewer_than_prompts": ("/v1/completions", {"model": "default", "prompt": ["hi", "yo"],
                                                                "max_tokens": 4, "rid": ["r1"]}, "2 prompts, 1 rids"),
 }
@@ -472,6 +481,12 @@ def test_the_checks_behind_those_400s_pass_good_requests(unharmed):
     r = post(unharmed.url, "/v1/chat/completions", {**chat, "rid": "chat-rid-1",
                                                     "chat_template_kwargs": {"reasoning_effort": "low"}})
     assert r.status_code == 200 and r.json()["id"] == "chat-rid-1", r.text[:300]
+    # n > 1: a batch of copies whose modalities the chat endpoint sends as [] (the length check once
+    # refused every such request)
+    r = post(unharmed.url, "/v1/chat/completions", {**chat, "n": 2})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text[:300]
+    r = post(unharmed.url, "/v1/chat/completions", {**chat, "n": 2, "stream": True}, stream=True)
+    assert r.status_code == 200 and {c["index"] for e in sse_events(r) for c in e.get("choices", [])} == {0, 1}
     r = post(unharmed.url, "/v1/completions", {"model": "default", "prompt": ["hi", "yo"], "max_tokens": 2,
                                                "rid": ["co-r1", "co-r2"]})
     assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text[:300]
