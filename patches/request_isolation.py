@@ -344,8 +344,9 @@ def check_detokenize_ids(result, serving, request, *args, **kwargs):
 def _http_400():
     from fastapi import HTTPException
 
-    class UnknownParserName(ValueError, HTTPException):
-        """A ValueError where a parser is built at startup; HTTP 400 where a request names it."""
+    class BadRequest(ValueError, HTTPException):
+        """HTTP 400 from code the HTTP handlers do not guard (parsers built from a request's name, operator
+        endpoints); still a ValueError where the same code runs outside a request (a parser at startup)."""
 
         def __init__(self, message: str):
             ValueError.__init__(self, message)
@@ -354,7 +355,7 @@ def _http_400():
         def __str__(self):
             return self.detail
 
-    return UnknownParserName
+    return BadRequest
 
 
 def check_tool_call_parser_name(parser, tools=None, tool_call_parser=None, *args, **kwargs):
@@ -601,11 +602,11 @@ def _expert_distribution_needs_mode(original, tokenizer_manager, *args, **kwargs
     return original(tokenizer_manager, *args, **kwargs)
 
 
-# The arguments the chat endpoint passes to apply_chat_template itself: the same key in a request's
-# chat_template_kwargs raised "got multiple values for keyword argument" (a 500)
 # OpenAI's bound on top_logprobs. Upstream took any count up to the vocabulary: 201088 a token blocked the
 # server for 159 s and answered 315 MB.
 OPENAI_TOP_LOGPROBS_MAX = 20
+# The arguments the chat endpoint passes to apply_chat_template itself: the same key in a request's
+# chat_template_kwargs raised "got multiple values for keyword argument" (a 500)
 CHAT_TEMPLATE_OWN_ARGS = ("messages", "conversation", "tools", "add_generation_prompt", "tokenize", "return_dict")
 
 
