@@ -366,6 +366,22 @@ if not has_cuda_driver():  # the fixture's server runs on the CPU: a release rea
     SCHEDULER_ENDERS["release_memory_on_a_cpu_server"] = ("/release_memory_occupation", {}, "needs a GPU server")
 
 
+# Grammars no output can satisfy (HTTP 400 at compile time), and sampling parameters whose logits overflow.
+# Upstream, sampled (top_p), each ended the scheduler: every logit -inf (or +inf), the multinomial raised.
+SCHEDULER_ENDERS_UNSAMPLEABLE = {
+    "json_schema_only_itself": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 8, "json_schema": '{"$ref": "#"}', "top_p": 0.5, "top_k": 5}}, "allows no token"),
+    "ebnf_rule_that_never_ends": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 8, "ebnf": "root ::= a\na ::= a", "top_p": 0.9}}, "allows no token"),
+    "completions_response_format_only_itself": ("/v1/completions", {
+        "model": "default", "prompt": "hi", "max_tokens": 8, "top_p": 0.9, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}, "allows no token"),
+    "repetition_penalty_1e-45": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 8, "repetition_penalty": 1e-45, "top_p": 0.9}}, "repetition_penalty must be in"),
+}
+SCHEDULER_ENDERS.update(SCHEDULER_ENDERS_UNSAMPLEABLE)
+
+
 def test_expert_distribution_endpoints_without_a_recorder_get_400(unharmed):
     """Upstream: one GET of /start_expert_distribution_record ended the scheduler (no recorder mode)."""
     for action in ("start", "stop", "dump"):
@@ -639,28 +655,6 @@ def test_custom_logit_processor_masking_every_token_finishes_its_request(unharme
     r = greedy(unharmed.url, BASELINE_PROMPT, n=4, custom_logit_processor=_processors()["MasksEverything"],
                sampling=sampling)
     assert r.status_code == 400 and "no finite logit" in r.text, r.text[:300]
-
-
-# Grammars no output can satisfy (HTTP 400 at compile time), and sampling parameters whose logits overflow.
-# Upstream, sampled (top_p), each ended the scheduler: every logit -inf (or +inf), the multinomial raised.
-UNSAMPLEABLE = {
-    "json_schema_only_itself": ("/generate", {"text": "hi", "sampling_params": {
-        "max_new_tokens": 8, "json_schema": '{"$ref": "#"}', "top_p": 0.5, "top_k": 5}}, "allows no token"),
-    "ebnf_rule_that_never_ends": ("/generate", {"text": "hi", "sampling_params": {
-        "max_new_tokens": 8, "ebnf": "root ::= a\na ::= a", "top_p": 0.9}}, "allows no token"),
-    "completions_response_format_only_itself": ("/v1/completions", {
-        "model": "default", "prompt": "hi", "max_tokens": 8, "top_p": 0.9, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}}, "allows no token"),
-    "repetition_penalty_1e-45": ("/generate", {"text": "hi", "sampling_params": {
-        "max_new_tokens": 8, "repetition_penalty": 1e-45, "top_p": 0.9}}, "repetition_penalty must be in"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(UNSAMPLEABLE))
-def test_requests_that_leave_nothing_to_sample_get_400(unharmed, case):
-    path, body, message = UNSAMPLEABLE[case]
-    r = post(unharmed.url, path, body)
-    assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
 
 
 def test_a_grammar_state_that_allows_no_token_ends_only_its_request(unharmed):
