@@ -129,9 +129,12 @@
 #   bash benchmarks/run_h200.sh s20f      # (one GPU) the prefill row with bf16 pair outputs: MoE gpu tests
 #   bash benchmarks/run_h200.sh prefill21 # (one GPU) TP1 prefill rows + profile with bf16 pairs; 1024-token A/B (prepared)
 #   bash benchmarks/run_h200.sh ab23      # (one GPU) the 256/1024-token prefill A/B (bf16 pairs vs fp32) in CUDA graphs; Gluon gpu tests
+#   bash benchmarks/run_h200.sh host23    # (one GPU) eager prefill on the host (enqueue, graph, blocking calls) per MoE row
+#   bash benchmarks/run_h200.sh decode23  # (one GPU) TP1 decode rows with the probe pair: 20b batch 1..128, 120b batch 1 / 8
+#   bash benchmarks/run_h200.sh probe23   # (one GPU) the probe's step at 20b batch 32 / 128: overhead and last kernels
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
-#                                         # beside ours: the dense GEMM, the 120b MoE layer's variants (prepared)
-#   bash benchmarks/run_h200.sh gluon22t  # (one GPU) their gpu tests, the 20b MoE layer's variants (prepared)
+#                                         # beside ours: the dense GEMM, the 120b MoE layer's variants (ran in session 23)
+#   bash benchmarks/run_h200.sh gluon22t  # (one GPU) their gpu tests, the 20b MoE layer's variants (tests ran in ab23; 20b variants not run: 120b lost)
 #   bash benchmarks/run_h200.sh gluon22ab # (one GPU) 120b 8k prefill, the MoE row (then the dense tiles too) on Gluon
 #                                         # between two table runs (prepared)
 #   bash benchmarks/run_h200.sh dgmoe19   # (one GPU) MoE prefill: ours vs DeepGEMM's grouped GEMMs (carry .peers/deepgemm)
