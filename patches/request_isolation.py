@@ -623,7 +623,13 @@ def check_chat_request(result, serving, request, *args, **kwargs):
     top = getattr(request, "top_logprobs", None)
     if _is_int(top) and top > OPENAI_TOP_LOGPROBS_MAX:
         return f"top_logprobs must be at most {OPENAI_TOP_LOGPROBS_MAX}, got {top}"
-    return None
+    return _check_choices(request)
+
+
+def _check_choices(request) -> str | None:
+    # n = 0 answered "range() arg 3 must not be zero"; a negative n was served as one choice
+    n = getattr(request, "n", None)
+    return f"n must be at least 1, got {n}" if _is_int(n) and n < 1 else None
 
 
 def check_completion_request(result, serving, request, *args, **kwargs):
@@ -632,6 +638,8 @@ def check_completion_request(result, serving, request, *args, **kwargs):
     top = getattr(request, "logprobs", None)
     if _is_int(top) and top > OPENAI_TOP_LOGPROBS_MAX:
         return f"logprobs must be at most {OPENAI_TOP_LOGPROBS_MAX}, got {top}"
+    if _check_choices(request):
+        return _check_choices(request)
     rid, prompt = getattr(request, "rid", None), getattr(request, "prompt", None)
     if isinstance(rid, list):
         # A list of rids names the requests of a batch of prompts, one each (else a 500: unhashable)

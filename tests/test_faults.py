@@ -460,6 +460,10 @@ UPSTREAM_500S = {
     "chat_top_logprobs_past_openai_bound": ("/v1/chat/completions", {
         "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
         "top_logprobs": 201088}, "top_logprobs must be at most 20"),
+    "chat_n_zero": ("/v1/chat/completions", {"model": "default", "max_tokens": 4, "n": 0,
+                                             "messages": [{"role": "user", "content": "hi"}]}, "n must be at least 1"),
+    "completion_n_negative": ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4, "n": -1},
+                              "n must be at least 1"),
     "completion_logprobs_past_openai_bound": ("/v1/completions", {"model": "default", "prompt": "hi",
                                                                   "max_tokens": 4, "logprobs": 21},
                                               "logprobs must be at most 20"),
