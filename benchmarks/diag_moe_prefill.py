@@ -78,6 +78,15 @@ CANDIDATES = {
 }
 
 
+def use_prefill_row(name: str):
+    """The MoE table's prefill row (T > 128) replaced by CANDIDATES[name] for the rest of the process (the
+    whole-model A/Bs: prefill_moe_ab.py, diag_prefill_host.py --moe-row); returns that config."""
+    config = CANDIDATES[name]
+    moe_kernels.H200_HIDDEN_2880_CONFIGS = tuple(
+        (bound, config if bound > 128 else old) for bound, old in moe_kernels.H200_HIDDEN_2880_CONFIGS)
+    return config
+
+
 def decode_tma_candidates(tokens: int) -> dict:
     """--decode-tma: at `tokens` (a decode batch, 17..128) the table's row (two one-dot passes, TMA
     tiles since session 8), its tiles on pointer loads, and the row before (two dots, pointers).

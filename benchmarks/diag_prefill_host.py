@@ -51,16 +51,6 @@ def kernel_ms(fn) -> tuple[float, str]:
     return sum(e.device_time_total for e in events) / 1e3, blocking or "none"
 
 
-def use_moe_row(name: str) -> None:
-    """The MoE table's prefill row (T > 128) as diag_moe_prefill.CANDIDATES[name], as prefill_moe_ab does."""
-    import diag_moe_prefill as diag
-    from sglang_ext.kernels import moe as moe_kernels
-
-    config = diag.CANDIDATES[name]
-    moe_kernels.H200_HIDDEN_2880_CONFIGS = tuple(
-        (bound, config if bound > 128 else old) for bound, old in moe_kernels.H200_HIDDEN_2880_CONFIGS)
-
-
 def measure(model, length: int, iters: int) -> dict:
     inputs = model.prefill_inputs(length)
     call = lambda: model.forward(**inputs)  # noqa: E731
@@ -101,8 +91,10 @@ def main():
     ap.add_argument("--moe-row", default=None, help="the MoE prefill row by diag_moe_prefill.CANDIDATES name")
     ap.add_argument("--stem", default="diag_prefill_host")
     args = ap.parse_args()
-    if args.moe_row:
-        use_moe_row(args.moe_row)
+    if args.moe_row:  # the MoE prefill row by its diag_moe_prefill.CANDIDATES name
+        import diag_moe_prefill
+
+        diag_moe_prefill.use_prefill_row(args.moe_row)
     rows = []
     for name in args.models.split(","):
         dims = MODELS[name]

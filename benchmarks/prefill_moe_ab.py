@@ -28,9 +28,7 @@ def main():
         rest.remove("--dense-gluon")
         fp8_gemm.GLUON_PREFILL_TILES = True
         print("dense prefill tiles: Gluon", flush=True)
-    config = diag.CANDIDATES[row]
-    moe_kernels.H200_HIDDEN_2880_CONFIGS = tuple(
-        (bound, config if bound > 128 else old) for bound, old in moe_kernels.H200_HIDDEN_2880_CONFIGS)
+    config = diag.use_prefill_row(row)
     for tokens in (129, 8192):
         assert moe_kernels.select_config(tokens) is config
     print(f"MoE prefill row: {row} = {config.short()}", flush=True)

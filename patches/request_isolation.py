@@ -64,6 +64,7 @@ import os
 from http import HTTPStatus
 
 import torch
+from fastapi import HTTPException
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -73,8 +74,17 @@ PROCESSOR_ERROR = "CustomLogitProcessorError"
 PROBE_ERROR = "ProbeError"
 
 
-class RequestRejected(ValueError):
-    """Bad input: SGLang answers a ValueError from validation with HTTP 400."""
+class RequestRejected(ValueError, HTTPException):
+    """Bad input, HTTP 400: SGLang answers a ValueError from its request validation with a 400, and an
+    HTTPException reaches the client as one from code its handlers do not guard (a parser built from a
+    request's name, the operator endpoints). Outside a request (a parser at startup) a ValueError."""
+
+    def __init__(self, message: str):
+        ValueError.__init__(self, message)
+        HTTPException.__init__(self, status_code=400, detail=message)
+
+    def __str__(self):
+        return self.detail
 
 
 # -- input validation (tokenizer manager, before the scheduler sees the request) -------------
@@ -340,36 +350,18 @@ def check_detokenize_ids(result, serving, request, *args, **kwargs):
     return result
 
 
-@functools.lru_cache(maxsize=1)
-def _http_400():
-    from fastapi import HTTPException
-
-    class BadRequest(ValueError, HTTPException):
-        """HTTP 400 from code the HTTP handlers do not guard (parsers built from a request's name, operator
-        endpoints); still a ValueError where the same code runs outside a request (a parser at startup)."""
-
-        def __init__(self, message: str):
-            ValueError.__init__(self, message)
-            HTTPException.__init__(self, status_code=400, detail=message)
-
-        def __str__(self):
-            return self.detail
-
-    return BadRequest
-
-
 def check_tool_call_parser_name(parser, tools=None, tool_call_parser=None, *args, **kwargs):
     # /parse_function_call builds a parser from the request's name; an unknown one (or none) was a 500.
     known = type(parser).ToolCallParserEnum
     if tool_call_parser not in known:
-        raise _http_400()(f"unknown tool_call_parser {tool_call_parser!r}; the parsers are {sorted(known)}")
+        raise RequestRejected(f"unknown tool_call_parser {tool_call_parser!r}; the parsers are {sorted(known)}")
 
 
 def check_reasoning_parser_name(parser, model_type=None, *args, **kwargs):
     # /separate_reasoning: the same for the request's reasoning_parser.
     known = type(parser).DetectorMap
     if not isinstance(model_type, str) or model_type.lower() not in known:
-        raise _http_400()(f"unknown reasoning_parser {model_type!r}; the parsers are {sorted(known)}")
+        raise RequestRejected(f"unknown reasoning_parser {model_type!r}; the parsers are {sorted(known)}")
 
 
 REQUEST_LOG_LEVELS = (0, 1, 2, 3)  # RequestLogger._compute_metadata's
@@ -383,11 +375,11 @@ def check_logging_config(tokenizer_manager, obj, *args, **kwargs):
 
     level = getattr(obj, "log_requests_level", None)
     if level is not None and level not in REQUEST_LOG_LEVELS:
-        raise _http_400()(f"log_requests_level must be one of {list(REQUEST_LOG_LEVELS)}, got {level!r}")
+        raise RequestRejected(f"log_requests_level must be one of {list(REQUEST_LOG_LEVELS)}, got {level!r}")
     name = getattr(obj, "log_level", None)
     if name is not None and (not isinstance(name, str) or not isinstance(
             logging.getLevelName(name.upper()), int)):
-        raise _http_400()(f"unknown log_level {name!r}; the levels are "
+        raise RequestRejected(f"unknown log_level {name!r}; the levels are "
                           f"{[logging.getLevelName(n).lower() for n in (10, 20, 30, 40, 50)]}")
 
 
@@ -638,8 +630,9 @@ def check_completion_request(result, serving, request, *args, **kwargs):
     top = getattr(request, "logprobs", None)
     if _is_int(top) and top > OPENAI_TOP_LOGPROBS_MAX:
         return f"logprobs must be at most {OPENAI_TOP_LOGPROBS_MAX}, got {top}"
-    if _check_choices(request):
-        return _check_choices(request)
+    choices = _check_choices(request)
+    if choices:
+        return choices
     rid, prompt = getattr(request, "rid", None), getattr(request, "prompt", None)
     if isinstance(rid, list):
         # A list of rids names the requests of a batch of prompts, one each (else a 500: unhashable)
@@ -658,7 +651,7 @@ def check_weights_load_format(tokenizer_manager, obj, *args, **kwargs):
     load_format = getattr(obj, "load_format", None)
     known = [f.value for f in LoadFormat]
     if load_format is not None and load_format not in known:
-        raise _http_400()(f"unknown load_format {load_format!r}; the formats are {known}")
+        raise RequestRejected(f"unknown load_format {load_format!r}; the formats are {known}")
 
 
 def check_memory_occupation(tokenizer_manager, obj, *args, **kwargs):
@@ -706,9 +699,9 @@ def check_profile_output_dir(tokenizer_manager, req=None, *args, **kwargs):
         os.makedirs(folder, exist_ok=True)
         writable = os.access(folder, os.W_OK | os.X_OK)
     except OSError as e:
-        raise _http_400()(f"profile output_dir {folder!r} cannot be created: {e}") from None
+        raise RequestRejected(f"profile output_dir {folder!r} cannot be created: {e}") from None
     if not writable:
-        raise _http_400()(f"profile output_dir {folder!r} is not writable by the server")
+        raise RequestRejected(f"profile output_dir {folder!r} is not writable by the server")
 
 
 async def _profile_refusal_is_400(original, tokenizer_manager, req, *args, **kwargs):
@@ -716,7 +709,7 @@ async def _profile_refusal_is_400(original, tokenizer_manager, req, *args, **kwa
     try:
         return await original(tokenizer_manager, req, *args, **kwargs)
     except RuntimeError as e:
-        raise _http_400()(str(e)) from None
+        raise RequestRejected(str(e)) from None
 
 
 def _profile_stop_failing_alone(original, manager, *args, **kwargs):

@@ -654,8 +654,8 @@ def test_custom_logit_processor_returning_wrong_shape_finishes_its_request(unhar
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "top_p": 0.9}],
                          ids=["greedy", "sampled"])
 def test_custom_logit_processor_masking_every_token_finishes_its_request(unharmed, sampling):
-    """Upstream: sampled, the all -inf row reached the sampler's multinomial (NaN) and ended the scheduler;
-    greedy, it served token 0 every step."""
+    """Sampled, the all -inf row reached the sampler's multinomial (NaN) and ended the scheduler (seen with the
+    check undone); greedy, argmax over a row of -inf serves token 0."""
     r = greedy(unharmed.url, BASELINE_PROMPT, n=4, custom_logit_processor=_processors()["MasksEverything"],
                sampling=sampling)
     assert r.status_code == 400 and "no finite logit" in r.text, r.text[:300]
