@@ -27,6 +27,11 @@ Targets
     `probe_stop` (the guard's own parser, plus its labels against the probe's, and no
     probe loaded at all; before, unknown labels were ignored and a bad spec was found
     only in the scheduler).
+  - `fastapi._compat.v2.ModelField.validate` (AROUND): SGLang's OpenAI request models run "before"
+    validators that assume a JSON object (`values.get(...)` on the body, `response_format.get(...)`);
+    given a JSON array body or a string `response_format` they raised an AttributeError that
+    pydantic passes through, and the client got a 500. Such a crash is now a validation error, so
+    SGLang's own handler answers 400, naming the field whose value fails its type (validated alone).
   - `sglang.srt.layers.sampler.apply_custom_logit_processor` (REPLACE): upstream's loop,
     with each processor group applied under `try`; when a group raises (or returns a
     tensor of the wrong shape), its rows are retried one by one so only the rows that
@@ -306,6 +311,52 @@ def _type_errors_rejected(original, *args, **kwargs):
         # A field of the wrong type that no schema checked (/vertex_generate builds its request
         # without one): max_new_tokens "8" or temperature "x" were 500s from the arithmetic on them.
         raise RequestRejected(f"a request field has the wrong type: {e}") from None
+
+
+# Exceptions pydantic does not turn into a ValidationError: a "before" model validator of SGLang's
+# request models that assumed a JSON object (ChatCompletionRequest's `values.get(...)` on a JSON
+# array body, `response_format.get("type")` on a string) raised one of these out of FastAPI's body
+# validation, and the client got a 500.
+_VALIDATOR_CRASHES = (AttributeError, TypeError, KeyError, IndexError)
+
+
+def _fields_that_do_not_validate(model, body: dict) -> list[str]:
+    """"name: pydantic's message" for each field of `body` whose value fails that field's own type,
+    validated alone (nothing else of the model runs): names the culprit the model's validator
+    tripped on, which its exception does not."""
+    from pydantic import TypeAdapter, ValidationError
+
+    fields = {(info.alias or name): info for name, info in getattr(model, "model_fields", {}).items()}
+    bad = []
+    for key, value in body.items():
+        info = fields.get(key)
+        if info is None:
+            continue
+        try:
+            TypeAdapter(info.annotation).validate_python(value)
+        except ValidationError as e:
+            bad.append(f"{key}: {e.errors(include_url=False)[0]['msg']}")
+        except Exception:  # noqa: BLE001 - a validator of the field's own type crashed on it
+            bad.append(f"{key}: {type(value).__name__} value cannot be read")
+    return bad
+
+
+def _body_validator_crash_is_400(original, field, value, *args, **kwargs):
+    """FastAPI's ModelField.validate (AROUND): a crash inside a request model's validator becomes a
+    validation error (SGLang's handler answers 400) naming the body's problem instead of a 500."""
+    try:
+        return original(field, value, *args, **kwargs)
+    except _VALIDATOR_CRASHES as e:
+        loc = kwargs.get("loc", ())
+        model = getattr(field.field_info, "annotation", None)
+        if not isinstance(value, dict):
+            msg = f"the request body must be a JSON object, got {type(value).__name__}"
+        else:
+            bad = _fields_that_do_not_validate(model, value)
+            msg = ("; ".join(bad) if bad
+                   else f"the request body could not be read ({type(e).__name__}: {e})")
+        logger.info("request body refused (%s): %s", getattr(model, "__name__", model), msg)
+        return None, [{"type": "value_error", "loc": tuple(loc), "msg": msg, "input": value}]
 
 
 def _check_request(tokenizer_manager, obj, input_ids) -> None:
@@ -740,6 +791,8 @@ def register() -> None:
                           _validate_request, HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
                           _type_errors_rejected, HookType.AROUND)
+    HookRegistry.register("fastapi._compat.v2.ModelField.validate", _body_validator_crash_is_400,
+                          HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
                           check_batch_lengths, HookType.AFTER)
     HookRegistry.register("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
