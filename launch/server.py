@@ -75,8 +75,29 @@ class SGLangServer:
             cmd += ["--device", "cpu", "--skip-server-warmup", "--max-total-tokens", "16384", "--sleep-on-idle"]
         return cmd + self.extra_args
 
+    def ranks(self) -> int:
+        """Scheduler processes the server starts: --tp x --dp, or --tp where the DP ranks are attention
+        DP ranks inside the TP group (--enable-dp-attention)."""
+        args = self.extra_args
+
+        def value(*flags: str) -> int:
+            for flag in flags:
+                if flag in args[:-1]:
+                    return int(args[args.index(flag) + 1])
+            return 1
+
+        tp = value("--tp", "--tp-size", "--tensor-parallel-size")
+        dp = value("--dp", "--dp-size", "--data-parallel-size")
+        return tp if "--enable-dp-attention" in args else tp * dp
+
     def start(self) -> "SGLangServer":
         env = cpu_server_env(vocab_dir=self.vocab_dir) if self.cpu else dict(os.environ)
+        ranks = self.ranks()
+        if self.cpu and ranks > 1:
+            # SGLang on a CPU binds each rank's OpenMP threads to cores and refuses more ranks than NUMA nodes
+            # unless told which cores each rank takes: one core each, shared round robin past the core count.
+            cores = sorted(os.sched_getaffinity(0))
+            env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(cores[r % len(cores)]) for r in range(ranks)))
         self._log = open(self.log_path, "w")
         # Own process group: stop() signals the launcher and every child it spawned; and tied to the thread
         # that starts it (the one that stops it), in case that never happens.

@@ -21,6 +21,7 @@ PATCH_MODULES = (
     "harmony_parsers",
     "harmony_prompt",
     "request_isolation",
+    "cpu_tensor_parallel",
 )
 
 _registered = False
