@@ -11,6 +11,12 @@ Targets
   - `sglang.srt.distributed.parallel_state.init_model_parallel_group` (AROUND): a group on the
     gloo backend, with no CUDA device in this process, gets `use_pynccl=False` where the caller left
     the choice to SGLang (None). Groups on CUDA (nccl) are untouched.
+  - `sglang.srt.model_executor.model_runner.adjust_config_with_unaligned_cpu_tp` (AROUND): on a CPU,
+    SGLang pads the attention heads of a model whose KV heads the TP size does not divide (gpt-oss's 8
+    KV heads, or the tiny model's 2, at TP 4: the config then says twice the heads and the checkpoint
+    no longer fits) and rounds the MoE intermediate size up, for its own layers, which pad their weights
+    as they load. Our gpt-oss shards the real shapes itself (KV heads replicated over attention-TP ranks
+    when fewer, as on a GPU; experts on the 128-block grid), so its config is left as the checkpoint's.
 
 Why it matters: our sharded gpt-oss (heads, experts and each expert's intermediate dimension on the
 128-block grid, sglang_ext/layers/parallel.py) and the probe under TP can then run inside real
@@ -35,6 +41,14 @@ def _no_nccl_on_cpu(original, group_ranks, local_rank, backend, *args, **kwargs)
     return original(group_ranks, local_rank, backend, *args, **kwargs)
 
 
+def _keep_gpt_oss_config(original, model_config, *args, **kwargs):
+    if "GptOssForCausalLM" in (getattr(model_config.hf_config, "architectures", None) or []):
+        return model_config
+    return original(model_config, *args, **kwargs)
+
+
 def register() -> None:
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group", _no_nccl_on_cpu,
                           HookType.AROUND)
+    HookRegistry.register("sglang.srt.model_executor.model_runner.adjust_config_with_unaligned_cpu_tp",
+                          _keep_gpt_oss_config, HookType.AROUND)

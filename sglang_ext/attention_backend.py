@@ -159,6 +159,10 @@ class SinkAttnBackend(AttentionBackend):
         # Padded rows attend to one key (slot of position 0 of request row 0): finite, discarded.
         return 1
 
+    def get_cpu_graph_seq_len_fill_value(self):
+        # The same on a CPU, where SGLang pads a DP-attention group's batch to the other groups' size.
+        return 1
+
     # -- forward --------------------------------------------------------------
     # gpt-oss may hand q and k over unrotated with `rope_cos_sin=` rows: RoPE then runs here, in
     # the same launch as the KV write where the pool allows (models/gpt_oss.py checks this flag).
@@ -226,6 +230,9 @@ class SinkAttnBackend(AttentionBackend):
         window_left = -1 if layer.sliding_window_size is None else int(layer.sliding_window_size)
         rope = rows = None
         if rope_cos_sin is not None:
+            # SGLang runs attention on a padded batch's real rows only (q, k, v and the kwargs it knows
+            # are narrowed; a DP-attention group's batch is padded to the largest group's): the RoPE rows too.
+            rope_cos_sin = rope_cos_sin[: q.shape[0]]
             q, k, rope, rows = self._rope_and_write(q, k, v, layer, forward_batch, rope_cos_sin, in_swa_pool,
                                                     save_kv_cache, window_left)
             if k is not None:  # not written yet: set_kv_buffer below (v: a strided view of the GEMM output)

@@ -118,12 +118,21 @@ def test_rank_outputs_equal_single_process(monkeypatch, fp8, tp, ep):
     torch.testing.assert_close(o_got, o_want, rtol=1e-4, atol=1e-4 * o_want.abs().max().item())
 
 
-def test_data_parallel_attention_is_refused_with_a_clear_error(monkeypatch):
+@pytest.mark.parametrize("tp_rank,attn_tp", [(0, 1), (3, 1), (2, 2), (3, 2)])
+def test_data_parallel_attention_layout_from_sglang_groups(monkeypatch, tp_rank, attn_tp):
+    """TP 4 with DP attention: the attention group of TP rank r is r // attn_tp, its rank in it r % attn_tp
+    (SGLang's contiguous groups), and a mismatch with SGLang's own attention rank is refused."""
     import sglang.srt.distributed.parallel_state as ps
 
     monkeypatch.setattr(gpt_oss, "get_tensor_model_parallel_world_size", lambda: 4)
-    monkeypatch.setattr(gpt_oss, "get_tensor_model_parallel_rank", lambda: 0)
-    monkeypatch.setattr(ps, "get_moe_expert_parallel_world_size", lambda: 1)
-    monkeypatch.setattr(ps, "get_attn_tensor_model_parallel_world_size", lambda: 1)
-    with pytest.raises(NotImplementedError, match="enable-dp-attention"):
-        gpt_oss._sglang_layout()
+    monkeypatch.setattr(gpt_oss, "get_tensor_model_parallel_rank", lambda: tp_rank)
+    monkeypatch.setattr(ps, "get_moe_expert_parallel_world_size", lambda: 2)
+    monkeypatch.setattr(ps, "get_attn_tensor_model_parallel_world_size", lambda: attn_tp)
+    monkeypatch.setattr(ps, "get_attn_tensor_model_parallel_rank", lambda: tp_rank % attn_tp)
+    layout = gpt_oss._sglang_layout()
+    assert (layout.tp_size, layout.tp_rank, layout.ep_size) == (4, tp_rank, 2)
+    assert (layout.attn_dp_size, layout.attn_tp_size, layout.attn_tp_rank) == (4 // attn_tp, attn_tp, tp_rank % attn_tp)
+    if attn_tp > 1:
+        monkeypatch.setattr(ps, "get_attn_tensor_model_parallel_rank", lambda: (tp_rank + 1) % attn_tp)
+        with pytest.raises(NotImplementedError, match="contiguous attention-TP groups"):
+            gpt_oss._sglang_layout()

@@ -16,7 +16,11 @@ tests): attention heads split over the TP ranks (KV heads replicated when fewer 
 ranks); experts split into --ep-size contiguous ranges, each expert's intermediate
 dimension I over tp/ep ranks (interleaved gate/up rows stay in pairs; FP8 shards cut on
 the 128-block grid, so every local block keeps its checkpoint scale); o_proj's and mlp2's
-biases are added once, after the all-reduce. Data-parallel attention is refused at load.
+biases are added once, after the all-reduce. Data-parallel attention (--enable-dp-attention,
+--dp D): attention heads split over the attention-TP group (tp / D ranks) and each DP group runs
+attention on its own requests' tokens; every rank's MoE shard runs over all DP groups' tokens,
+gathered before it (SGLang's dp_gather) and scattered back after its all-reduce (dp_scatter); the
+embedding shards over the attention-TP group, the LM head as SGLang's own gpt-oss does.
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ def is_fp8_checkpoint(config) -> bool:
 
 
 class _TP:
-    """This rank's place in SGLang's TP/EP groups, as a `ParallelLayout`."""
+    """This rank's place in SGLang's TP/EP groups, as a `ParallelLayout`. `attn_size` / `attn_rank`:
+    its attention-TP group (the whole TP group without DP attention)."""
 
     def __init__(self, layout: Optional[ParallelLayout] = None):
         if layout is None:
@@ -81,6 +86,9 @@ class _TP:
         self.layout = layout
         self.size = layout.tp_size
         self.rank = layout.tp_rank
+        self.attn_size = layout.attn_tp_size
+        self.attn_rank = layout.attn_tp_rank
+        self.dp_attention = layout.attn_dp_size > 1
 
 
 def _sglang_layout() -> ParallelLayout:
@@ -92,29 +100,31 @@ def _sglang_layout() -> ParallelLayout:
         attn_tp = ps.get_attn_tensor_model_parallel_world_size()
     except (AssertionError, AttributeError, TypeError):  # groups not initialised: one process
         ep_size, attn_tp = 1, tp_size
-    if attn_tp != tp_size:
-        raise NotImplementedError(
-            f"sglang-ext's gpt-oss has no data-parallel attention (--enable-dp-attention: attention TP "
-            f"{attn_tp} of TP {tp_size}); serve with --tp/--ep, or --dp replicas without --enable-dp-attention")
-    return ParallelLayout(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, attn_dp_size=1)
+    if tp_size % attn_tp:
+        raise ValueError(f"attention TP {attn_tp} does not divide TP {tp_size}")
+    layout = ParallelLayout(tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, attn_dp_size=tp_size // attn_tp)
+    if layout.attn_dp_size > 1 and layout.attn_tp_rank != ps.get_attn_tensor_model_parallel_rank():
+        raise NotImplementedError(f"attention TP rank {ps.get_attn_tensor_model_parallel_rank()} of TP rank "
+                                  f"{tp_rank}: sglang-ext expects contiguous attention-TP groups")
+    return layout
 
 
 def _head_block_shards(config, tp: _TP, fp8: bool):
     """(q/o shard, k/v shard) over the q rows (o columns) and k/v rows of this rank."""
     hd = config.head_dim
-    heads = attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.size, tp.rank)
-    all_heads = [attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.size, r)
-                 for r in range(tp.size)]
+    heads = attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.attn_size, tp.attn_rank)
+    all_heads = [attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.attn_size, r)
+                 for r in range(tp.attn_size)]
     q_ranges = [h.q_rows(hd) for h in all_heads]
     kv_ranges = [h.kv_rows(hd) for h in all_heads]
-    q = BlockShard.of(config.num_attention_heads * hd, q_ranges, tp.rank)
-    kv = BlockShard.of(config.num_key_value_heads * hd, kv_ranges, tp.rank)
+    q = BlockShard.of(config.num_attention_heads * hd, q_ranges, tp.attn_rank)
+    kv = BlockShard.of(config.num_key_value_heads * hd, kv_ranges, tp.attn_rank)
     if not fp8:  # padding only keeps FP8 blocks on their scale grid
         q = BlockShard(q.full, q.lo, q.hi, 0, q.cuts_aligned)
         kv = BlockShard(kv.full, kv.lo, kv.hi, 0, kv.cuts_aligned)
     elif not q.cuts_aligned:
         raise NotImplementedError(
-            f"FP8 o_proj shards at TP {tp.size} cut a 128-block of {q.full} columns: each rank would need the "
+            f"FP8 o_proj shards at attention TP {tp.attn_size} cut a 128-block of {q.full} columns: each rank would need the "
             "others' activation scales (sglang_ext.layers.parallel.fp8_row_parallel_linear); use a TP size whose "
             "head shards are 128-aligned")
     return heads, q, kv
@@ -176,8 +186,12 @@ class GptOssAttention(nn.Module):
             o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.contiguous(), forward_batch,
                           sinks=self.sinks)
         o = self.q_shard.pad_activation(o)
-        if self.tp.size == 1:
+        if self.tp.attn_size == 1:
             return self.o_proj(o)
+        if self.tp.dp_attention:
+            from sglang.srt.layers.dp_attention import attn_tp_all_reduce
+
+            return attn_tp_all_reduce(self.o_proj(o, with_bias=False)) + self.o_proj.bias
         return tensor_model_parallel_all_reduce(self.o_proj(o, with_bias=False)) + self.o_proj.bias
 
 
@@ -236,7 +250,28 @@ class GptOssMLP(nn.Module):
         self.router = GptOssRouter(config)
         self.experts = GptOssExperts(config, tp)
 
-    def forward(self, x):
+    def forward(self, x, forward_batch=None):
+        if self.tp.dp_attention:
+            return self._forward_dp_attention(x, forward_batch)
+        return self._forward_tp(x)
+
+    def _forward_dp_attention(self, x, forward_batch):
+        """x: this DP group's tokens. Every rank's experts shard sees every DP group's tokens: gathered
+        (SGLang's dp_gather_replicate into its global buffer: one attention-TP rank a group places its
+        rows, the TP all-reduce fills the rest), this rank's partial MoE over them, the TP all-reduce (+ the
+        mlp2 bias once), then this group's rows back (dp_scatter). A group with no tokens (an idle batch)
+        still joins each collective."""
+        from sglang.srt.layers.dp_attention import dp_gather_replicate, dp_scatter, get_global_dp_buffer
+        from sglang.srt.runtime_context import get_parallel
+
+        tokens = get_global_dp_buffer(get_parallel().tp_group)
+        dp_gather_replicate(tokens, x.contiguous(), forward_batch)
+        out = self._forward_tp(tokens)
+        local = torch.empty_like(x)
+        dp_scatter(local, out.contiguous(), forward_batch)
+        return local
+
+    def _forward_tp(self, x):
         ex = self.experts
         single = self.tp.size == 1
         if ex.fp8 and use_triton(x.device):
@@ -271,15 +306,21 @@ class GptOssDecoderLayer(nn.Module):
         kernel path). Returns (residual after attention, MLP output): the caller adds the MLP
         output inside the next norm's launch."""
         post = self.post_attention_layernorm
-        h, x = residual_rms_norm(h, self.self_attn(x, cos_sin, forward_batch, x_quant), post.weight, post.eps)
-        return h, self.mlp(x)
+        if x.shape[0] == 0:  # an idle DP group (DP attention): no attention; the MoE's collectives still run
+            o = torch.zeros_like(h)
+        else:
+            o = self.self_attn(x, cos_sin, forward_batch, x_quant)
+        h, x = residual_rms_norm(h, o, post.weight, post.eps)
+        return h, self.mlp(x, forward_batch)
 
 
 class GptOssModel(nn.Module):
     def __init__(self, config, tp: _TP):
         super().__init__()
         self.config = config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # DP attention: each DP group embeds its own tokens, the vocabulary split over its attention-TP ranks.
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
+                                                   use_attn_tp_group=tp.dp_attention)
         self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = YarnRope.from_hf_config(config)
@@ -323,8 +364,17 @@ class GptOssForCausalLM(nn.Module):
         self.config = config
         self.quant_config = quant_config
         self.tp = _TP()
+        lay = self.tp.layout
+        if lay.tp_size > 1:
+            logger.info("sglang-ext gpt-oss: TP rank %d of %d, EP %d, attention DP %d (attention TP rank %d of %d)",
+                        lay.tp_rank, lay.tp_size, lay.ep_size, lay.attn_dp_size, lay.attn_tp_rank, lay.attn_tp_size)
         self.model = GptOssModel(config, self.tp)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        # As SGLang's gpt-oss: vocab-parallel over the TP group (the logits processor gathers the DP groups'
+        # rows), or over the attention-TP group with --enable-dp-lm-head.
+        from sglang.srt.runtime_context import get_parallel
+
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+                                      use_attn_tp_group=self.tp.dp_attention and get_parallel().enable_dp_lm_head)
         self.logits_processor = LogitsProcessor(config)
         self.probe = self._make_probe(config)
 
@@ -334,8 +384,9 @@ class GptOssForCausalLM(nn.Module):
         from sglang_ext.patches.probe_ckpt_flag import probe_ckpt_of
 
         folder = probe_ckpt_of(get_server_args())
-        # Only one tensor-parallel rank emits scores; the others skip the probe entirely.
-        if folder is None or self.tp.rank != 0:
+        # One rank of each attention group emits its requests' scores (the group's attention-TP rank 0: the
+        # TP rank 0 without DP attention); the others skip the probe entirely.
+        if folder is None or self.tp.attn_rank != 0:
             return None
         from sglang_ext.probe_runtime import ProbeRuntime
 
@@ -417,7 +468,11 @@ class GptOssForCausalLM(nn.Module):
             loader(param, tensor)
             return
         layer0 = self.model.layers[0]
-        tensor = shard_checkpoint_tensor(name, tensor, layout, self.tp, layer0.self_attn, layer0.mlp.experts)
+        try:
+            tensor = shard_checkpoint_tensor(name, tensor, layout, self.tp, layer0.self_attn, layer0.mlp.experts)
+        except RuntimeError as e:
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} cannot be cut for this rank "
+                             f"({self.tp.layout}): {e}") from e
         if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
         if param.dtype == torch.float8_e4m3fn and tensor.dtype != torch.float8_e4m3fn:
@@ -444,7 +499,7 @@ def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, layout: str, tp: _T
             tensor = shard.gate_up_scales(tensor)
         elif leaf == "down_proj_scale_inv":
             tensor = shard.down_scales(tensor)
-    elif ".self_attn." in name and tp.size > 1:
+    elif ".self_attn." in name and tp.attn_size > 1:
         proj = name.rsplit(".", 2)[-2]
         rows = attn.q_shard if proj == "q_proj" else attn.kv_shard
         if proj in ("q_proj", "k_proj", "v_proj"):
