@@ -32,10 +32,15 @@ def _render_with_harmony(original, self, messages, request, thinking_mode, tools
     if not has_tool_history(raw):
         return original(self, messages, request, thinking_mode, tools=tools, **kwargs)
     template_kwargs = request.chat_template_kwargs or {}
+    builtin_tools = template_kwargs.get("builtin_tools") or ()
+    if not isinstance(builtin_tools, (list, tuple)) or not all(isinstance(t, str) for t in builtin_tools):
+        raise ValueError(f"chat_template_kwargs.builtin_tools must be a list of tool names, got {builtin_tools!r}")
+    identity = template_kwargs.get("model_identity")
+    if identity is not None and not isinstance(identity, str):
+        raise ValueError(f"chat_template_kwargs.model_identity must be a string, got {type(identity).__name__}")
     return render_chat_for_completion(
-        raw, tools, reasoning_effort=request.reasoning_effort,
-        builtin_tools=tuple(template_kwargs.get("builtin_tools") or ()),
-        model_identity=template_kwargs.get("model_identity"))
+        raw, tools, reasoning_effort=request.reasoning_effort, builtin_tools=tuple(builtin_tools),
+        model_identity=identity)
 
 
 def register() -> None:

@@ -146,19 +146,38 @@ async def _completion_stream_with_scores(original, self, adapted_request, *args,
         _completion_sinks.pop(id(adapted_request), None)
 
 
+@functools.lru_cache(maxsize=None)
+def _scored_response_class(response_cls):
+    """`response_cls` (ChatCompletionResponse / CompletionResponse) whose choices also carry SCORES_KEY: a
+    subclass, so every caller that checks the type still accepts it (the Anthropic /v1/messages handler
+    calls the chat handler and turned anything else into "Request failed"), and `model_json_response`
+    writes it as upstream writes the response, plus the scores."""
+    from typing import List, Optional, get_args
+
+    from pydantic import create_model
+
+    choice_cls = get_args(response_cls.model_fields["choices"].annotation)[0]
+    scored_choice = create_model(f"Scored{choice_cls.__name__}", __base__=choice_cls,
+                                 **{SCORES_KEY: (Optional[list], None)})
+    return create_model(f"Scored{response_cls.__name__}", __base__=response_cls,
+                        choices=(List[scored_choice], ...)), scored_choice
+
+
 def _response_with_scores(original, self, request, ret: list[dict[str, Any]], created, *args, **kwargs):
     response = original(self, request, ret, created, *args, **kwargs)
     scores = [(item.get("meta_info") or {}).get(SCORES_KEY) for item in ret]
-    if all(s is None for s in scores) or not hasattr(response, "model_dump_json"):
-        return response
-    from fastapi.responses import Response
-
-    payload = json.loads(response.model_dump_json(by_alias=True))
-    for choice in payload.get("choices") or []:
-        i = choice.get("index", 0)
-        if i < len(scores) and scores[i] is not None:
-            choice[SCORES_KEY] = json_scores(scores[i])
-    return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
+    if all(s is None for s in scores) or not hasattr(response, "choices"):
+        return response  # no probe, or an error response
+    scored_cls, scored_choice = _scored_response_class(type(response))
+    choices = []
+    for choice in response.choices:
+        i = choice.index
+        extra = {SCORES_KEY: json_scores(scores[i])} if i < len(scores) and scores[i] is not None else {}
+        choices.append(scored_choice.model_construct(_fields_set=choice.model_fields_set | set(extra),
+                                                     **dict(choice), **extra))
+    fields = dict(response)
+    fields["choices"] = choices
+    return scored_cls.model_construct(_fields_set=response.model_fields_set, **fields)
 
 
 def register() -> None:

@@ -141,6 +141,20 @@ def check_one_request_scalars(obj) -> None:
         value = getattr(obj, field, None)
         if value is not None and not _is_int(value):
             raise RequestRejected(f"{field} of one request must be an integer, got {type(value).__name__}")
+    start = getattr(obj, "logprob_start_len", None)
+    if start is not None and start < -1:
+        # -1 is "the output's logprobs only"; below it, with return_logprob, the scheduler's prefill
+        # logprob bookkeeping asserted and the server ended (session 24's fuzz round).
+        raise RequestRejected(f"logprob_start_len must be -1 (output only) or a prompt position >= 0, got {start}")
+    overrides = getattr(obj, "positional_embed_overrides", None)
+    if overrides is not None:
+        from sglang.srt.managers.io_struct import PositionalEmbeds
+
+        if not isinstance(overrides, PositionalEmbeds):
+            # An Engine-API object no JSON body can express: a string or object from HTTP reached the
+            # scheduler's `.reconstruct(...)` and ended the server.
+            raise RequestRejected("positional_embed_overrides cannot be sent over HTTP (it is an Engine-API "
+                                  f"object), got {type(overrides).__name__}")
 
 
 def check_sampling_params(sampling_params, vocab_size: int) -> None:
@@ -226,7 +240,11 @@ EMPTY_MEANS_NONE = ("modalities",)  # GenerateReqInput.__getitem__: `self.modali
 
 
 def check_batch_lengths(result, obj, *args, **kwargs):
-    if getattr(obj, "is_single", True) or not isinstance(getattr(obj, "rid", None), list):
+    rid = getattr(obj, "rid", None)
+    if getattr(obj, "is_single", True) and rid is not None and not isinstance(rid, str):
+        # a list on one /generate request was a 500 (unhashable, in the tokenizer manager's state table)
+        raise RequestRejected(f"rid of one request must be a string, got {type(rid).__name__}")
+    if getattr(obj, "is_single", True) or not isinstance(rid, list):
         return result
     count = len(obj.rid)  # the requests the tokenizer manager splits the batch into
     copies = getattr(obj, "parallel_sample_num", 1) or 1
@@ -357,6 +375,16 @@ def _body_validator_crash_is_400(original, field, value, *args, **kwargs):
                    else f"the request body could not be read ({type(e).__name__}: {e})")
         logger.info("request body refused (%s): %s", getattr(model, "__name__", model), msg)
         return None, [{"type": "value_error", "loc": tuple(loc), "msg": msg, "input": value}]
+
+
+def _unreadable_prompt_is_400(original, obj, *args, **kwargs):
+    """GenerateReqInput.normalize_batch_and_arguments (AROUND): `input_embeds: []` (no text, no ids) was
+    an IndexError in upstream's batch-size probe, a 500; a prompt field of a shape it cannot read is a 400."""
+    try:
+        return original(obj, *args, **kwargs)
+    except (IndexError, TypeError, KeyError) as e:
+        raise RequestRejected(f"the prompt (text / input_ids / input_embeds) has a shape that cannot be read: "
+                              f"{type(e).__name__}: {e}") from None
 
 
 def _check_request(tokenizer_manager, obj, input_ids) -> None:
@@ -795,6 +823,8 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
                           check_batch_lengths, HookType.AFTER)
+    HookRegistry.register("sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments",
+                          _unreadable_prompt_is_400, HookType.AROUND)
     HookRegistry.register("sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
                           check_detokenize_ids, HookType.AFTER)
     HookRegistry.register("sglang.srt.function_call.function_call_parser.FunctionCallParser.__init__",

@@ -200,7 +200,7 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
     record = ResponseRecord(rid, await request_extras(raw_request) if raw_request is not None else None)
     try:
         check_extras(record.extras)
-        check_tool_outputs(getattr(request, "input", None))
+        check_input_items(getattr(request, "input", None))
     except ValueError as e:  # before any byte of a stream: one 400 naming the problem
         return self.create_error_response(str(e))
     token = _current.set(record)  # a background task started inside inherits it
@@ -222,16 +222,39 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
 TOOL_OUTPUT_ITEMS = ("function_call_output", "custom_tool_call_output")
 
 
-def check_tool_outputs(items) -> None:
-    """A tool output names the call it answers: without a call_id upstream's Harmony rendering raised
-    KeyError (a 500)."""
+def check_input_items(items) -> None:
+    """What upstream's Harmony rendering of `input` (harmony_utils.parse_response_input) reads unchecked and
+    raised on, a 500 each: a tool output without the call_id of the call it answers; a message without a
+    string role or with content that is neither text nor a list of part objects; a function / custom tool
+    call without a name; an item that is not an object (session 24's fuzz round)."""
     from sglang_ext.patches.request_isolation import RequestRejected
 
-    for position, item in enumerate(items if isinstance(items, list) else []):
-        fields = item if isinstance(item, dict) else getattr(item, "__dict__", {})
-        if fields.get("type") in TOOL_OUTPUT_ITEMS and not isinstance(fields.get("call_id"), str):
-            raise RequestRejected(f"input[{position}]: a {fields['type']} item needs the call_id of the call it "
-                                  "answers")
+    if items is None or isinstance(items, str):
+        return
+    if not isinstance(items, list):
+        raise RequestRejected(f"input must be a string or a list of items, got {type(items).__name__}")
+    for position, item in enumerate(items):
+        if isinstance(item, dict):
+            fields = item
+        elif hasattr(item, "model_dump"):
+            fields = item.model_dump()
+        else:
+            raise RequestRejected(f"input[{position}] must be an object, got {type(item).__name__}")
+        kind = fields.get("type")
+        if kind in TOOL_OUTPUT_ITEMS and not isinstance(fields.get("call_id"), str):
+            raise RequestRejected(f"input[{position}]: a {kind} item needs the call_id of the call it answers")
+        if kind is None or kind == "message":
+            if not isinstance(fields.get("role"), str):
+                raise RequestRejected(f"input[{position}]: a message needs a role (user, assistant, system, "
+                                      "developer)")
+            content = fields.get("content")
+            if not isinstance(content, str) and not (
+                    isinstance(content, list) and all(isinstance(part, dict) for part in content)):
+                raise RequestRejected(f"input[{position}]: a message's content must be text or a list of content "
+                                      f"parts (objects), got {type(content).__name__}")
+        if kind in ("function_call", "custom_tool_call") and not (isinstance(fields.get("name"), str)
+                                                                    and fields["name"]):
+            raise RequestRejected(f"input[{position}]: a {kind} item needs the name of the tool it calls")
 
 
 def check_extras(extras: dict) -> None:

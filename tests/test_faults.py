@@ -354,6 +354,13 @@ SCHEDULER_ENDERS = {
     "resume_memory_unknown_tag": ("/resume_memory_occupation", {"tags": ["weights", "nope"]}, "unknown memory tag"),
     "start_profile_output_dir_not_creatable": ("/start_profile", {"output_dir": "/proc/nope", "num_steps": 1},
                                                "cannot be created"),
+    # session 24's fuzz round
+    "negative_logprob_start_len": ("/generate", {"text": "one two three four five six seven", "return_logprob": True,
+                                                 "logprob_start_len": -3, "sampling_params": {"max_new_tokens": 2}},
+                                   "logprob_start_len must be -1"),
+    "positional_embed_overrides_over_http": ("/generate", {"text": "hi", "positional_embed_overrides": {"a": [1, 2]},
+                                                           "sampling_params": {"max_new_tokens": 2}},
+                                             "positional_embed_overrides cannot be sent over HTTP"),
 }
 if not has_cuda_driver():  # the fixture's server runs on the CPU: a release reached torch.cuda.synchronize
     SCHEDULER_ENDERS["release_memory_on_a_cpu_server"] = ("/release_memory_occupation", {}, "needs a GPU server")
@@ -466,6 +473,20 @@ UPSTREAM_500S = {
     "chat_response_format_string": ("/v1/chat/completions", {
         "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
         "response_format": "json_object"}, "response_format: Input should be a valid dictionary"),
+    "generate_rid_list_for_one_prompt": ("/generate", {"text": "hello there", "rid": ["a"],
+                                                       "sampling_params": {"max_new_tokens": 2}},
+                                         "rid of one request must be a string"),
+    "generate_empty_input_embeds": ("/generate", {"text": None, "input_embeds": [],
+                                                  "sampling_params": {"max_new_tokens": 2}}, "cannot be read"),
+    "responses_message_without_role": ("/v1/responses", {"input": [{"type": "message", "content": "hi"}],
+                                                         "max_output_tokens": 16}, "a message needs a role"),
+    "responses_message_without_content": ("/v1/responses", {"input": [{"type": "message", "role": "user"}],
+                                                            "max_output_tokens": 16}, "content must be text"),
+    "responses_content_parts_not_objects": ("/v1/responses", {"input": [{"role": "user", "content": ["hi", "x"]}],
+                                                              "max_output_tokens": 16}, "content must be text"),
+    "responses_function_call_without_name": ("/v1/responses", {"input": [
+        {"type": "function_call", "call_id": "c1", "arguments": "{}"}], "max_output_tokens": 16},
+        "needs the name of the tool"),
     "completion_rids_fewer_than_prompts": ("/v1/completions", {"model": "default", "prompt": ["hi", "yo"],
                                                                "max_tokens": 4, "rid": ["r1"]}, "2 prompts, 1 rids"),
 }

@@ -154,6 +154,38 @@ def test_chunked_prefill_scores_equal_one_shot(probe_server, tiny_checkpoints, t
                                as_matrix(want["meta_info"]["token_probe_probs"], labels), rtol=0, atol=1e-5)
 
 
+TOOL_CALL_TURN = [{"role": "user", "content": "hi"},
+                  {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                        "function": {"name": "f", "arguments": "{}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"messages": [TOOL_CALL_TURN[0], {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": None, "arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0].function.name must be a non-empty string"),
+    ({"chat_template_kwargs": {"builtin_tools": 5}}, "builtin_tools must be a list of tool names"),
+    ({"chat_template_kwargs": {"model_identity": ["x"]}}, "model_identity must be a string"),
+], ids=["call_without_name", "builtin_tools_not_a_list", "model_identity_not_a_string"])
+def test_bad_tool_history_gets_400_naming_the_field(probe_server, change, message):
+    """Our Harmony rendering of tool history (patches/harmony_prompt.py) answered these with 500s
+    ("'NoneType' object has no attribute 'split'", "'int' object is not iterable"): session 24's fuzz round."""
+    body = {"model": "default", "max_tokens": 4, "messages": TOOL_CALL_TURN, **change}
+    r = requests.post(probe_server.url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
+
+
+def test_anthropic_messages_answer_with_the_probe_on(probe_server):
+    """/v1/messages calls the chat handler; with the probe's scores attached to the chat response it answered
+    every non-streamed request {"type": "error", "message": "Request failed"} (found by session 24's fuzzing)."""
+    body = {"model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    r = requests.post(probe_server.url + "/v1/messages", json=body, timeout=300)
+    assert r.status_code == 200, r.text[:300]
+    out = r.json()
+    assert out["type"] == "message" and out["role"] == "assistant", out
+    assert out["usage"]["output_tokens"] > 0
+
+
 def test_openai_sdk_stream_gets_one_score_per_token(probe_server):
     from sglang_ext.launch.stream_client import stream_with_openai_sdk, stream_with_sse
 

@@ -274,3 +274,32 @@ def test_a_request_without_model_means_the_served_one(model, want):
     request = Request()
     request.model = model
     assert asyncio.run(responses_api._create_responses_with_scores(create, Serving(), request)) == want
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_non_streamed_scores_keep_the_response_type(kind):
+    """The scored response is still a ChatCompletionResponse / CompletionResponse (the Anthropic /v1/messages
+    handler calls the chat handler and answered "Request failed" to anything else) and writes upstream's JSON
+    plus one score list per choice (null where a probe step failed)."""
+    from sglang.srt.entrypoints.openai import protocol as p
+    from sglang.srt.utils.json_response import model_json_response
+
+    if kind == "chat":
+        cls = p.ChatCompletionResponse
+        choices = [p.ChatCompletionResponseChoice(index=i, message=p.ChatMessage(role="assistant", content=f"c{i}"),
+                                                  finish_reason="stop") for i in range(2)]
+    else:
+        cls = p.CompletionResponse
+        choices = [p.CompletionResponseChoice(index=i, text=f"c{i}", finish_reason="length") for i in range(2)]
+    usage = p.UsageInfo(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+    plain = cls(id="x", model="m", choices=choices, usage=usage)
+    scores = [[{"label_0": 0.25}], [{"label_0": math.nan}]]
+    ret = [{"meta_info": {SCORES_KEY: s}} for s in scores]
+    scored = openai_probe_scores._response_with_scores(lambda *a, **k: plain, None, None, ret, 0)
+    assert isinstance(scored, cls)
+    got = strict_json(model_json_response(scored).body)
+    want = strict_json(model_json_response(plain).body)
+    assert [c.pop(SCORES_KEY) for c in got["choices"]] == [[{"label_0": 0.25}], [{"label_0": None}]]
+    assert got == want
+    no_probe = openai_probe_scores._response_with_scores(lambda *a, **k: plain, None, None, [{"meta_info": {}}], 0)
+    assert no_probe is plain

@@ -43,7 +43,10 @@ def _arguments(arguments) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
-def _recipient(name: str, function_names: set[str]) -> str:
+def _recipient(name, function_names: set[str], where: str) -> str:
+    if not isinstance(name, str) or not name:
+        # A bad request, not a server fault: these were 500s ("'NoneType' object has no attribute 'split'").
+        raise ValueError(f"{where} must be a non-empty string, got {name!r}")
     if name in function_names or name.split(".", 1)[0] not in BUILTIN_NAMESPACES:
         return f"functions.{name}"
     return name
@@ -80,7 +83,7 @@ def chat_conversation(messages: list[dict], tools: list[dict] | None = None, rea
 
     call_names: dict[str, str] = {}  # tool_call_id -> recipient
     last_recipient = None
-    for m in rest:
+    for i, m in enumerate(rest, start=len(messages) - len(rest)):
         role = m.get("role")
         if role == "user":
             out.append(Message.from_role_and_content(Role.USER, text_of(m.get("content"))))
@@ -96,9 +99,10 @@ def chat_conversation(messages: list[dict], tools: list[dict] | None = None, rea
             if content:
                 out.append(Message.from_role_and_content(Role.ASSISTANT, content)
                            .with_channel("commentary" if calls else "final"))
-            for call in calls:
+            for j, call in enumerate(calls):
                 function = call.get("function") or {}
-                recipient = _recipient(function.get("name", ""), function_names)
+                recipient = _recipient(function.get("name"), function_names,
+                                       f"messages[{i}].tool_calls[{j}].function.name")
                 message = (Message.from_role_and_content(Role.ASSISTANT, _arguments(function.get("arguments", "")))
                            .with_channel("commentary").with_recipient(recipient))
                 if recipient.startswith("functions."):
@@ -110,7 +114,8 @@ def chat_conversation(messages: list[dict], tools: list[dict] | None = None, rea
         elif role == "tool":
             recipient = call_names.get(m.get("tool_call_id") or "")
             if recipient is None:
-                recipient = _recipient(m["name"], function_names) if m.get("name") else last_recipient
+                recipient = (_recipient(m["name"], function_names, f"messages[{i}].name") if m.get("name")
+                             else last_recipient)
             out.append(Message.from_author_and_content(Author.new(Role.TOOL, recipient or "functions.unknown"),
                                                        text_of(m.get("content")))
                        .with_recipient("assistant").with_channel("commentary"))
