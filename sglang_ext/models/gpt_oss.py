@@ -124,8 +124,8 @@ def _head_block_shards(config, tp: _TP, fp8: bool):
         kv = BlockShard(kv.full, kv.lo, kv.hi, 0, kv.cuts_aligned)
     elif not q.cuts_aligned:
         raise NotImplementedError(
-            f"FP8 o_proj shards at attention TP {tp.attn_size} cut a 128-block of {q.full} columns: each rank would need the "
-            "others' activation scales (sglang_ext.layers.parallel.fp8_row_parallel_linear); use a TP size whose "
+            f"FP8 o_proj shards at attention TP {tp.attn_size} cut a 128-block of {q.full} columns: each rank "
+            "would need the others' activation scales (sglang_ext.layers.parallel.fp8_row_parallel_linear); use a TP size whose "
             "head shards are 128-aligned")
     return heads, q, kv
 
@@ -257,10 +257,10 @@ class GptOssMLP(nn.Module):
 
     def _forward_dp_attention(self, x, forward_batch):
         """x: this DP group's tokens. Every rank's experts shard sees every DP group's tokens: gathered
-        (SGLang's dp_gather_replicate into its global buffer: one attention-TP rank a group places its
-        rows, the TP all-reduce fills the rest), this rank's partial MoE over them, the TP all-reduce (+ the
-        mlp2 bias once), then this group's rows back (dp_scatter). A group with no tokens (an idle batch)
-        still joins each collective."""
+        (SGLang's dp_gather_replicate into its global buffer: one attention-TP rank of each group places its
+        rows, then a TP all-reduce or all-gather, SGLang's choice by padding mode), this rank's partial MoE over
+        them, the TP all-reduce (+ the mlp2 bias once), then this group's rows back (dp_scatter). A group with
+        no tokens (an idle batch) still joins each collective."""
         from sglang.srt.layers.dp_attention import dp_gather_replicate, dp_scatter, get_global_dp_buffer
         from sglang.srt.runtime_context import get_parallel
 
