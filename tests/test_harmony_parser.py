@@ -499,3 +499,36 @@ def test_vocab_found_offline(source, no_vocab_anywhere, vocab_dir, tiny_checkpoi
     with open(os.path.join(found, O200K_FILE), "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == O200K_SHA256
     assert os.environ["TIKTOKEN_ENCODINGS_BASE"] in (found, vocab_dir)
+
+
+def test_bounded_encoding_keeps_special_tokens_and_text():
+    """encode_bounded: what the text-only parsers (/parse_function_call, /separate_reasoning) encode. Equal to
+    openai-harmony's encode up to BOUNDED_PIECE_CHARS, and beyond it the same special tokens at the same text
+    positions and the same decoded text (openai-harmony alone took 2.1 s for 80k "{", quadratic in a run)."""
+    from sglang_ext.harmony.encoding import BOUNDED_PIECE_CHARS, encode_bounded
+
+    short = "hello <|start|>assistant<|channel|>final<|message|> w\U0001F600rld"
+    assert encode_bounded(enc(), short) == enc().encode(short, allowed_special="all")
+    rng = random.Random(5)
+    words = ["{", "}", "<|channel|>", "<|message|>", "ab", " ", "\U0001F600", "é", "<|call|>", "<|end"]
+    for long in ["<|channel|>commentary to=functions.f<|message|>" + "{" * (5 * BOUNDED_PIECE_CHARS + 3),
+                 "".join(rng.choice(words) for _ in range(4 * BOUNDED_PIECE_CHARS))]:
+        for allowed in ("all", set()):
+            got = encode_bounded(enc(), long, allowed_special=allowed)
+            want = enc().encode(long, allowed_special=allowed) if allowed else enc().encode(long, disallowed_special=())
+            specials = [t for t in got if enc().is_special_token(t)]
+            assert enc().decode(got) == long
+            assert specials == [t for t in want if enc().is_special_token(t)]
+            assert bool(specials) == (allowed == "all")
+
+
+def test_a_call_with_a_very_long_argument_text_is_parsed_whole():
+    from sglang.srt.entrypoints.openai.protocol import Function, Tool
+
+    from sglang_ext.harmony.detectors import HarmonyToolCallDetector
+
+    tools = [Tool(type="function", function=Function(name="f", parameters={"type": "object"}))]
+    args = "{" * 60000
+    text = f"<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{args}<|call|>"
+    calls = HarmonyToolCallDetector().detect_and_parse(text, tools).calls
+    assert [(c.name, c.parameters) for c in calls] == [("f", args)]

@@ -31,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from sglang_ext.harmony.encoding import (CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START,
+from sglang_ext.harmony.encoding import (CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START, encode_bounded,
                                          harmony_encoding)
 
 STOP_NAMES = {END: "end", RETURN: "return", CALL: "call"}
@@ -564,7 +564,7 @@ class _Utf8Guard:
 
     def _emit_text(self, text: str) -> None:
         if text:
-            self._p._forward_content(self._p._enc.encode(text, disallowed_special=()))
+            self._p._forward_content(encode_bounded(self._p._enc, text, allowed_special=set()))
 
 
 def _split_glued(word: str, known: tuple[str, ...]) -> tuple[str, str]:

@@ -103,8 +103,9 @@ class OpenAIHarmonyStream:
     def feed_text(self, text: str) -> None:
         """For callers that only have text (special tokens spelled out): encode, then feed."""
         if text:
-            enc = self.parser._enc
-            self.feed(enc.encode(text, allowed_special="all"))
+            from sglang_ext.harmony.encoding import encode_bounded
+
+            self.feed(encode_bounded(self.parser._enc, text, allowed_special="all"))
 
     def finish(self) -> None:
         self._route(self.parser.finish())
