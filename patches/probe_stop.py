@@ -125,10 +125,52 @@ def _bad_spec_finish(message: str):
     return FINISH_ABORT(message=message, status_code=None, err_type="BadRequestError")
 
 
-def _check_batch(processor, batch, result, *args, **kwargs):
+class _AgreedRows(list):
+    """Score rows that every scheduler of the request group holds (`agreed_score_rows`)."""
+
+
+def _request_group():
+    """SGLang's group of schedulers that run the same requests (the TP group, or one DP group's attention-TP
+    ranks), where it has more than one rank and the probe is on; else None."""
+    from sglang_ext.patches.probe_ckpt_flag import ENV_VAR as PROBE_ENV
+
+    if not os.environ.get(PROBE_ENV):
+        return None
+    try:
+        from sglang.srt.layers.dp_attention import get_dp_tp_group
+
+        group = get_dp_tp_group()
+    except Exception:  # noqa: BLE001 - no groups (one process, tests)
+        return None
+    return group if group.world_size > 1 else None
+
+
+def agreed_score_rows(result):
+    """This batch result's probe score rows, the same on every scheduler of the request group.
+
+    Only the group's first rank runs the probe (models/gpt_oss.py), but every rank's scheduler decides for
+    itself which requests finish. A guard stop or a fail-closed NaN finish taken on the first rank alone left
+    the others running the request, their batches diverged, and the server hung at the next collective
+    (--tp 2, seen on this CPU). So the first rank broadcasts its rows over the group's CPU group, once per
+    result (the rows are then marked), and every rank decides on the same rows."""
     logits_output = getattr(result, "logits_output", None)
     info = getattr(logits_output, "customized_info", None) if logits_output is not None else None
     rows = info.get(SCORES_KEY) if info else None
+    if isinstance(rows, _AgreedRows):
+        return rows
+    group = _request_group()
+    if group is None or logits_output is None:
+        return rows
+    rows = group.broadcast_object(list(rows) if rows and group.rank_in_group == 0 else None, src=0)
+    if rows:
+        if logits_output.customized_info is None:
+            logits_output.customized_info = {}
+        rows = logits_output.customized_info[SCORES_KEY] = _AgreedRows(rows)
+    return rows
+
+
+def _check_batch(processor, batch, result, *args, **kwargs):
+    rows = agreed_score_rows(result)
     if not rows:
         return
     server = _server_thresholds()

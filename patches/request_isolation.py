@@ -614,11 +614,9 @@ def _score_or_nan(original, runtime, forward_batch, *args, **kwargs):
 def _finish_unscored(processor, batch, result, *args, **kwargs):
     # Every step, not only after a raise: NaN scores from the numerics (or a replayed graph) must
     # not let a guarded request run on unscored. Cost: one pass over the rows SGLang already holds.
-    from sglang_ext.probe import SCORES_KEY
+    from sglang_ext.patches.probe_stop import agreed_score_rows
 
-    logits_output = getattr(result, "logits_output", None)
-    info = getattr(logits_output, "customized_info", None) if logits_output is not None else None
-    rows = info.get(SCORES_KEY) if info else None
+    rows = agreed_score_rows(result)  # every scheduler of a TP / DP-attention group finishes the same requests
     if not rows:
         return
     unscored = [req for req, row in zip(batch.reqs, rows)

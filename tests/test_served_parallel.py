@@ -53,9 +53,11 @@ def want_tokens(tiny_checkpoints, prompts):
     return [hf_greedy(model, p, n=NEW_TOKENS) for p in prompts]
 
 
-def generate(url, ids):
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}
-    r = requests.post(url + "/generate", json=body, timeout=900)
+def generate(url, ids, probe_stop=None):
+    sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+    if probe_stop is not None:
+        sampling["custom_params"] = {"probe_stop": probe_stop}
+    r = requests.post(url + "/generate", json={"input_ids": ids, "sampling_params": sampling}, timeout=300)
     r.raise_for_status()
     return r.json()
 
@@ -71,6 +73,12 @@ def test_sharded_server_serves_transformers_tokens_and_reference_scores(config, 
         # request is done, or not yet scheduled, runs idle batches beside the other's.
         with ThreadPoolExecutor(len(prompts)) as pool:
             outs = list(pool.map(lambda p: generate(srv.url, p), prompts))
+        # The guard stops a request on the probe's rank; every rank of its group must stop it too (a stop on
+        # the first rank alone left the others running it, and the server hung: patches/probe_stop.py).
+        guarded = generate(srv.url, prompts[1], probe_stop={"label_3": 0.0})
+        after = generate(srv.url, prompts[1])
+    assert guarded["meta_info"]["finish_reason"]["type"] == "content_filter" and len(guarded["output_ids"]) == 1
+    assert after["output_ids"] == want_tokens[1]
     for prompt, out, want_ids in zip(prompts, outs, want_tokens):
         assert out["output_ids"] == want_ids, len(prompt)
         labels, want = reference_scores(tiny_checkpoints["fp32"], tiny_probe, prompt, out["output_ids"])
