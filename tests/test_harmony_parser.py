@@ -509,6 +509,8 @@ def test_bounded_encoding_keeps_special_tokens_and_text():
 
     short = "hello <|start|>assistant<|channel|>final<|message|> w\U0001F600rld"
     assert encode_bounded(enc(), short) == enc().encode(short, allowed_special="all")
+    # special-token text encoded as ordinary text where none is allowed (the parser's held-text path)
+    assert encode_bounded(enc(), short, allowed_special=set()) == enc().encode(short, disallowed_special=())
     rng = random.Random(5)
     words = ["{", "}", "<|channel|>", "<|message|>", "ab", " ", "\U0001F600", "é", "<|call|>", "<|end"]
     for long in ["<|channel|>commentary to=functions.f<|message|>" + "{" * (5 * BOUNDED_PIECE_CHARS + 3),

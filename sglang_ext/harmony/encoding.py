@@ -93,7 +93,9 @@ def encode_bounded(enc, text: str, allowed_special: str | set = "all") -> list[i
     differ (BPE merges do not cross a cut). For parsers, which read structure from the special tokens and
     content as decoded text; never for a prompt the model reads."""
     if len(text) <= BOUNDED_PIECE_CHARS:
-        return enc.encode(text, allowed_special=allowed_special)
+        if allowed_special == "all":
+            return enc.encode(text, allowed_special="all")
+        return enc.encode(text, allowed_special=set(allowed_special), disallowed_special=())
     import re
 
     specials = enc.special_tokens_set if allowed_special == "all" else set(allowed_special)
