@@ -242,7 +242,8 @@ EMPTY_MEANS_NONE = ("modalities",)  # GenerateReqInput.__getitem__: `self.modali
 def check_batch_lengths(result, obj, *args, **kwargs):
     rid = getattr(obj, "rid", None)
     if getattr(obj, "is_single", True) and rid is not None and not isinstance(rid, str):
-        # a list on one /generate request was a 500 (unhashable, in the tokenizer manager's state table)
+        # A list on one request (native, chat or completion: all pass here) was a 500: unhashable, in the
+        # tokenizer manager's state table.
         raise RequestRejected(f"rid of one request must be a string, got {type(rid).__name__}")
     if getattr(obj, "is_single", True) or not isinstance(rid, list):
         return result
@@ -687,8 +688,6 @@ def check_chat_request(result, serving, request, *args, **kwargs):
     if taken:
         return (f"chat_template_kwargs may not set {taken}: the endpoint passes them itself (messages, tools "
                 "and the generation prompt come from the request's own fields)")
-    if isinstance(getattr(request, "rid", None), list):
-        return "rid of a chat completion must be a string (one request)"  # a list was a 500 (unhashable)
     top = getattr(request, "top_logprobs", None)
     if _is_int(top) and top > OPENAI_TOP_LOGPROBS_MAX:
         return f"top_logprobs must be at most {OPENAI_TOP_LOGPROBS_MAX}, got {top}"
@@ -711,11 +710,10 @@ def check_completion_request(result, serving, request, *args, **kwargs):
     if choices:
         return choices
     rid, prompt = getattr(request, "rid", None), getattr(request, "prompt", None)
-    if isinstance(rid, list):
-        # A list of rids names the requests of a batch of prompts, one each (else a 500: unhashable)
-        batch = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else None
-        if batch is None:
-            return "rid of a single prompt must be a string"
+    # A list of rids names the requests of a batch of prompts, one each (else a 500: unhashable). A list on
+    # one prompt is refused where every endpoint's request is normalised (check_batch_lengths).
+    batch = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else None
+    if isinstance(rid, list) and batch is not None:
         if len(rid) != batch or not all(isinstance(r, str) for r in rid):
             return f"rid must be a string, or a list of strings with one per prompt: {batch} prompts, {len(rid)} rids"
     return None

@@ -159,9 +159,8 @@ class SinkAttnBackend(AttentionBackend):
         # Padded rows attend to one key (slot of position 0 of request row 0): finite, discarded.
         return 1
 
-    def get_cpu_graph_seq_len_fill_value(self):
-        # The same on a CPU, where SGLang pads a DP-attention group's batch to the other groups' size.
-        return 1
+    # The same on a CPU, where SGLang pads a DP-attention group's batch to the other groups' size.
+    get_cpu_graph_seq_len_fill_value = get_cuda_graph_seq_len_fill_value
 
     # -- forward --------------------------------------------------------------
     # gpt-oss may hand q and k over unrotated with `rope_cos_sin=` rows: RoPE then runs here, in

@@ -450,9 +450,9 @@ UPSTREAM_500S = {
         "chat_template_kwargs": {"add_generation_prompt": False}}, "may not set ['add_generation_prompt']"),
     "chat_rid_list": ("/v1/chat/completions", {
         "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "rid": ["a", "b"]},
-        "rid of a chat completion must be a string"),
+        "rid of one request must be a string"),
     "completion_rid_list_for_one_prompt": ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 4,
-                                                               "rid": ["a"]}, "rid of a single prompt"),
+                                                               "rid": ["a"]}, "rid of one request must be a string"),
     "stop_profile_without_a_profile": ("/stop_profile", {}, "not in progress"),
     "responses_tool_output_without_call_id": ("/v1/responses", {"input": [
         {"type": "function_call_output", "output": "x"}], "max_output_tokens": 8}, "needs the call_id"),
