@@ -5,7 +5,10 @@ names every tool result after the latest call, and re-serialises arguments and r
 ``|tojson``; a multi-turn agent loop then shows the model a history it never wrote
 (``sglang_ext.harmony.chat_render`` has the details). Requests whose messages carry tool calls
 or tool results are rendered by openai-harmony instead; all others keep the template, so
-plain chats are unchanged.
+plain chats are unchanged. A function tool without a description (valid OpenAI input) gets an empty
+one, as if the client had sent "": the official template concatenates the description into a comment
+line and failed on None, and upstream's retry answered a 400 reading "'dict object' has no attribute
+'function'".
 
 Target
   - ``OpenAIServingChat._encode_messages`` (AROUND): SGLang's hook for custom renderers ("Returns
@@ -23,6 +26,9 @@ def _render_with_harmony(original, self, messages, request, thinking_mode, tools
     from sglang_ext.harmony.chat_render import has_tool_history, render_chat_for_completion
     from sglang_ext.patches.harmony_parsers import uses_harmony_parsers
 
+    if getattr(self, "is_gpt_oss", False):
+        # the caller renders these same dicts with the template after this hook returns None
+        _fill_missing_descriptions(tools)
     if (not getattr(self, "is_gpt_oss", False) or self._encoding_adapter is not None
             or self.chat_encoding_spec is not None or request.continue_final_message
             or request._format_add_generation_prompt is False or not uses_harmony_parsers(self)):
@@ -41,6 +47,13 @@ def _render_with_harmony(original, self, messages, request, thinking_mode, tools
     return render_chat_for_completion(
         raw, tools, reasoning_effort=request.reasoning_effort, builtin_tools=tuple(builtin_tools),
         model_identity=identity)
+
+
+def _fill_missing_descriptions(tools) -> None:
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("description") is None:
+            function["description"] = ""
 
 
 def register() -> None:

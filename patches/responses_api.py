@@ -201,6 +201,7 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
     try:
         check_extras(record.extras)
         check_input_items(getattr(request, "input", None))
+        check_max_output_tokens(getattr(request, "max_output_tokens", None))
     except ValueError as e:  # before any byte of a stream: one 400 naming the problem
         return self.create_error_response(str(e))
     token = _current.set(record)  # a background task started inside inherits it
@@ -255,6 +256,23 @@ def check_input_items(items) -> None:
         if kind in ("function_call", "custom_tool_call") and not (isinstance(fields.get("name"), str)
                                                                     and fields["name"]):
             raise RequestRejected(f"input[{position}]: a {kind} item needs the name of the tool it calls")
+        if kind in TOOL_OUTPUT_ITEMS:
+            # upstream renders text or a list of text parts; anything else reached openai-harmony and came
+            # back as a 400 reading " None" (session 24's fuzz round)
+            output = fields.get("output", "")
+            if not isinstance(output, str) and not (
+                    isinstance(output, list) and all(isinstance(part, dict) for part in output)):
+                raise RequestRejected(f"input[{position}]: a {kind} item's output must be text or a list of content "
+                                      f"parts (objects), got {type(output).__name__}")
+
+
+def check_max_output_tokens(value) -> None:
+    """Upstream keeps two tokens of `max_output_tokens` as headroom, so 0 came back as "max_new_tokens must be
+    at least 0, got -2" (a field the client never sent); refused here in the client's own terms."""
+    from sglang_ext.patches.request_isolation import RequestRejected
+
+    if value is not None and value < 1:
+        raise RequestRejected(f"max_output_tokens must be at least 1, got {value}")
 
 
 def check_extras(extras: dict) -> None:
@@ -279,6 +297,10 @@ def check_extras(extras: dict) -> None:
 
 def _sampling_params_with_extras(original, self, *args, **kwargs):
     params = original(self, *args, **kwargs)
+    budget = params.get("max_new_tokens") if isinstance(params, dict) else None
+    if budget is not None and budget < 1 and (self.max_output_tokens or 0) >= 1:
+        # max_output_tokens 1 or 2, less upstream's 2 tokens of headroom: one token, not a refusal
+        params["max_new_tokens"] = 1
     record = _current.get()
     custom = record.extras.get("custom_params") if record is not None and record.rid == self.request_id else None
     if custom is not None and isinstance(params, dict):

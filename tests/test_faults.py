@@ -499,6 +499,44 @@ def test_requests_upstream_answered_500_get_400(unharmed, case):
     assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
 
 
+# Upstream 400s whose message named something the client never sent (session 24's fuzz round).
+MISLEADING_400S = {
+    # was " None" (openai-harmony's NotImplementedError on a dict output)
+    "responses_tool_output_object": ("/v1/responses", {"input": [
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": {"a": 1}}], "max_output_tokens": 8},
+        "input[1]: a function_call_output item's output must be text or a list of content parts"),
+    # was "max_new_tokens must be at least 0, got -2"
+    "responses_max_output_tokens_zero": ("/v1/responses", {"input": "hi", "max_output_tokens": 0},
+                                         "max_output_tokens must be at least 1, got 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISLEADING_400S))
+def test_bad_requests_get_a_400_in_the_clients_terms(unharmed, case):
+    path, body, message = MISLEADING_400S[case]
+    r = post(unharmed.url, path, body)
+    assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
+
+
+def test_requests_upstream_refused_by_mistake_are_served(unharmed):
+    """A function tool without a description is valid OpenAI input; upstream answered 400 "'dict object' has no
+    attribute 'function'" (the gpt-oss template concatenates the description). It is served as if the
+    description were "": the same prompt and tokens. max_output_tokens 1 or 2 (less upstream's 2 tokens of
+    headroom) was refused the same way as 0; it now gets one token."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    chat = {"model": "default", "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
+    missing = post(unharmed.url, "/v1/chat/completions", {**chat, "tools": [tool]})
+    tool["function"]["description"] = ""
+    empty = post(unharmed.url, "/v1/chat/completions", {**chat, "tools": [tool]})
+    assert missing.status_code == empty.status_code == 200, (missing.text[:300], empty.text[:300])
+    assert missing.json()["usage"] == empty.json()["usage"]
+    assert missing.json()["choices"][0]["message"] == empty.json()["choices"][0]["message"]
+    for budget in (1, 2):
+        r = post(unharmed.url, "/v1/responses", {"input": "hi", "max_output_tokens": budget})
+        assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 1, r.text[:300]
+
+
 def test_the_checks_behind_those_400s_pass_good_requests(unharmed):
     r = post(unharmed.url, "/generate", {"text": ["a", "b"], "return_logprob": [True, False],
                                          "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 3}]})
