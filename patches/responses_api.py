@@ -196,6 +196,14 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
     rid = getattr(request, "request_id", None)
     if not isinstance(rid, str):
         return await original(self, request, *args, **kwargs)
+    if getattr(self, "enable_response_store", False) and getattr(request, "store", False):
+        # upstream stored the new response over the old one under the same id, so the first was lost to
+        # retrieval and to previous_response_id chains (session 24's fuzz round)
+        async with self.response_store_lock:
+            taken = rid in self.response_store
+        if taken:
+            return self.create_error_response(f"request_id {rid!r} already names a stored response; send a new "
+                                              "request_id, or none to have one made")
     raw_request = args[0] if args else kwargs.get("raw_request")
     record = ResponseRecord(rid, await request_extras(raw_request) if raw_request is not None else None)
     try:

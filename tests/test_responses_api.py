@@ -303,3 +303,31 @@ def test_non_streamed_scores_keep_the_response_type(kind):
     assert got == want
     no_probe = openai_probe_scores._response_with_scores(lambda *a, **k: plain, None, None, [{"meta_info": {}}], 0)
     assert no_probe is plain
+
+
+def test_a_request_id_that_names_a_stored_response_is_refused():
+    """With the response store on, upstream stored a second response with a reused request_id over the first;
+    it is a 400 now, before anything runs. A new id, or store=False, runs as before."""
+    class Request:
+        model = "m"
+        store = True
+
+    class Serving:
+        enable_response_store = True
+        response_store = {"resp_old": object()}
+        response_store_lock = asyncio.Lock()
+
+        def create_error_response(self, message):
+            return ("400", message)
+
+    async def create(serving, request):
+        return "ran"
+
+    request = Request()
+    for rid, store, want in (("resp_old", True, "400"), ("resp_new", True, "ran"), ("resp_old", False, "ran")):
+        request.request_id, request.store = rid, store
+        got = asyncio.run(responses_api._create_responses_with_scores(create, Serving(), request))
+        if want == "400":
+            assert got[0] == "400" and "'resp_old' already names a stored response" in got[1], got
+        else:
+            assert got == want
