@@ -24,6 +24,7 @@ request-to-slot table, so the attention kernels see SGLang's paged layout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -358,7 +359,8 @@ class ModelStep:
             self.probe.runtime.layers_done()
         h = h + pending
         x = rms_norm(h[last.long()], self.final_norm, d.rms_eps)
-        logits = fp8_lm_head_logits(x, *self.lm_head_fp8) if self.fp8_lm_head else F.linear(x, self.lm_head)
+        with self.probe.runtime.beside_head() if self.probe is not None else contextlib.nullcontext():
+            logits = fp8_lm_head_logits(x, *self.lm_head_fp8) if self.fp8_lm_head else F.linear(x, self.lm_head)
         if self.probe is not None:
             self.probe.step(out_full, seq_lens, last)
         return logits

@@ -132,6 +132,8 @@
 #   bash benchmarks/run_h200.sh host23    # (one GPU) eager prefill on the host (enqueue, graph, blocking calls) per MoE row
 #   bash benchmarks/run_h200.sh decode23  # (one GPU) TP1 decode rows with the probe pair: 20b batch 1..128, 120b batch 1 / 8
 #   bash benchmarks/run_h200.sh probe23   # (one GPU) the probe's step at 20b batch 32 / 128: overhead and last kernels
+#   bash benchmarks/run_h200.sh carve25   # (one GPU) the probe beside an LM head with 8 / 16 SMs carved out; 20b b8 profile
+#   bash benchmarks/run_h200.sh carve25b  # (one GPU) the same with the head through cuBLASLt (16 / 32 SMs)
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
 #                                         # beside ours: the dense GEMM, the 120b MoE layer's variants (ran in session 23)
 #   bash benchmarks/run_h200.sh gluon22t  # (one GPU) their gpu tests, the 20b MoE layer's variants (tests ran in ab23; 20b variants not run: 120b lost)
@@ -1184,6 +1186,20 @@ probe23)  # one GPU (session 23): where the probe's step goes at the batches dec
          # (32: 0.26, 64 / 128: 0.32 %): the step's launch variants and the last kernels of one replay
     step diag_probe_variants_b32_128 240 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 32,128 \
         --rounds 100 --probe-variants positions,chain --stem diag_probe_variants_b32_128
+    ;;
+carve25)  # one GPU (session 25): the probe's step beside an LM head that leaves 8 / 16 SMs to it (torch's SM
+          # carveout on the head's cuBLAS GEMM), 20b batch 32 / 128; then a fresh 20b batch-8 kernel profile (69 % of
+          # copy bandwidth in session 23, target 70)
+    step carveout_api 30 python -c "import torch; print(torch.__version__, hasattr(torch._C, '_set_sm_carveout_experimental'))"
+    step diag_probe_carveout 240 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 32,128 \
+        --rounds 80 --probe-variants positions,carve8,carve16 --stem diag_probe_carveout
+    step bench_decode_20b_b8_profile_s25 100 python benchmarks/bench_decode.py --models 20b --batches 8 \
+        --contexts 8192 --configs 1:1:1 --no-probe --profile --out "$R" --stem bench_decode_20b_b8_profile_s25
+    ;;
+carve25b)  # one GPU (session 25): carve25's carveout did not reach the head's cuBLAS kernel (same kernel, same
+           # time, the tail still after it); again with the head through cuBLASLt, whose SM-count target it sets
+    step diag_probe_carveout_lt 200 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 128,32 \
+        --rounds 80 --probe-variants positions,carve16lt,carve32lt --stem diag_probe_carveout_lt
     ;;
 gluon22)  # one GPU (prepared in sessions 20-21, not run; run first): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
           # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1) beside ours at
