@@ -285,8 +285,9 @@ class ProbeRuntime:
 
     @contextlib.contextmanager
     def beside_head(self):
-        """Around the LM head: while this step's probe runs on the side stream, the head's cuBLAS GEMMs are
-        launched with `head_carveout` SMs left free (torch's SM carveout; graphs keep the captured grid)."""
+        """Around the LM head: while this step's probe runs on the side stream, the head's GEMM is launched
+        with `head_carveout` SMs left free (torch's SM carveout, which cuBLAS ignores and cuBLASLt honours:
+        `head_carveout_lt` routes the head there; graphs keep the captured grid)."""
         carve = self.head_carveout if self._early is not None else 0
         if not carve:
             yield
