@@ -45,6 +45,10 @@ Targets
   - `StreamingHarmonyContext.append_output` (AROUND): prompt, cached and output tokens, the
     output tokens counted as the tokens its parser was fed; after a tool's message the next
     turn's cumulative outputs are read from their start.
+  - `harmony_utils.render_for_completion` (AROUND): the prompt's tokens in time linear in its text
+    (`sglang_ext.harmony.encoding.render_for_completion_linear`, the same tokens): openai-harmony's
+    BPE took 36 s over a 300k-character run of punctuation in one input item, with the server's
+    tokenizer held all that time.
 Without `--probe-ckpt`, meta_info has no scores and nothing is added.
 """
 
@@ -370,7 +374,18 @@ def _streaming_append_with_usage(original, self, output, *args, **kwargs):
     return result
 
 
+def _render_linear(original, messages):
+    from openai_harmony import Conversation, Role
+    from sglang.srt.entrypoints.harmony_utils import get_encoding
+
+    from sglang_ext.harmony.encoding import render_for_completion_linear
+
+    return render_for_completion_linear(get_encoding(), Conversation.from_messages(messages), Role.ASSISTANT)
+
+
 def register() -> None:
+    HookRegistry.register("sglang.srt.entrypoints.harmony_utils.render_for_completion", _render_linear,
+                          HookType.AROUND)
     responses = "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses"
     context = "sglang.srt.entrypoints.context"
     HookRegistry.register(f"{responses}.create_responses", _create_responses_with_scores, HookType.AROUND)

@@ -22,7 +22,7 @@ import json
 from openai_harmony import (Author, Conversation, DeveloperContent, Message, ReasoningEffort, Role,
                             SystemContent, ToolDescription)
 
-from sglang_ext.harmony.encoding import harmony_encoding
+from sglang_ext.harmony.encoding import harmony_encoding, render_for_completion_linear
 
 BUILTIN_NAMESPACES = ("browser", "python", "container")
 
@@ -124,5 +124,5 @@ def chat_conversation(messages: list[dict], tools: list[dict] | None = None, rea
 
 def render_chat_for_completion(messages: list[dict], tools: list[dict] | None = None, **kwargs) -> list[int]:
     """Prompt token ids ending in ``<|start|>assistant``, for the model to continue."""
-    return list(harmony_encoding().render_conversation_for_completion(
-        chat_conversation(messages, tools, **kwargs), Role.ASSISTANT))
+    return render_for_completion_linear(harmony_encoding(), chat_conversation(messages, tools, **kwargs),
+                                        Role.ASSISTANT)
