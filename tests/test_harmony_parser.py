@@ -554,8 +554,8 @@ def test_linear_rendering_gives_harmonys_tokens(monkeypatch):
     """render_for_completion_linear (our tool-history chat prompts, upstream's /v1/responses prompts) against
     openai-harmony's own rendering: every content is spliced here (threshold 8 characters), over random
     conversations of every role and channel, dropped analysis messages, special-token text and emoji in
-    contents; then a user text that is itself a splice marker (found twice: harmony's rendering is taken);
-    then a 20k-character tool result at the real threshold. (Time: 300k characters of "!" 0.09 s, harmony's
+    contents; then a client's text posing as a marker beside a dropped analysis message, and a lone surrogate
+    (harmony's error); then a 20k-character tool result at the real threshold. (Time: 300k characters of "!" 0.09 s, harmony's
     own rendering quadratic, 2.6 s at 80k, on this project's CPU.)"""
     import sglang_ext.harmony.encoding as encoding
 
@@ -569,12 +569,22 @@ def test_linear_rendering_gives_harmonys_tokens(monkeypatch):
         conversation = _conversation(rng, text)
         want = list(enc().render_conversation_for_completion(conversation, Role.ASSISTANT))
         assert encoding.render_for_completion_linear(enc(), conversation, Role.ASSISTANT) == want
-    marker = encoding._SPLICE_MARKER.format(0)
-    monkeypatch.setattr(encoding, "SPLICE_MIN_CHARS", len(marker) + 1)  # the user's marker text stays as it is
-    for clash in ([marker, "x" * 40], ["x" * 40, marker]):
-        conversation = Conversation.from_messages([Message.from_role_and_content(Role.USER, t) for t in clash])
+    # Marker text from a client (the fixed marker of the first version): with a dropped analysis message, it
+    # was found once, in the user's message, and the analysis text spliced there (found by a review).
+    monkeypatch.setattr(encoding, "SPLICE_MIN_CHARS", 50)  # the client's texts stay as they are
+    for user_text in ("\u00a7sglang-ext-splice-0\u00a7", encoding._SPLICE_MARKER.format("0" * 16, 0)):
+        conversation = Conversation.from_messages([
+            Message.from_role_and_content(Role.USER, user_text),
+            Message.from_role_and_content(Role.ASSISTANT, "x" * 60).with_channel("analysis"),
+            Message.from_role_and_content(Role.ASSISTANT, "fin").with_channel("final")])
         want = list(enc().render_conversation_for_completion(conversation, Role.ASSISTANT))
         assert encoding.render_for_completion_linear(enc(), conversation, Role.ASSISTANT) == want
+    # a lone surrogate: harmony refuses the conversation, and so does this (tiktoken would have replaced it)
+    bad = Conversation.from_messages([Message.from_role_and_content(Role.USER, "a" * 60 + "\udc80")])
+    with pytest.raises(ValueError):
+        enc().render_conversation_for_completion(bad, Role.ASSISTANT)
+    with pytest.raises(ValueError):
+        encoding.render_for_completion_linear(enc(), bad, Role.ASSISTANT)
     monkeypatch.undo()
     tool_result = Message.from_author_and_content(Author.new(Role.TOOL, "functions.f"), "!" * 20000)
     conversation = Conversation.from_messages([Message.from_role_and_content(Role.USER, "hi"),

@@ -117,7 +117,7 @@ def encode_bounded(enc, text: str, allowed_special: str | set = "all") -> list[i
 
 # Text contents at least this long are encoded by tiktoken and spliced into openai-harmony's rendering.
 SPLICE_MIN_CHARS = 2048
-_SPLICE_MARKER = "\u00a7sglang-ext-splice-{}\u00a7"
+_SPLICE_MARKER = "\u00a7sglang-ext-splice-{}-{}\u00a7"  # (this call's nonce, the text's index)
 _MESSAGE_TOKEN = "<|message|>"
 
 
@@ -135,52 +135,64 @@ def render_for_completion_linear(encoding, conversation, next_role) -> list[int]
     36 s for a 300k-character tool result, the server's tokenizer held all that time); tiktoken's is linear
     and its o200k tokens are harmony's for ordinary text. A message's content sits between ``<|message|>``
     and a special token, so harmony encodes it alone, as ordinary text (special tokens' text included). So a
-    message whose one content is text of SPLICE_MIN_CHARS or more is rendered with a marker instead, and the
-    marker's tokens are replaced by tiktoken's tokens of the text. Anything unexpected (a marker found other
-    than once right after ``<|message|>`` and before a special token, or missing from a message harmony does
-    not drop) falls back to harmony's own rendering."""
+    message whose one content is text of SPLICE_MIN_CHARS or more is rendered with a marker instead (a
+    random nonce in it, so that no client text can pose as one), and the marker's tokens are replaced by
+    tiktoken's tokens of the text. Anything unexpected (a marker found twice, or missing from a message
+    harmony does not drop; text that is not valid Unicode, which harmony refuses) falls back to harmony's
+    own rendering."""
+    import secrets
+
     from openai_harmony import Conversation, TextContent
 
-    texts, messages = [], []
+    nonce = secrets.token_hex(8)
+    markers, texts, owners, messages = [], [], [], []
     for message in conversation.messages:
         content = message.content
         if len(content) == 1 and isinstance(content[0], TextContent) and len(content[0].text) >= SPLICE_MIN_CHARS:
+            markers.append(_SPLICE_MARKER.format(nonce, len(texts)))
             texts.append(content[0].text)
-            message = message.model_copy(update={"content": [TextContent(text=_SPLICE_MARKER.format(len(texts) - 1))]})
+            owners.append(message)
+            message = message.model_copy(update={"content": [TextContent(text=markers[-1])]})
         messages.append(message)
     if not texts:
         return list(encoding.render_conversation_for_completion(conversation, next_role))
     try:
+        for text in texts:
+            text.encode("utf-8")  # a lone surrogate: harmony raises its own error
         rendered = list(encoding.render_conversation_for_completion(Conversation.from_messages(messages), next_role))
-        spliced = _splice(encoding, rendered, messages, texts)
-    except Exception:  # noqa: BLE001 - e.g. text tiktoken cannot encode: harmony decides
+        spliced = _splice(encoding, rendered, markers, texts, owners)
+    except Exception:  # noqa: BLE001 - harmony decides (and raises where it would)
         spliced = None
     if spliced is None:
         return list(encoding.render_conversation_for_completion(conversation, next_role))
     return spliced
 
 
-def _splice(encoding, rendered: list[int], messages, texts: list[str]) -> list[int] | None:
+def _splice(encoding, rendered: list[int], markers: list[str], texts: list[str], owners) -> list[int] | None:
+    """One pass over the rendered tokens: each ``<|message|>`` content whose tokens are a marker's."""
     message_id = encoding.encode(_MESSAGE_TOKEN, allowed_special="all")[0]
-    o200k = _o200k()
-    replacements = {}  # start index of a marker's tokens -> (its length, the text's tokens)
-    for i, text in enumerate(texts):
-        marker = encoding.encode(_SPLICE_MARKER.format(i), disallowed_special=())
-        n = len(marker)
-        found = [j for j in range(1, len(rendered) - n) if rendered[j:j + n] == marker]
-        if len(found) > 1 or not all(rendered[j - 1] == message_id and encoding.is_special_token(rendered[j + n])
-                                     for j in found):
-            return None
-        if not found:
-            owner = next(m for m in messages if m.content[0].text == _SPLICE_MARKER.format(i))
-            if not (owner.author.role.value == "assistant" and owner.channel == "analysis"):
-                return None  # only an analysis message may be dropped (harmony drops those before a final)
+    index = {tuple(encoding.encode(m, disallowed_special=())): i for i, m in enumerate(markers)}
+    found = {}  # marker index -> (start, end) of its tokens
+    j, n = 0, len(rendered)
+    while j < n:
+        if rendered[j] != message_id:
+            j += 1
             continue
-        replacements[found[0]] = (n, o200k.encode(text, allowed_special=set(), disallowed_special=()))
+        k = j + 1
+        while k < n and not encoding.is_special_token(rendered[k]):
+            k += 1
+        i = index.get(tuple(rendered[j + 1:k]))
+        if i is not None:
+            if i in found:
+                return None
+            found[i] = (j + 1, k)
+        j = k
+    for i, owner in enumerate(owners):
+        if i not in found and not (owner.author.role.value == "assistant" and owner.channel == "analysis"):
+            return None  # only an analysis message may be dropped (harmony drops those before a final)
+    o200k = _o200k()
     out, j = [], 0
-    for start in sorted(replacements):
-        n, tokens = replacements[start]
-        out += rendered[j:start] + tokens
-        j = start + n
+    for i, (start, end) in sorted(found.items(), key=lambda item: item[1]):
+        out += rendered[j:start] + o200k.encode(texts[i], allowed_special=set(), disallowed_special=())
+        j = end
     return out + rendered[j:]
-
