@@ -134,6 +134,7 @@
 #   bash benchmarks/run_h200.sh probe23   # (one GPU) the probe's step at 20b batch 32 / 128: overhead and last kernels
 #   bash benchmarks/run_h200.sh carve25   # (one GPU) the probe beside an LM head with 8 / 16 SMs carved out; 20b b8 profile
 #   bash benchmarks/run_h200.sh carve25b  # (one GPU) the same with the head through cuBLASLt (16 / 32 SMs)
+#   bash benchmarks/run_h200.sh b1s25     # (one H200) the 120b batch-1 critical path with today's kernels
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
 #                                         # beside ours: the dense GEMM, the 120b MoE layer's variants (ran in session 23)
 #   bash benchmarks/run_h200.sh gluon22t  # (one GPU) their gpu tests, the 20b MoE layer's variants (tests ran in ab23; 20b variants not run: 120b lost)
@@ -1200,6 +1201,11 @@ carve25b)  # one GPU (session 25): carve25's carveout did not reach the head's c
            # time, the tail still after it); again with the head through cuBLASLt, whose SM-count target it sets
     step diag_probe_carveout_lt 200 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 128,32 \
         --rounds 80 --probe-variants positions,carve16lt,carve32lt --stem diag_probe_carveout_lt
+    ;;
+b1s25)  # one H200 (session 25): the 120b batch-1 step's critical path with today's kernels (the README's breakdown is
+        # session 6's diag_pdl_b1.md with session 23's step time)
+    step diag_pdl_b1_s25 300 python benchmarks/diag_pdl.py --out "$R" --models 120b --batches 1 --rounds 30 \
+        --check 10 --no-probe --stem diag_pdl_b1_s25
     ;;
 gluon22)  # one GPU (prepared in sessions 20-21, not run; run first): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
           # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1) beside ours at
