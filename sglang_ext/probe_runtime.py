@@ -18,7 +18,6 @@ after every replay. Buffers a captured graph writes (features, scores) are never
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -161,13 +160,6 @@ class ProbeRuntime:
         # does, as before session 20; benchmarks compare both)
         self.positions_in_kernel = True
         self.qkv_splits: int | None = None  # the q|k|v GEMV's K splits (None: probe_step's rule); benchmarks
-        # SMs the LM head's GEMM leaves free while the probe's step runs beside it (0: none), so the probe's
-        # last launch need not wait for the head's programs to drain; the carveout reaches cuBLASLt only
-        # (head_carveout_lt). Benchmarks only: on an H100, 16 SMs took ~12 us off 20b batch 128's probe
-        # overhead (benchmarks/results/diag_probe_carveout_lt.md), too little to make the head run another
-        # GEMM kernel (other last bits of the logits) whenever the probe is on.
-        self.head_carveout = 0
-        self.head_carveout_lt = False
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
@@ -282,26 +274,6 @@ class ProbeRuntime:
         # while the side stream still reads them (seen on the H200 as an illegal address, in and
         # out of CUDA graphs).
         self._early_inputs = batch
-
-    @contextlib.contextmanager
-    def beside_head(self):
-        """Around the LM head: while this step's probe runs on the side stream, the head's GEMM is launched
-        with `head_carveout` SMs left free (torch's SM carveout, which cuBLAS ignores and cuBLASLt honours:
-        `head_carveout_lt` routes the head there; graphs keep the captured grid)."""
-        carve = self.head_carveout if self._early is not None else 0
-        if not carve:
-            yield
-            return
-        before = torch._C._get_sm_carveout_experimental()
-        library = torch.backends.cuda.preferred_blas_library()
-        torch._C._set_sm_carveout_experimental(carve)
-        if self.head_carveout_lt:  # the carveout reaches cuBLASLt's SM-count target
-            torch.backends.cuda.preferred_blas_library("cublaslt")
-        try:
-            yield
-        finally:
-            torch._C._set_sm_carveout_experimental(before)
-            torch.backends.cuda.preferred_blas_library(library)
 
     def _take_early(self) -> torch.Tensor | None:
         probs, self._early = self._early, None

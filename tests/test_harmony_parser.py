@@ -501,27 +501,26 @@ def test_vocab_found_offline(source, no_vocab_anywhere, vocab_dir, tiny_checkpoi
     assert os.environ["TIKTOKEN_ENCODINGS_BASE"] in (found, vocab_dir)
 
 
-def test_bounded_encoding_keeps_special_tokens_and_text():
+def test_bounded_encoding_gives_harmonys_tokens():
     """encode_bounded: what the text-only parsers (/parse_function_call, /separate_reasoning) encode. Equal to
-    openai-harmony's encode up to BOUNDED_PIECE_CHARS, and beyond it the same special tokens at the same text
-    positions and the same decoded text (openai-harmony alone took 2.1 s for 80k "{", quadratic in a run)."""
-    from sglang_ext.harmony.encoding import BOUNDED_PIECE_CHARS, encode_bounded
+    openai-harmony's encode, special tokens allowed or not, for short text (harmony's own) and long text
+    (tiktoken between the special tokens; harmony alone took 2.1 s for 80k "{", quadratic in a run)."""
+    from sglang_ext.harmony.encoding import LINEAR_MIN_CHARS, encode_bounded
 
-    short = "hello <|start|>assistant<|channel|>final<|message|> w\U0001F600rld"
-    assert encode_bounded(enc(), short) == enc().encode(short, allowed_special="all")
-    # special-token text encoded as ordinary text where none is allowed (the parser's held-text path)
-    assert encode_bounded(enc(), short, allowed_special=set()) == enc().encode(short, disallowed_special=())
+    def harmony(text, allowed):
+        if allowed == "all":
+            return enc().encode(text, allowed_special="all")
+        return enc().encode(text, allowed_special=allowed, disallowed_special=())
+
     rng = random.Random(5)
-    words = ["{", "}", "<|channel|>", "<|message|>", "ab", " ", "\U0001F600", "é", "<|call|>", "<|end"]
-    for long in ["<|channel|>commentary to=functions.f<|message|>" + "{" * (5 * BOUNDED_PIECE_CHARS + 3),
-                 "".join(rng.choice(words) for _ in range(4 * BOUNDED_PIECE_CHARS))]:
-        for allowed in ("all", set()):
-            got = encode_bounded(enc(), long, allowed_special=allowed)
-            want = enc().encode(long, allowed_special=allowed) if allowed else enc().encode(long, disallowed_special=())
-            specials = [t for t in got if enc().is_special_token(t)]
-            assert enc().decode(got) == long
-            assert specials == [t for t in want if enc().is_special_token(t)]
-            assert bool(specials) == (allowed == "all")
+    words = ["{", "}", "<|channel|>", "<|message|>", "ab", " ", "\U0001F600", "\u00e9", "<|call|>", "<|end",
+             "<|endoftext|>", "\n", "12"]
+    texts = ["hello <|start|>assistant<|channel|>final<|message|> w\U0001F600rld",
+             "<|channel|>commentary to=functions.f<|message|>" + "{" * (5 * LINEAR_MIN_CHARS + 3),
+             "".join(rng.choice(words) for _ in range(4 * LINEAR_MIN_CHARS))]
+    for text in texts:
+        for allowed in ("all", set(), {"<|message|>", "<|call|>"}):
+            assert encode_bounded(enc(), text, allowed_special=allowed) == harmony(text, allowed), (text[:40], allowed)
 
 
 TEXT_PIECES = ["!", "?", ".", " ", "\n", "a", "Z", "\u00e9", "\u65e5", "<|end|>", "<|message|>", "  ", "\t", "1",
@@ -555,8 +554,8 @@ def test_linear_rendering_gives_harmonys_tokens(monkeypatch):
     openai-harmony's own rendering: every content is spliced here (threshold 8 characters), over random
     conversations of every role and channel, dropped analysis messages, special-token text and emoji in
     contents; then a client's text posing as a marker beside a dropped analysis message, and a lone surrogate
-    (harmony's error); then a 20k-character tool result at the real threshold. (Time: 300k characters of "!" 0.09 s, harmony's
-    own rendering quadratic, 2.6 s at 80k, on this project's CPU.)"""
+    (harmony's error); then a 20k-character tool result at the real threshold. (Time: 300k characters of "!"
+    0.09 s; harmony's own rendering is quadratic, 2.6 s at 80k, on this project's CPU.)"""
     import sglang_ext.harmony.encoding as encoding
 
     rng = random.Random(11)
@@ -564,14 +563,14 @@ def test_linear_rendering_gives_harmonys_tokens(monkeypatch):
     def text():
         return "".join(rng.choice(TEXT_PIECES) for _ in range(rng.randint(0, 40)))
 
-    monkeypatch.setattr(encoding, "SPLICE_MIN_CHARS", 8)
+    monkeypatch.setattr(encoding, "LINEAR_MIN_CHARS", 8)
     for _ in range(200):
         conversation = _conversation(rng, text)
         want = list(enc().render_conversation_for_completion(conversation, Role.ASSISTANT))
         assert encoding.render_for_completion_linear(enc(), conversation, Role.ASSISTANT) == want
     # Marker text from a client (the fixed marker of the first version): with a dropped analysis message, it
     # was found once, in the user's message, and the analysis text spliced there (found by a review).
-    monkeypatch.setattr(encoding, "SPLICE_MIN_CHARS", 50)  # the client's texts stay as they are
+    monkeypatch.setattr(encoding, "LINEAR_MIN_CHARS", 50)  # the client's texts stay as they are
     for user_text in ("\u00a7sglang-ext-splice-0\u00a7", encoding._SPLICE_MARKER.format("0" * 16, 0)):
         conversation = Conversation.from_messages([
             Message.from_role_and_content(Role.USER, user_text),

@@ -322,31 +322,3 @@ def test_side_stream_priority_on_cuda(monkeypatch):
         runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32, "cuda")
         runtime.bind(torch.zeros(2, 16, dtype=torch.int32, device="cuda"), 40)
         assert runtime._side_stream.priority == want
-
-
-def test_the_head_carveout_applies_only_while_the_probe_runs_beside_the_head():
-    """`beside_head` (the harness's experiment, benchmarks/results/diag_probe_carveout*.md) sets torch's SM
-    carveout (and with head_carveout_lt cuBLASLt) around the LM head only when a side-stream step is in flight,
-    and leaves both settings as it found them."""
-    cfg = ProbeConfig.from_dict({
-        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
-        "base_model_layer_ids": [0, 1, 2], "num_attention_heads": 2, "head_dim": 8,
-        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
-    runtime = ProbeRuntime.from_weights(cfg, SingProbeHead(cfg).state_dict(), torch.float32)
-    library = torch.backends.cuda.preferred_blas_library()
-    seen = []
-
-    def head():
-        with runtime.beside_head():
-            seen.append((torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library()))
-
-    runtime.head_carveout, runtime.head_carveout_lt = 16, True
-    head()  # no step in flight: nothing changes
-    runtime._early = torch.zeros(1, 10)
-    head()
-    runtime.head_carveout_lt = False
-    head()
-    runtime.head_carveout = 0
-    head()
-    assert seen == [(None, library), (16, torch._C._BlasBackend.Cublaslt), (16, library), (None, library)]
-    assert torch._C._get_sm_carveout_experimental() is None and torch.backends.cuda.preferred_blas_library() == library

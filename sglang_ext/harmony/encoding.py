@@ -81,44 +81,10 @@ def harmony_available() -> bool:
 # openai-harmony's BPE takes time quadratic in the length of one pre-tokenizer piece, and a run of one
 # punctuation character is one piece: 80k "{" took 2.1 s, 150k held a server's every endpoint for 21.6 s
 # (session 24's fuzz round). Text longer than this is encoded in pieces of at most this many characters.
-BOUNDED_PIECE_CHARS = 2048
-
-
-def encode_bounded(enc, text: str, allowed_special: str | set = "all") -> list[int]:
-    """``enc.encode(text, allowed_special=...)`` in time linear in the text: the special tokens it allows
-    are encoded as themselves (any other special token's text as ordinary text, as with
-    ``disallowed_special=()``), the text between them in pieces of at most BOUNDED_PIECE_CHARS characters
-    (never splitting a surrogate pair, so every piece is valid text). Decoding the result gives ``text``
-    back, and the special tokens are the same; only the ordinary tokens of runs longer than a piece may
-    differ (BPE merges do not cross a cut). For parsers, which read structure from the special tokens and
-    content as decoded text; never for a prompt the model reads."""
-    if len(text) <= BOUNDED_PIECE_CHARS:
-        if allowed_special == "all":
-            return enc.encode(text, allowed_special="all")
-        return enc.encode(text, allowed_special=set(allowed_special), disallowed_special=())
-    import re
-
-    specials = enc.special_tokens_set if allowed_special == "all" else set(allowed_special)
-    pattern = "(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")" if specials else None
-    tokens: list[int] = []
-    for i, part in enumerate(re.split(pattern, text) if pattern else [text]):
-        if i % 2:  # a special token's text (re.split puts the captured separators at odd positions)
-            tokens += enc.encode(part, allowed_special={part})
-            continue
-        start = 0
-        while start < len(part):
-            end = min(start + BOUNDED_PIECE_CHARS, len(part))
-            if end < len(part) and "\ud800" <= part[end - 1] <= "\udbff":
-                end -= 1  # keep a surrogate pair together
-            tokens += enc.encode(part[start:end], disallowed_special=())
-            start = end
-    return tokens
-
-
-# Text contents at least this long are encoded by tiktoken and spliced into openai-harmony's rendering.
-SPLICE_MIN_CHARS = 2048
-_SPLICE_MARKER = "\u00a7sglang-ext-splice-{}-{}\u00a7"  # (this call's nonce, the text's index)
-_MESSAGE_TOKEN = "<|message|>"
+# Text at least this long is encoded by tiktoken's o200k_base rather than by openai-harmony, whose BPE is
+# quadratic in one long pre-token piece (a run of punctuation: 36 s for 300k characters); tiktoken's tokens
+# are harmony's for ordinary text, in linear time.
+LINEAR_MIN_CHARS = 2048
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,13 +95,61 @@ def _o200k():
     return tiktoken.get_encoding("o200k_base")
 
 
+def _ordinary_tokens(text: str) -> list[int]:
+    return _o200k().encode(text, allowed_special=set(), disallowed_special=())
+
+
+@functools.lru_cache(maxsize=8)
+def _special_split(enc, allowed: frozenset):
+    """(the regex splitting text at these special tokens' text, their ids): built once per set; an encode
+    with allowed_special={text} costs harmony ~3 ms a call (0.14 ms with "all")."""
+    import re
+
+    ordered = sorted(allowed, key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(t) for t in ordered) + ")"), {
+        t: enc.encode(t, allowed_special="all")[0] for t in ordered}
+
+
+def encode_bounded(enc, text: str, allowed_special: str | set = "all") -> list[int]:
+    """``enc.encode(text, allowed_special=...)``, with ``disallowed_special=()`` (any other special token's
+    text is ordinary text), the same tokens, in time linear in the text: from LINEAR_MIN_CHARS characters
+    the text between the allowed special tokens is encoded by tiktoken (text that is not valid Unicode is
+    left to harmony). What the text-only parsers encode (/parse_function_call, /separate_reasoning)."""
+    allowed = enc.special_tokens_set if allowed_special == "all" else set(allowed_special)
+    if len(text) < LINEAR_MIN_CHARS or not _valid_unicode(text):
+        if allowed_special == "all":
+            return enc.encode(text, allowed_special="all")
+        return enc.encode(text, allowed_special=allowed, disallowed_special=())
+    if not allowed:
+        return _ordinary_tokens(text)
+    pattern, ids = _special_split(enc, frozenset(allowed))
+    tokens: list[int] = []
+    for i, part in enumerate(pattern.split(text)):
+        if i % 2:  # a special token's text (split puts the captured separators at odd positions)
+            tokens.append(ids[part])
+        elif part:
+            tokens += _ordinary_tokens(part)
+    return tokens
+
+
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # a lone surrogate: harmony's behaviour, whatever it is
+        return False
+
+
+_SPLICE_MARKER = "\u00a7sglang-ext-splice-{}-{}\u00a7"  # (this call's nonce, the text's index)
+_MESSAGE_TOKEN = "<|message|>"
+
+
 def render_for_completion_linear(encoding, conversation, next_role) -> list[int]:
     """``encoding.render_conversation_for_completion(conversation, next_role)``, the same tokens, in time
-    linear in the text. openai-harmony's BPE is quadratic in one long pre-token piece (a run of punctuation:
-    36 s for a 300k-character tool result, the server's tokenizer held all that time); tiktoken's is linear
-    and its o200k tokens are harmony's for ordinary text. A message's content sits between ``<|message|>``
+    linear in the text (LINEAR_MIN_CHARS says why; a 300k-character tool result held the server's tokenizer
+    36 s). A message's content sits between ``<|message|>``
     and a special token, so harmony encodes it alone, as ordinary text (special tokens' text included). So a
-    message whose one content is text of SPLICE_MIN_CHARS or more is rendered with a marker instead (a
+    message whose one content is text of LINEAR_MIN_CHARS or more is rendered with a marker instead (a
     random nonce in it, so that no client text can pose as one), and the marker's tokens are replaced by
     tiktoken's tokens of the text. Anything unexpected (a marker found twice, or missing from a message
     harmony does not drop; text that is not valid Unicode, which harmony refuses) falls back to harmony's
@@ -148,7 +162,7 @@ def render_for_completion_linear(encoding, conversation, next_role) -> list[int]
     markers, texts, owners, messages = [], [], [], []
     for message in conversation.messages:
         content = message.content
-        if len(content) == 1 and isinstance(content[0], TextContent) and len(content[0].text) >= SPLICE_MIN_CHARS:
+        if len(content) == 1 and isinstance(content[0], TextContent) and len(content[0].text) >= LINEAR_MIN_CHARS:
             markers.append(_SPLICE_MARKER.format(nonce, len(texts)))
             texts.append(content[0].text)
             owners.append(message)
@@ -156,9 +170,9 @@ def render_for_completion_linear(encoding, conversation, next_role) -> list[int]
         messages.append(message)
     if not texts:
         return list(encoding.render_conversation_for_completion(conversation, next_role))
+    if not all(_valid_unicode(text) for text in texts):  # harmony refuses it; tiktoken would replace it
+        return list(encoding.render_conversation_for_completion(conversation, next_role))
     try:
-        for text in texts:
-            text.encode("utf-8")  # a lone surrogate: harmony raises its own error
         rendered = list(encoding.render_conversation_for_completion(Conversation.from_messages(messages), next_role))
         spliced = _splice(encoding, rendered, markers, texts, owners)
     except Exception:  # noqa: BLE001 - harmony decides (and raises where it would)
@@ -190,9 +204,8 @@ def _splice(encoding, rendered: list[int], markers: list[str], texts: list[str],
     for i, owner in enumerate(owners):
         if i not in found and not (owner.author.role.value == "assistant" and owner.channel == "analysis"):
             return None  # only an analysis message may be dropped (harmony drops those before a final)
-    o200k = _o200k()
     out, j = [], 0
     for i, (start, end) in sorted(found.items(), key=lambda item: item[1]):
-        out += rendered[j:start] + o200k.encode(texts[i], allowed_special=set(), disallowed_special=())
+        out += rendered[j:start] + _ordinary_tokens(texts[i])
         j = end
     return out + rendered[j:]
