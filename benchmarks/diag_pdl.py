@@ -290,8 +290,7 @@ PROBE_VARIANTS = {
     "chain_q6": dict(positions=True, chain=True, qkv_splits=6),  # ~120 programs: slots left for the main chain
     "positions_q6": dict(positions=True, chain=False, qkv_splits=6),
     "chain_normal": dict(positions=True, chain=True, priority="normal"),
-    # session 25: the LM head's cuBLAS GEMM leaves N SMs to the probe's step (ProbeRuntime.head_carveout)
-    "carve4": dict(positions=True, chain=False, carveout=4),
+    # session 25: the LM head's GEMM leaves N SMs to the probe's step (model_step.head_carveout)
     "carve8": dict(positions=True, chain=False, carveout=8),
     "carve16": dict(positions=True, chain=False, carveout=16),
     "carve16lt": dict(positions=True, chain=False, carveout=16, lt=True),  # the head through cuBLASLt
@@ -346,8 +345,7 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
             model.probe = HarnessProbe(model)
             model.probe.runtime.positions_in_kernel = knobs["positions"]
             model.probe.runtime.qkv_splits = knobs.get("qkv_splits")
-            model.probe.runtime.head_carveout = knobs.get("carveout", 0)
-            model.probe.runtime.head_carveout_lt = knobs.get("lt", False)
+            model.probe.head_carveout, model.probe.head_carveout_lt = knobs.get("carveout", 0), knobs.get("lt", False)
             graphs[name] = bc.capture_graph(lambda: model.forward(**inputs))
             probes.append(model.probe)  # its buffers back the graph
     finally:

@@ -359,7 +359,9 @@ class ModelStep:
             self.probe.runtime.layers_done()
         h = h + pending
         x = rms_norm(h[last.long()], self.final_norm, d.rms_eps)
-        with self.probe.runtime.beside_head() if self.probe is not None else contextlib.nullcontext():
+        carveout = (head_carveout(self.probe.head_carveout, self.probe.head_carveout_lt) if self.probe is not None
+                    else contextlib.nullcontext())
+        with carveout:
             logits = fp8_lm_head_logits(x, *self.lm_head_fp8) if self.fp8_lm_head else F.linear(x, self.lm_head)
         if self.probe is not None:
             self.probe.step(out_full, seq_lens, last)
@@ -416,6 +418,27 @@ class ModelStep:
         )
 
 
+@contextlib.contextmanager
+def head_carveout(sms: int, lt: bool = False):
+    """The LM head's GEMM launched with `sms` SMs left free (torch's SM carveout), so the probe's step on its
+    side stream need not wait for the head to drain. cuBLAS ignores the carveout and cuBLASLt honours it
+    (`lt`: the head through cuBLASLt). An experiment of the harness (diag_pdl.py --probe-variants carve*,
+    benchmarks/results/diag_probe_carveout*.md), not adopted: with the probe on, the head would run another
+    GEMM kernel than with it off."""
+    if not sms:
+        yield
+        return
+    before, library = torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library()
+    torch._C._set_sm_carveout_experimental(sms)
+    if lt:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(before)
+        torch.backends.cuda.preferred_blas_library(library)
+
+
 class HarnessProbe:
     """SingProbe on the harness's cache: the serving runtime itself (`ProbeRuntime`, the code a
     server runs: taps -> RMS-normalised features -> one q|k|v GEMM -> K|V into a pool indexed by
@@ -440,6 +463,7 @@ class HarnessProbe:
         self.cfg = cfg
         self.model = model
         self.scores = None
+        self.head_carveout, self.head_carveout_lt = 0, False  # head_carveout()'s arguments, from diag_pdl.py
         self._request_rows: dict = {}
         self.allocate()
 

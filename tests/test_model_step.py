@@ -95,3 +95,18 @@ def test_harness_probe_makes_its_request_rows_once(model):
     assert again[1] is first[1]
     assert torch.equal(first[1], torch.arange(model.batch_local))
     assert first[3] is None  # one row per request: a decode batch, every row samples
+
+
+def test_head_carveout_sets_and_restores_the_matmul_settings():
+    """The harness's carveout experiment (diag_pdl.py --probe-variants carve*) sets torch's SM carveout, and
+    with `lt` cuBLASLt, only inside its block, and leaves both as it found them; 0 SMs changes nothing."""
+    from model_step import head_carveout
+
+    library = torch.backends.cuda.preferred_blas_library()
+    seen = []
+    for sms, lt in ((16, True), (8, False), (0, True)):
+        with head_carveout(sms, lt):
+            seen.append((torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library()))
+        assert torch._C._get_sm_carveout_experimental() is None
+        assert torch.backends.cuda.preferred_blas_library() == library
+    assert seen == [(16, torch._C._BlasBackend.Cublaslt), (8, library), (None, library)]
