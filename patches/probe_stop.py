@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -125,8 +126,9 @@ def _bad_spec_finish(message: str):
     return FINISH_ABORT(message=message, status_code=None, err_type="BadRequestError")
 
 
-class _AgreedRows(list):
-    """Score rows that every scheduler of the request group holds (`agreed_score_rows`)."""
+# (a batch result, its agreed rows): the two hooks that read one result (the NaN finish, the guard) share one
+# exchange; a scheduler processes one result at a time
+_agreed: tuple = (None, None)
 
 
 def _request_group():
@@ -145,32 +147,55 @@ def _request_group():
     return group if group.world_size > 1 else None
 
 
-def agreed_score_rows(result):
+def row_unscored(row) -> bool:
+    """A score row the probe failed to fill (NaN): its request is finished with an error, fail-closed."""
+    return any(isinstance(v, float) and math.isnan(v) for v in row.values())
+
+
+def _batch_guarded(batch) -> bool:
+    """Whether a request of the batch has guard thresholds (the server's or its own `probe_stop`, even a bad
+    one): known to every scheduler of the group alike."""
+    return bool(_server_thresholds()) or any(
+        "probe_stop" in (getattr(req.sampling_params, "custom_params", None) or {}) for req in batch.reqs)
+
+
+def agreed_score_rows(result, batch):
     """This batch result's probe score rows, the same on every scheduler of the request group.
 
     Only the group's first rank runs the probe (models/gpt_oss.py), but every rank's scheduler decides for
     itself which requests finish. A guard stop or a fail-closed NaN finish taken on the first rank alone left
     the others running the request, their batches diverged, and the server hung at the next collective
     (--tp 2, seen on this CPU). So the first rank broadcasts its rows over the group's CPU group, once per
-    result (the rows are then marked), and every rank decides on the same rows."""
+    result, and every rank decides on the same rows. The rows travel only where they can finish a request: a
+    guarded batch (every rank knows), or a NaN row (the first rank says so in one int: 0.2-0.3 ms a step on
+    this project's CPU, against 0.6-1.0 ms for the rows as an object)."""
+    global _agreed
     logits_output = getattr(result, "logits_output", None)
     info = getattr(logits_output, "customized_info", None) if logits_output is not None else None
     rows = info.get(SCORES_KEY) if info else None
-    if isinstance(rows, _AgreedRows):
-        return rows
     group = _request_group()
     if group is None or logits_output is None:
         return rows
-    rows = group.broadcast_object(list(rows) if rows and group.rank_in_group == 0 else None, src=0)
-    if rows:
-        if logits_output.customized_info is None:
-            logits_output.customized_info = {}
-        rows = logits_output.customized_info[SCORES_KEY] = _AgreedRows(rows)
+    if _agreed[0] is result:
+        return _agreed[1]
+    first = group.rank_in_group == 0
+    needed = _batch_guarded(batch)
+    if not needed:
+        import torch
+
+        flag = torch.tensor([int(first and bool(rows) and any(row_unscored(row) for row in rows))], dtype=torch.int32)
+        torch.distributed.broadcast(flag, src=group.ranks[0], group=group.cpu_group)
+        needed = bool(flag.item())
+    if needed:
+        rows = group.broadcast_object(list(rows) if rows and first else None, src=0)
+    elif not first:
+        rows = None  # nothing here can finish a request: no rank acts on the rows
+    _agreed = (result, rows)
     return rows
 
 
 def _check_batch(processor, batch, result, *args, **kwargs):
-    rows = agreed_score_rows(result)
+    rows = agreed_score_rows(result, batch)
     if not rows:
         return
     server = _server_thresholds()

@@ -615,13 +615,12 @@ def _score_or_nan(original, runtime, forward_batch, *args, **kwargs):
 def _finish_unscored(processor, batch, result, *args, **kwargs):
     # Every step, not only after a raise: NaN scores from the numerics (or a replayed graph) must
     # not let a guarded request run on unscored. Cost: one pass over the rows SGLang already holds.
-    from sglang_ext.patches.probe_stop import agreed_score_rows
+    from sglang_ext.patches.probe_stop import agreed_score_rows, row_unscored
 
-    rows = agreed_score_rows(result)  # every scheduler of a TP / DP-attention group finishes the same requests
+    rows = agreed_score_rows(result, batch)  # every scheduler of a TP / DP-attention group finishes the same ones
     if not rows:
         return
-    unscored = [req for req, row in zip(batch.reqs, rows)
-                if any(isinstance(v, float) and math.isnan(v) for v in row.values())]
+    unscored = [req for req, row in zip(batch.reqs, rows) if row_unscored(row)]
     if not unscored:
         return
     message = _ProbeFailures.message if _ProbeFailures.pending else "SingProbe scores are NaN for this request"

@@ -903,3 +903,76 @@ def test_killed_server_gives_clean_connection_error_and_restart_serves(server, b
     # A fresh process on the same weights: the same greedy tokens and scores as before the kill.
     same_answer(out, baseline)
     assert not math.isnan(out["meta_info"]["token_probe_probs"][0]["label_0"])
+
+
+def _agreement_rank(rank: int, port: int, queue) -> None:
+    """One scheduler of a two-rank group (gloo, this CPU): what agreed_score_rows hands each hook."""
+    import ctypes
+    import math
+    import os
+
+    import torch.distributed as dist
+
+    from sglang_ext.launch.cpu_shims import build_libcuda_stub, has_cuda_driver
+
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")  # conftest's setup, which a spawned process skips
+    if not has_cuda_driver():
+        ctypes.CDLL(str(build_libcuda_stub() / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
+    from sglang_ext.patches import probe_stop
+    from sglang_ext.patches import request_isolation as iso
+    from sglang_ext.probe import SCORES_KEY
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+
+    class Group:  # SGLang's GroupCoordinator, as much of it as the agreement uses
+        world_size, rank_in_group, ranks, cpu_group = 2, rank, [0, 1], dist.group.WORLD
+
+        def broadcast_object(self, obj, src):
+            box = [obj]
+            dist.broadcast_object_list(box, src=src)
+            return box[0]
+
+    probe_stop._request_group = lambda: Group()
+    labels = [f"label_{i}" for i in range(10)]
+    scored = {label: 0.5 for label in labels}
+    got = []
+    for case in ("plain", "nan", "guarded"):
+        reqs = [FakeReq(f"{case}{i}") for i in range(2)]
+        for req in reqs:
+            req.sampling_params = SimpleNamespace(custom_params={"probe_stop": {"label_3": 0.4}} if case == "guarded"
+                                                  else None)
+            req.is_chunked = 0
+        rows = [dict(scored), {label: math.nan for label in labels} if case == "nan" else dict(scored)]
+        # only the first rank ran the probe
+        info = {SCORES_KEY: rows} if rank == 0 else None
+        result = SimpleNamespace(logits_output=SimpleNamespace(customized_info=info))
+        batch = SimpleNamespace(reqs=reqs)
+        iso._finish_unscored(None, batch, result)
+        probe_stop._check_batch(None, batch, result)  # the same result: no second exchange
+        got.append([None if r.to_finish is None else r.to_finish.to_json().get("type", "error") for r in reqs])
+    dist.destroy_process_group()
+    queue.put((rank, got))
+
+
+def test_every_rank_of_a_group_finishes_the_same_requests():
+    """patches/probe_stop.agreed_score_rows between two real processes: a batch without guards or NaN scores
+    finishes nothing (the rows do not travel: one int does); a NaN row, seen by the first rank alone, finishes
+    its request on both; a guarded batch is stopped on both. Each hook of a result reads the same exchange
+    (a second one on one rank alone would hang the other)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_agreement_rank, args=(rank, port, queue)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert got[0] == got[1] == [[None, None], [None, "abort"], ["content_filter", "content_filter"]], got
