@@ -295,6 +295,10 @@ PROBE_VARIANTS = {
     "carve16": dict(positions=True, chain=False, carveout=16),
     "carve16lt": dict(positions=True, chain=False, carveout=16, lt=True),  # the head through cuBLASLt
     "carve32lt": dict(positions=True, chain=False, carveout=32, lt=True),
+    # session 26: the side stream starts at the deepest tap (SGLANG_EXT_PROBE_LAUNCH=tap), beside the base model's
+    # last layers instead of the LM head: at batch 1 "head" won (diag_decode_b1.md), never timed at 32..128 rows
+    "tap": dict(positions=True, chain=False, launch="tap"),
+    "tap_normal": dict(positions=True, chain=False, launch="tap", priority="normal"),
 }
 
 
@@ -345,6 +349,7 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
             model.probe = HarnessProbe(model)
             model.probe.runtime.positions_in_kernel = knobs["positions"]
             model.probe.runtime.qkv_splits = knobs.get("qkv_splits")
+            model.probe.runtime.launch_point = knobs.get("launch", "head")
             model.probe.head_carveout, model.probe.head_carveout_lt = knobs.get("carveout", 0), knobs.get("lt", False)
             graphs[name] = bc.capture_graph(lambda: model.forward(**inputs))
             probes.append(model.probe)  # its buffers back the graph

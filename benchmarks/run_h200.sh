@@ -135,6 +135,8 @@
 #   bash benchmarks/run_h200.sh carve25   # (one GPU) the probe beside an LM head with 8 / 16 SMs carved out; 20b b8 profile
 #   bash benchmarks/run_h200.sh carve25b  # (one GPU) the same with the head through cuBLASLt (16 / 32 SMs)
 #   bash benchmarks/run_h200.sh b1s25     # (one H200) the 120b batch-1 critical path with today's kernels
+#   bash benchmarks/run_h200.sh tap26     # (one GPU) the probe's side stream from the deepest tap vs beside the LM
+#                                         # head, 20b batch 8..128; a 20b batch-8 decode row
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
 #                                         # beside ours: the dense GEMM, the 120b MoE layer's variants (ran in session 23)
 #   bash benchmarks/run_h200.sh gluon22t  # (one GPU) their gpu tests, the 20b MoE layer's variants (tests ran in ab23; 20b variants not run: 120b lost)
@@ -1206,6 +1208,14 @@ b1s25)  # one H200 (session 25): the 120b batch-1 step's critical path with toda
         # session 6's diag_pdl_b1.md with session 23's step time)
     step diag_pdl_b1_s25 300 python benchmarks/diag_pdl.py --out "$R" --models 120b --batches 1 --rounds 30 \
         --check 10 --no-probe --stem diag_pdl_b1_s25
+    ;;
+tap26)  # one GPU (session 26): the probe's step started at the deepest tap (beside the last two 20b layers) against
+        # beside the LM head, paired rounds at the batches where 20b's overhead sits at or over 0.25 %; then the 20b
+        # batch-8 decode row (69 % of copy bandwidth in session 23, target 70)
+    step diag_probe_tap 360 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 128,64,32,8 \
+        --rounds 80 --probe-variants positions,tap,tap_normal --stem diag_probe_tap
+    step bench_decode_tp1_20b_b8_s26 120 python benchmarks/bench_decode.py --models 20b --batches 8 \
+        --contexts 8192 --configs 1:1:1 --out "$R" --stem bench_decode_tp1_20b_b8_s26
     ;;
 gluon22)  # one GPU (prepared in sessions 20-21, not run; run first): the Gluon FP8 GEMMs of kernels/fp8_gluon.py and
           # kernels/moe_gluon.py (MMAs run while the previous K block is scaled: wgmma.wait_group 1) beside ours at
