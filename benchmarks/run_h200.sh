@@ -135,6 +135,7 @@
 #   bash benchmarks/run_h200.sh carve25   # (one GPU) the probe beside an LM head with 8 / 16 SMs carved out; 20b b8 profile
 #   bash benchmarks/run_h200.sh carve25b  # (one GPU) the same with the head through cuBLASLt (16 / 32 SMs)
 #   bash benchmarks/run_h200.sh b1s25     # (one H200) the 120b batch-1 critical path with today's kernels
+#   bash benchmarks/run_h200.sh b1s26     # (one H200) b1s25 (120b batch 1), then 20b batch 1 and 8: today's critical paths
 #   bash benchmarks/run_h200.sh tap26     # (one GPU) the probe's side stream from the deepest tap vs beside the LM
 #                                         # head, 20b batch 8..128; a 20b batch-8 decode row
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
@@ -1208,6 +1209,13 @@ b1s25)  # one H200 (session 25): the 120b batch-1 step's critical path with toda
         # session 6's diag_pdl_b1.md with session 23's step time)
     step diag_pdl_b1_s25 300 python benchmarks/diag_pdl.py --out "$R" --models 120b --batches 1 --rounds 30 \
         --check 10 --no-probe --stem diag_pdl_b1_s25
+    ;;
+b1s26)  # one H200 (session 26): where each missed decode target's time goes with today's kernels, from the replayed
+        # graph's critical path: 120b batch 1 (b1s25's step), 20b batch 1 and batch 8
+    step diag_pdl_b1_s26 330 python benchmarks/diag_pdl.py --out "$R" --models 120b --batches 1 --rounds 30 \
+        --check 10 --no-probe --stem diag_pdl_b1_s26
+    step diag_pdl_20b_s26 200 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 1,8 --rounds 30 \
+        --check 10 --no-probe --stem diag_pdl_20b_s26
     ;;
 tap26)  # one GPU (session 26): the probe's step started at the deepest tap (beside the last two 20b layers) against
         # beside the LM head, paired rounds at the batches where 20b's overhead sits at or over 0.25 %; then the 20b
