@@ -136,6 +136,7 @@
 #   bash benchmarks/run_h200.sh carve25b  # (one GPU) the same with the head through cuBLASLt (16 / 32 SMs)
 #   bash benchmarks/run_h200.sh b1s25     # (one H200) the 120b batch-1 critical path with today's kernels
 #   bash benchmarks/run_h200.sh b1s26     # (one H200) b1s25 (120b batch 1), then 20b batch 1 and 8: today's critical paths
+#   bash benchmarks/run_h200.sh decode26  # (one H200) the 20b TP1 decode rows with the probe pair (session 26's sample)
 #   bash benchmarks/run_h200.sh tap26     # (one GPU) the probe's side stream from the deepest tap vs beside the LM
 #                                         # head, 20b batch 8..128; a 20b batch-8 decode row
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
@@ -1216,6 +1217,11 @@ b1s26)  # one H200 (session 26): where each missed decode target's time goes wit
         --check 10 --no-probe --stem diag_pdl_b1_s26
     step diag_pdl_20b_s26 200 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 1,8 --rounds 30 \
         --check 10 --no-probe --stem diag_pdl_20b_s26
+    ;;
+decode26)  # one H200 (session 26, run by hand on a warm machine as this command): decode23's 20b rows at the batches of
+           # the bandwidth and probe targets, another machine's sample of the same code
+    step bench_decode_tp1_20b_s26 330 python benchmarks/bench_decode.py --models 20b --batches 1,8,32,64,128 \
+        --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_s26
     ;;
 tap26)  # one GPU (session 26): the probe's step started at the deepest tap (beside the last two 20b layers) against
         # beside the LM head, paired rounds at the batches where 20b's overhead sits at or over 0.25 %; then the 20b
