@@ -299,6 +299,15 @@ PROBE_VARIANTS = {
     # last layers instead of the LM head: at batch 1 "head" won (diag_decode_b1.md), never timed at 32..128 rows
     "tap": dict(positions=True, chain=False, launch="tap"),
     "tap_normal": dict(positions=True, chain=False, launch="tap", priority="normal"),
+    # session 26: the probe's attention split differently (its rule: 5 splits of 64-key blocks at 128 rows, 9 at 64),
+    # fewer / more and longer / shorter programs taking the SM slots the LM head's waves need
+    "attn_s1": dict(positions=True, chain=False, attn_splits=1),
+    "attn_s2": dict(positions=True, chain=False, attn_splits=2),
+    "attn_s3": dict(positions=True, chain=False, attn_splits=3),
+    "attn_s10": dict(positions=True, chain=False, attn_splits=10),
+    "attn_bn32": dict(positions=True, chain=False, attn_block_n=32),
+    "attn_bn128": dict(positions=True, chain=False, attn_block_n=128),
+    "qkv_s2": dict(positions=True, chain=False, qkv_splits=2),
 }
 
 
@@ -350,6 +359,8 @@ def probe_variants_row(model_name: str, batch: int, context: int, rounds: int, v
             model.probe.runtime.positions_in_kernel = knobs["positions"]
             model.probe.runtime.qkv_splits = knobs.get("qkv_splits")
             model.probe.runtime.launch_point = knobs.get("launch", "head")
+            model.probe.runtime.attn_splits = knobs.get("attn_splits")
+            model.probe.runtime.attn_block_n = knobs.get("attn_block_n", 64)
             model.probe.head_carveout, model.probe.head_carveout_lt = knobs.get("carveout", 0), knobs.get("lt", False)
             graphs[name] = bc.capture_graph(lambda: model.forward(**inputs))
             probes.append(model.probe)  # its buffers back the graph

@@ -137,6 +137,7 @@
 #   bash benchmarks/run_h200.sh b1s25     # (one H200) the 120b batch-1 critical path with today's kernels
 #   bash benchmarks/run_h200.sh b1s26     # (one H200) b1s25 (120b batch 1), then 20b batch 1 and 8: today's critical paths
 #   bash benchmarks/run_h200.sh decode26  # (one H200) the 20b TP1 decode rows with the probe pair (session 26's sample)
+#   bash benchmarks/run_h200.sh attn26    # (one GPU) the probe's attention split other ways beside the LM head, 20b 128 / 64
 #   bash benchmarks/run_h200.sh tap26     # (one GPU) the probe's side stream from the deepest tap vs beside the LM
 #                                         # head, 20b batch 8..128; a 20b batch-8 decode row
 #   bash benchmarks/run_h200.sh gluon22   # (one GPU) the Gluon FP8 GEMMs (one MMA in flight through the scaling)
@@ -1222,6 +1223,12 @@ decode26)  # one H200 (session 26, run by hand on a warm machine as this command
            # the bandwidth and probe targets, another machine's sample of the same code
     step bench_decode_tp1_20b_s26 330 python benchmarks/bench_decode.py --models 20b --batches 1,8,32,64,128 \
         --contexts 8192 --configs 1:1:1 --probe-configs 1:1:1 --probe-rounds 200 --out "$R" --stem bench_decode_tp1_20b_s26
+    ;;
+attn26)  # one GPU (session 26): the probe's attention with other splits and key blocks (its programs take the SM
+         # slots the LM head's waves need: 39-46 us a step at 20b batch 128 against ~18 for its bytes), paired rounds
+    step diag_probe_attn 400 python benchmarks/diag_pdl.py --out "$R" --models 20b --batches 128,64 \
+        --rounds 60 --probe-variants positions,attn_s1,attn_s2,attn_s3,attn_s10,attn_bn32,attn_bn128,qkv_s2 \
+        --stem diag_probe_attn
     ;;
 tap26)  # one GPU (session 26): the probe's step started at the deepest tap (beside the last two 20b layers) against
         # beside the LM head, paired rounds at the batches where 20b's overhead sits at or over 0.25 %; then the 20b

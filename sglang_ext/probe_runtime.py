@@ -160,6 +160,8 @@ class ProbeRuntime:
         # does, as before session 20; benchmarks compare both)
         self.positions_in_kernel = True
         self.qkv_splits: int | None = None  # the q|k|v GEMV's K splits (None: probe_step's rule); benchmarks
+        self.attn_splits: int | None = None  # the attention's key-range splits (None: probe_step's rule); benchmarks
+        self.attn_block_n = 64  # the attention's keys per block; benchmarks
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
@@ -331,7 +333,8 @@ class ProbeRuntime:
                                      req_pool_indices, row_pos, self.window, self.scale,
                                      h.o_proj.weight, h.norm.weight, h.classifier.weight, h.classifier.bias,
                                      probs, cfg.num_attention_heads, workspace=self._workspace,
-                                     seq_lens=seq_lens if row_pos is None else None, qkv_splits=self.qkv_splits)
+                                     seq_lens=seq_lens if row_pos is None else None, qkv_splits=self.qkv_splits,
+                                     attn_num_splits=self.attn_splits, block_n_attn=self.attn_block_n)
         row_pos = (seq_lens - 1).to(torch.int64)
         qkv = torch.nn.functional.linear(features, self.w_qkv)
         q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))
