@@ -35,6 +35,32 @@ class ServerFailed(RuntimeError):
     pass
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`. A zombie counts as alive to kill(0), and where
+    no init reaps orphans (a container) zombies stay: so read /proc. Elsewhere: [pgid] while kill(0) says
+    the group exists."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ")"
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
 # Sets the parent-death signal (prctl PR_SET_PDEATHSIG = 1, SIGKILL = 9), then execs the command: the
 # setting survives exec, and the kernel sends SIGKILL once the thread that started the wrapper exits.
 _DIE_WITH_PARENT = "import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 9); os.execv(sys.argv[1], sys.argv[1:])"
@@ -76,18 +102,22 @@ class SGLangServer:
         return cmd + self.extra_args
 
     def ranks(self) -> int:
-        """Scheduler processes the server starts: --tp x --dp, or --tp where the DP ranks are attention
-        DP ranks inside the TP group (--enable-dp-attention)."""
+        """Scheduler processes the server starts: tp x dp replicas. Attention DP groups (--attn-dp-size, or
+        the deprecated --dp D --enable-dp-attention, which SGLang resolves to attn_dp_size D, dp_size 1) live
+        inside the TP group and add none."""
         args = self.extra_args
 
         def value(*flags: str) -> int:
-            for flag in flags:
-                if flag in args[:-1]:
-                    return int(args[args.index(flag) + 1])
+            for i, arg in enumerate(args):
+                for flag in flags:
+                    if arg == flag and i + 1 < len(args):
+                        return int(args[i + 1])
+                    if arg.startswith(flag + "="):
+                        return int(arg.split("=", 1)[1])
             return 1
 
-        tp = value("--tp", "--tp-size", "--tensor-parallel-size")
-        dp = value("--dp", "--dp-size", "--data-parallel-size")
+        tp = value("--tp-size", "--tp", "--tensor-parallel-size")
+        dp = value("--dp-size", "--dp", "--data-parallel-size")
         return tp if "--enable-dp-attention" in args else tp * dp
 
     def start(self) -> "SGLangServer":
@@ -133,8 +163,9 @@ class SGLangServer:
         # SIGTERM to the launcher alone drains for ~10 s), each time a test's server stops.
         if self.proc is None:
             return
+        group = self.proc.pid  # start_new_session: the launcher leads its own group
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
         try:
@@ -142,8 +173,16 @@ class SGLangServer:
         except subprocess.TimeoutExpired as exc:
             raise ServerFailed(f"server launcher {self.proc.pid} still alive {timeout:.0f} s after SIGKILL "
                                f"(uninterruptible?); log: {self.log_path}") from exc
+        # The launcher is gone, but its schedulers (they hold the GPUs' memory and ports) may still be
+        # exiting: a server started next on the same GPUs would find less memory free.
+        deadline = time.time() + timeout
+        while (left := group_members(group)) and time.time() < deadline:
+            time.sleep(0.1)
         self._log.close()
         self.proc = None
+        if left:
+            raise ServerFailed(f"server processes {left} still alive {timeout:.0f} s after SIGKILL; "
+                               f"log: {self.log_path}")
 
     def __enter__(self):
         return self.start()

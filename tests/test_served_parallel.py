@@ -3,7 +3,8 @@
 `--tp 2` shards attention heads and each expert's intermediate dimension over two scheduler
 processes (gloo all-reduces), `--tp 2 --ep-size 2` puts half the experts on each rank, `--tp 4`
 replicates the KV heads, `--dp 2` runs two replicas behind SGLang's data-parallel controller, and
-`--enable-dp-attention` (TP 2 and TP 4 with DP 2) gives each DP group its own requests' attention and
+data-parallel attention (TP 2 with `--dp 2 --enable-dp-attention`, TP 4 with `--attn-dp-size 2`: SGLang
+0.5.23's two spellings of it) gives each DP group its own requests' attention and
 runs every rank's experts over all groups' tokens. Oracles, as for the single-rank server:
 transformers' GptOssForCausalLM greedy tokens on the same tiny checkpoint, and the plain-torch
 reference SingProbe head on its hidden states (test_probe_serving.reference_scores).
@@ -31,7 +32,8 @@ CONFIGS = {"tp2_ep2": ["--tp", "2", "--ep-size", "2"], "dp2": ["--dp", "2"],
            "tp4": ["--tp", "4"],
            # data-parallel attention: each DP group attends over its own requests, the MoE over all of them
            "tp2_dp2_attention": ["--tp", "2", "--dp", "2", "--enable-dp-attention"],
-           "tp4_dp2_attention": ["--tp", "4", "--dp", "2", "--enable-dp-attention"]}
+           # the current spelling of the same (the benchmark grid launches this one)
+           "tp4_dp2_attention": ["--tp-size", "4", "--attn-dp-size", "2"]}
 
 
 @pytest.fixture(scope="module")
