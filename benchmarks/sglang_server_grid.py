@@ -1,24 +1,36 @@
 """The decode/prefill grid against real SGLang servers, for users with GPUs and SGLang.
 
-For each --tp/--ep/--dp configuration: launch `python -m sglang.launch_server` (with this
-package installed, so the plugin, our kernels and --probe-ckpt are active; started, waited for
-and stopped as the demo and the tests do, `sglang_ext.launch.server`), drive SGLang's own
+For each TP:EP:DP configuration: launch `python -m sglang.launch_server` (with this package installed,
+so the plugin, our kernels and --probe-ckpt are active; started, waited for and stopped as the demo
+and the tests do, `sglang_ext.launch.server`) with `--tp-size T --ep-size E --attn-dp-size D` (DP =
+data-parallel attention inside the TP group, as the harness's configurations), drive SGLang's own
 `sglang.benchmark.one_batch_server` over the batch sizes and input lengths, stop the server, and
-write rows in the schema of bench_decode.py / bench_prefill.py (kind "sglang-server"), so the same
-tables and plots apply:
+write rows in the schema of bench_decode.py / bench_prefill.py (kind "sglang-server"):
 
-  decode : tok/s per user = (output_len - 1) / (latency - last_ttft), the batch's tokens after its
-           first (SGLang's output_throughput counts the prefill's time too); $/M output tokens at
+  decode : tok/s per user = (tokens per request - 1) / (latency - last_ttft), the batch's tokens after
+           its first (SGLang's output_throughput counts the prefill's time too); $/M output tokens at
            $3.00/GPU-hour
-  prefill: latency = last_ttft at batch 1; $/M input tokens
+  prefill: latency = last_ttft at batch 1, the median of --prefill-repeats runs (each on a flushed
+           cache); $/M input tokens. The server splits prompts longer than its chunked_prefill_size
+           (recorded in each row), which bench_prefill.py's one forward does not.
+
+Each row's configuration label and GPU count come from what the server resolved (`/server_info`: SGLang
+changes some settings silently, e.g. an all-to-all MoE backend sets ep = tp, DP attention divides the
+prefill chunk), with the requested label beside it where they differ. A batch that one_batch_server
+skips (above the server's KV capacity or running-request limit) is a `does_not_fit` row, not a gap.
+Results are rewritten after every configuration: `<stem>.json/.md` (every row and error) and
+`bench_decode_<stem>.json` / `bench_prefill_<stem>.json`, so that
+`python benchmarks/plot_results.py --results <out>` draws the same plots and summary for them (keep
+--out its own folder: mixed with the harness's files, the two kinds of rows would be deduplicated
+against each other).
 
 Prompts are SGLang's "random-ids" dataset (token ids of exactly the asked length, no download: the
-"random" one fetches ShareGPT from the Hugging Face hub). Without a GPU the server runs on the CPU
-(the demo's recipe): that is how the tests run this script, on the tiny checkpoint.
+"random" one fetches ShareGPT from the Hugging Face hub). --device auto runs the server on the CPU where
+no CUDA driver loads (the demo's recipe): that is how the tests run this script, on the tiny checkpoint.
 
-    python benchmarks/sglang_server_grid.py --model-path /models/gpt-oss-120b-fp8 \
-        --configs 1:1:1,4:4:1,8:8:8 --probe-ckpt /models/gpt-oss-120b-singprobe --out results/
-    python benchmarks/sglang_server_grid.py --model-path X --dry-run      # print the commands
+    python benchmarks/sglang_server_grid.py --model-path /models/gpt-oss-120b-fp8 --model-name gpt-oss-120b \
+        --configs 1:1:1,4:4:1,8:8:8 --probe-ckpt /models/gpt-oss-120b-singprobe --out results/servers
+    python benchmarks/sglang_server_grid.py --model-path X --device cuda --dry-run   # print the commands
 """
 
 from __future__ import annotations
@@ -26,9 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
+
+import requests
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402
@@ -36,12 +52,14 @@ from bench_decode import parse_configs  # noqa: E402
 
 
 def server_args(args, tp: int, ep: int, dp: int) -> list[str]:
-    """launch_server's arguments for one configuration, after --model-path / --host / --port."""
-    cmd = ["--tp", str(tp)]
+    """launch_server's arguments for one configuration, after --model-path / --host / --port. DP is
+    data-parallel attention (SGLang 0.5.23's --attn-dp-size; `--dp D --enable-dp-attention` is its
+    deprecated spelling)."""
+    cmd = ["--tp-size", str(tp)]
     if ep > 1:
         cmd += ["--ep-size", str(ep)]
     if dp > 1:
-        cmd += ["--dp", str(dp), "--enable-dp-attention"]
+        cmd += ["--attn-dp-size", str(dp)]
     if args.probe_ckpt:
         cmd += ["--probe-ckpt", args.probe_ckpt]
     return cmd + args.server_args
@@ -61,110 +79,205 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def config_label(tp: int, ep: int, dp: int, replicas: int = 1, pp: int = 1) -> str:
+    return f"EP{ep} DP{dp} TP{tp}" + (f" PP{pp}" if pp > 1 else "") + (f" x{replicas} replicas" if replicas > 1 else "")
+
+
+def resolved_layout(info: dict) -> dict:
+    """The configuration a server runs, from its `/server_info` (SGLang's resolved arguments): label, GPUs
+    (tp x pp x dp replicas; attention DP groups live inside the TP group), the prefill chunk, the device."""
+    tp, pp, replicas = int(info.get("tp_size", 1)), int(info.get("pp_size", 1)), int(info.get("dp_size", 1))
+    ep, dp = int(info.get("ep_size", 1)), int(info.get("attn_dp_size", 1))
+    return {"config": config_label(tp, ep, dp, replicas, pp), "gpus": tp * pp * replicas,
+            "chunked_prefill_size": info.get("chunked_prefill_size"), "device": info.get("device")}
+
+
 def decode_row(base: dict, r: dict, context: int, output_len: int, gpus: int) -> dict:
-    """One batch of one_batch_server's results as a decode row: every request's tokens after its first."""
+    """One batch of one_batch_server's results as a decode row: every request's tokens after its first.
+    Tokens per request from the tokens the server generated (a server that clamps max_new_tokens makes
+    fewer than output_len: counted as made, and the row says so)."""
     batch = r["batch_size"]
     decode_s = r["latency"] - r["last_ttft"]
-    if output_len < 2 or decode_s <= 0:
-        raise ValueError(f"no decode time to measure: output_len {output_len}, latency {r['latency']} s, "
+    made = r.get("total_output_tokens")
+    per_request = made / batch if made else output_len
+    if per_request < 2 or decode_s <= 0:
+        raise ValueError(f"no decode time to measure: {per_request:g} tokens a request, latency {r['latency']} s, "
                          f"last_ttft {r['last_ttft']} s")
-    per_user = (output_len - 1) / decode_s
-    return {**base, "bench": "decode", "batch": batch, "context": context, "tok_s_per_user": per_user,
-            "tok_s_total": per_user * batch, "tok_s_per_gpu": per_user * batch / gpus,
-            "dollars_per_M_output": bc.dollars_per_million_output(per_user * batch, gpus),
-            "step_ms": 1e3 / per_user, "ttft_s": r["last_ttft"], "latency_s": r["latency"],
-            "sglang_output_throughput": r.get("output_throughput")}
+    per_user = (per_request - 1) / decode_s
+    row = {**base, "bench": "decode", "batch": batch, "context": context, "tok_s_per_user": per_user,
+           "tok_s_total": per_user * batch, "tok_s_per_gpu": per_user * batch / gpus,
+           "dollars_per_M_output": bc.dollars_per_million_output(per_user * batch, gpus),
+           "step_ms": 1e3 / per_user, "ttft_s": r["last_ttft"], "latency_s": r["latency"],
+           "sglang_output_throughput": r.get("output_throughput"),
+           "sglang_steady_state_output_throughput": r.get("steady_state_output_throughput")}
+    if made is not None and made != batch * output_len:
+        row["short_output"] = f"{made} tokens made of {batch * output_len} asked"
+    return row
 
 
-def prefill_row(base: dict, r: dict, length: int, gpus: int) -> dict:
-    latency = r["last_ttft"]
+def prefill_row(base: dict, runs: list[dict], length: int, gpus: int) -> dict:
+    """Batch-1 prefill: the median last_ttft of the runs (each one_batch_server case flushes the cache first)."""
+    latency = statistics.median(r["last_ttft"] for r in runs)
     return {**base, "bench": "prefill", "length": length, "latency_ms": latency * 1e3, "tok_s": length / latency,
-            "dollars_per_M_input": bc.dollars_per_million_input(latency, length, gpus)}
+            "dollars_per_M_input": bc.dollars_per_million_input(latency, length, gpus),
+            "runs_ms": [r["last_ttft"] * 1e3 for r in runs]}
+
+
+SKIP_LINE = re.compile(r"Skip benchmark batch_size=(\d+).*?(due to [^=]*)")
+
+
+def missing_rows(base: dict, bench: str, tokens: int, asked: list[int], got: list[dict], stdout: str) -> list[dict]:
+    """Batches one_batch_server returned no result for: it skips those above the server's KV capacity or
+    running-request limit with a line on stdout and exit 0. Each becomes a row that says so."""
+    why = {int(m.group(1)): m.group(0).strip("= ") for m in SKIP_LINE.finditer(stdout)}
+    made = {r["batch_size"] for r in got}
+    key = "batch" if bench == "decode" else "length"
+    rows = []
+    for b in sorted(set(asked) - made):
+        at = {"batch": b, "context": tokens} if bench == "decode" else {"length": tokens}
+        if b in why:
+            rows.append({**base, "bench": bench, **at, "does_not_fit": f"one_batch_server: {why[b]}"})
+        else:
+            rows.append({**base, "bench": bench, **at, "tokens": tokens,
+                         "error": f"one_batch_server returned no result for {key} {tokens if key == 'length' else b}"})
+    return rows
+
+
+def run_benchmark(args, env: dict, url: str, batches: list[int], tokens: int, output_len: int, tmp: str, name: str):
+    """One one_batch_server invocation: (result rows, stdout, an error text or None)."""
+    result = os.path.join(tmp, f"{name}.jsonl")
+    try:
+        done = subprocess.run(bench_command(args, url, batches, tokens, output_len, result), env=env,
+                              capture_output=True, text=True, timeout=args.bench_timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return read_jsonl(result), out, f"one_batch_server still running after {args.bench_timeout:.0f} s (killed)"
+    error = None if done.returncode == 0 else f"one_batch_server exited {done.returncode}: {done.stderr[-300:]}"
+    return read_jsonl(result), done.stdout, error
 
 
 def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
     from sglang_ext.launch.cpu_shims import cpu_server_env
-    from sglang_ext.launch.server import SGLangServer
+    from sglang_ext.launch.server import SGLangServer, free_port
 
-    label = f"EP{ep} DP{dp} TP{tp}"
+    label = config_label(tp, ep, dp)
     batches = [int(b) for b in args.batches.split(",")]
-    server = SGLangServer(args.model_path, server_args(args, tp, ep, dp), port=args.port,
+    cpu = {"auto": None, "cpu": True, "cuda": False}[args.device]
+    server = SGLangServer(args.model_path, server_args(args, tp, ep, dp), port=args.port or free_port(),
                           log_path=os.path.join(args.out, f"server_{tp}_{ep}_{dp}.log"), vocab_dir=args.vocab_dir,
-                          startup_timeout=args.startup_timeout)
+                          startup_timeout=args.startup_timeout, cpu=cpu)
     if args.dry_run:
+        print(f"# {label} on the {'CPU' if server.cpu else 'GPUs'}")
         print(" ".join(server.command()))
         for ctx in args.contexts.split(","):
             print("  " + " ".join(bench_command(args, server.url, batches, int(ctx), args.output_len, "decode.jsonl")))
         for n in args.lengths.split(","):
-            print("  " + " ".join(bench_command(args, server.url, [1], int(n), 1, "prefill.jsonl")))
+            print("  " + " ".join(bench_command(args, server.url, [1] * args.prefill_repeats, int(n), 1,
+                                                "prefill.jsonl")))
         return []
     # the benchmark client loads the server's tokenizer: on a CPU it needs the server's environment (vocab)
     env = cpu_server_env(vocab_dir=args.vocab_dir) if server.cpu else dict(os.environ)
-    base = {"model": os.path.basename(args.model_path.rstrip("/")), "config": label, "gpus": tp,
-            "kind": "sglang-server"}
+    base = {"model": args.model_name or os.path.basename(args.model_path.rstrip("/")), "config": label,
+            "gpus": tp, "kind": "sglang-server", "probe": bool(args.probe_ckpt),
+            "device": "cpu" if server.cpu else "cuda"}
     rows = []
     try:
         server.start()
+        info = requests.get(server.url + "/server_info", timeout=60).json()
+        layout = resolved_layout(info)
+        if layout["config"] != label:
+            base["requested_config"] = label
+        base.update(layout)
         with tempfile.TemporaryDirectory() as tmp:
-            runs = [("decode", ctx, batches, args.output_len) for ctx in map(int, args.contexts.split(","))]
-            runs += [("prefill", n, [1], 1) for n in map(int, args.lengths.split(","))]
-            for bench, tokens, run_batches, output_len in runs:
-                result = os.path.join(tmp, f"{bench}_{tokens}.jsonl")
-                done = subprocess.run(bench_command(args, server.url, run_batches, tokens, output_len, result),
-                                      env=env, capture_output=True, text=True)
-                got = read_jsonl(result)
-                if done.returncode != 0 or not got:
-                    rows.append({**base, "bench": bench, "tokens": tokens,
-                                 "error": f"one_batch_server exited {done.returncode}: {done.stderr[-300:]}"})
-                for r in got:
-                    rows.append(decode_row(base, r, tokens, output_len, tp) if bench == "decode"
-                                else prefill_row(base, r, tokens, tp))
+            for ctx in map(int, args.contexts.split(",")):
+                got, out, error = run_benchmark(args, env, server.url, batches, ctx, args.output_len, tmp, f"decode_{ctx}")
+                rows += [decode_row(base, r, ctx, args.output_len, base["gpus"]) for r in got]
+                rows += missing_rows(base, "decode", ctx, batches, got, out)
+                if error:
+                    rows.append({**base, "bench": "decode", "tokens": ctx, "error": error})
+            for n in map(int, args.lengths.split(",")):
+                got, out, error = run_benchmark(args, env, server.url, [1] * args.prefill_repeats, n, 1, tmp,
+                                                f"prefill_{n}")
+                if got:
+                    rows.append(prefill_row(base, got, n, base["gpus"]))
+                else:
+                    rows += missing_rows(base, "prefill", n, [1], got, out)
+                if error:
+                    rows.append({**base, "bench": "prefill", "tokens": n, "error": error})
     except Exception as exc:  # noqa: BLE001  (a configuration that fails is a row; the grid goes on)
         rows.append({**base, "error": repr(exc)[:300]})
     finally:
-        server.stop()
+        try:
+            server.stop()
+        except Exception as exc:  # noqa: BLE001  (the next configuration would share its GPUs: say so)
+            rows.append({**base, "error": f"stopping the server: {exc!r}"[:300]})
     return rows
+
+
+def write_grid(args, meta: dict, rows: list[dict]) -> None:
+    decode = [r for r in rows if r.get("bench") == "decode" and "step_ms" in r]
+    prefill = [r for r in rows if r.get("bench") == "prefill" and "latency_ms" in r]
+    head = ["# SGLang servers: decode and prefill by configuration", "", f"`{meta['command']}` — {meta['date']}", "",
+            "decode tok/s per user: (tokens per request - 1) / (latency - last_ttft) of SGLang's one_batch_server; "
+            f"prefill: the median last_ttft of {args.prefill_repeats} batch-1 runs. Configurations as the servers "
+            "resolved them (`/server_info`).", ""]
+    decode_md = bc.md_table(decode, [("config", "config", None), ("context", "context", None), ("batch", "batch", None),
+                                     ("tok/s/user", "tok_s_per_user", "{:.1f}"),
+                                     ("tok/s/GPU", "tok_s_per_gpu", "{:.0f}"),
+                                     ("$/M out", "dollars_per_M_output", "{:.3f}")])
+    prefill_md = bc.md_table(prefill, [("config", "config", None), ("input tokens", "length", None),
+                                       ("latency ms", "latency_ms", "{:.1f}"),
+                                       ("prefill chunk", "chunked_prefill_size", None),
+                                       ("$/M input", "dollars_per_M_input", "{:.4f}")])
+    notes = []
+    for r in rows:
+        if not any(k in r for k in ("error", "does_not_fit", "short_output", "requested_config")):
+            continue
+        where = r["config"] + (f" (asked {r['requested_config']})" if "requested_config" in r else "")
+        where += (f" {r['bench']}" if "bench" in r else "") + "".join(
+            f" {k} {r[k]}" for k in ("context", "batch", "length", "tokens") if k in r)
+        text = r.get("error") or r.get("does_not_fit") or r.get("short_output") or "resolved to another configuration"
+        notes.append(f"- {where}: {text}")
+    bc.write_results(args.out, args.stem, meta, rows, "\n".join(head + [decode_md, "", prefill_md, ""] + notes) + "\n")
+    bc.write_results(args.out, f"bench_decode_{args.stem}", meta, decode, "\n".join(head + [decode_md]) + "\n")
+    bc.write_results(args.out, f"bench_prefill_{args.stem}", meta, prefill, "\n".join(head + [prefill_md]) + "\n")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-path", required=True)
+    ap.add_argument("--model-name", default="", help="the rows' model (default: the folder's name); name it as the "
+                    "harness does (gpt-oss-120b, gpt-oss-20b) to read both side by side")
     ap.add_argument("--probe-ckpt", default="")
-    ap.add_argument("--configs", default="1:1:1")
+    ap.add_argument("--configs", default="1:1:1", help="TP:EP:DP,... (DP: data-parallel attention)")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--contexts", default="8192,32768")
     ap.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--port", type=int, default=30111)
+    ap.add_argument("--prefill-repeats", type=int, default=3)
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                    help="auto: the CPU where no CUDA driver loads (as the demo and the tests)")
+    ap.add_argument("--port", type=int, default=0, help="default: a free port for each configuration")
     ap.add_argument("--vocab-dir", default=None, help="tiktoken vocab folder for an offline server's tokenizer "
                     "(sglang_ext.launch.tokenizer.ensure_o200k_vocab; the CPU tests pass theirs)")
     ap.add_argument("--startup-timeout", type=float, default=1800)
+    ap.add_argument("--bench-timeout", type=float, default=3600, help="seconds for one one_batch_server run")
     ap.add_argument("--skip-warmup", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "sglang_servers"))
     ap.add_argument("--stem", default="sglang_server_grid")
     ap.add_argument("server_args", nargs="*", help="extra arguments for launch_server (after --)")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    if args.prefill_repeats < 1:
+        ap.error("--prefill-repeats must be at least 1")
+    if not args.dry_run:
+        os.makedirs(args.out, exist_ok=True)
+    meta = bc.run_meta(" ".join(["python", "benchmarks/sglang_server_grid.py"] + sys.argv[1:]))
     rows = []
     for tp, ep, dp in parse_configs(args.configs):
         rows += run_config(args, tp, ep, dp)
-    if args.dry_run:
-        return
-    meta = bc.run_meta(" ".join(["python", "benchmarks/sglang_server_grid.py"] + sys.argv[1:]))
-    decode = [r for r in rows if r.get("bench") == "decode" and "error" not in r]
-    prefill = [r for r in rows if r.get("bench") == "prefill" and "error" not in r]
-    md = ["# SGLang servers: decode and prefill by configuration", "", f"`{meta['command']}` — {meta['date']}", "",
-          "decode tok/s per user: (output_len - 1) / (latency - last_ttft) of SGLang's one_batch_server.", "",
-          bc.md_table(decode, [("config", "config", None), ("context", "context", None), ("batch", "batch", None),
-                               ("tok/s/user", "tok_s_per_user", "{:.1f}"), ("tok/s/GPU", "tok_s_per_gpu", "{:.0f}"),
-                               ("$/M out", "dollars_per_M_output", "{:.3f}")]), "",
-          bc.md_table(prefill, [("config", "config", None), ("input tokens", "length", None),
-                                ("latency ms", "latency_ms", "{:.1f}"), ("$/M input", "dollars_per_M_input", "{:.4f}")])]
-    errors = [r for r in rows if "error" in r]
-    md += [""] + [f"- {r['config']}" + (f" {r['bench']} {r['tokens']} tokens" if "tokens" in r else "")
-                  + f": {r['error']}" for r in errors]
-    bc.write_results(args.out, args.stem, meta, rows, "\n".join(md) + "\n")
+        if not args.dry_run:
+            write_grid(args, meta, rows)  # after each configuration: a grid cut short keeps what ran
 
 
 if __name__ == "__main__":
