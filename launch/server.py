@@ -36,9 +36,10 @@ class ServerFailed(RuntimeError):
 
 
 def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group `pgid`. A zombie counts as alive to kill(0), and where
-    no init reaps orphans (a container) zombies stay: so read /proc. Elsewhere: [pgid] while kill(0) says
-    the group exists."""
+    """Live processes of process group `pgid`. A zombie counts as alive to kill(0), and where no init reaps
+    orphans (a container) zombies stay: so read /proc, where a zombie is gone once its last thread is (a
+    process whose main thread exited shows "Z" while another thread may still hold the GPU). Elsewhere:
+    [pgid] while kill(0) says the group exists."""
     proc = Path("/proc")
     if not proc.is_dir():
         try:
@@ -51,13 +52,16 @@ def group_members(pgid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses, so split after the last ")"
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
+            stat = (entry / "stat").read_bytes()  # bytes: a process name is any bytes, not always UTF-8
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and ")", so split after the last ")"
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if int(fields[2]) != pgid or fields[0] == b"X":
+                continue
+            if fields[0] == b"Z" and len(os.listdir(entry / "task")) <= 1:
+                continue
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile, or not a stat line this parser knows
+        members.append(int(entry.name))
     return members
 
 
@@ -102,23 +106,24 @@ class SGLangServer:
         return cmd + self.extra_args
 
     def ranks(self) -> int:
-        """Scheduler processes the server starts: tp x dp replicas. Attention DP groups (--attn-dp-size, or
-        the deprecated --dp D --enable-dp-attention, which SGLang resolves to attn_dp_size D, dp_size 1) live
-        inside the TP group and add none."""
+        """Scheduler processes the server starts: tp x pp x dp replicas. Attention DP groups (--attn-dp-size,
+        or the deprecated --dp D --enable-dp-attention, which SGLang resolves to attn_dp_size D, dp_size 1)
+        live inside the TP group and add none. As argparse, the last of a repeated flag counts."""
         args = self.extra_args
 
         def value(*flags: str) -> int:
+            found = 1
             for i, arg in enumerate(args):
-                for flag in flags:
-                    if arg == flag and i + 1 < len(args):
-                        return int(args[i + 1])
-                    if arg.startswith(flag + "="):
-                        return int(arg.split("=", 1)[1])
-            return 1
+                if arg in flags and i + 1 < len(args):
+                    found = int(args[i + 1])
+                elif arg.split("=", 1)[0] in flags and "=" in arg:
+                    found = int(arg.split("=", 1)[1])
+            return found
 
         tp = value("--tp-size", "--tp", "--tensor-parallel-size")
+        pp = value("--pp-size", "--pipeline-parallel-size")
         dp = value("--dp-size", "--dp", "--data-parallel-size")
-        return tp if "--enable-dp-attention" in args else tp * dp
+        return tp * pp if "--enable-dp-attention" in args else tp * pp * dp
 
     def start(self) -> "SGLangServer":
         env = cpu_server_env(vocab_dir=self.vocab_dir) if self.cpu else dict(os.environ)
@@ -164,10 +169,13 @@ class SGLangServer:
         if self.proc is None:
             return
         group = self.proc.pid  # start_new_session: the launcher leads its own group
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # A launcher start() already reaped, with no process of its group left: its id may name another's
+        # group by now, so nothing is signalled.
+        if self.proc.returncode is None or group_members(group):
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
@@ -187,5 +195,11 @@ class SGLangServer:
     def __enter__(self):
         return self.start()
 
-    def __exit__(self, *exc):
-        self.stop()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.stop()
+        except ServerFailed as stop_failed:
+            if exc_type is None:
+                raise
+            # the body's own failure is the one to report; this one goes beside it
+            print(f"sglang_ext: while handling {exc_type.__name__}: {stop_failed}", file=sys.stderr)

@@ -181,3 +181,77 @@ def test_server_launcher_dies_with_the_process_that_started_it(tmp_path, monkeyp
             srv.start()
         srv._log.close()
         assert started == [server.with_parent_death(srv.command())]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_group_members_lists_the_live_processes_of_a_group():
+    """What SGLangServer.stop() waits on: every process of the server's group until it is gone (a scheduler
+    holds a GPU's memory until then), not the launcher alone; a zombie is gone unless a thread of it lives."""
+    import os
+    import platform
+    import signal
+
+    from sglang_ext.launch import server
+
+    group = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+        deadline = time.time() + 10
+        while len(server.group_members(group.pid)) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(server.group_members(group.pid)) == 3  # bash and its two sleeps
+        # a process elsewhere whose name is not UTF-8 (names are bytes) must not break the scan
+        odd = subprocess.Popen([sys.executable, "-c", "import ctypes, time; "
+                                "ctypes.CDLL(None).prctl(15, b'odd\\xff\\xfename', 0, 0, 0); time.sleep(60)"])
+        try:
+            time.sleep(0.3)
+            assert len(server.group_members(group.pid)) == 3
+        finally:
+            odd.kill()
+            odd.wait()
+    finally:
+        os.killpg(group.pid, signal.SIGKILL)
+        group.wait()
+    deadline = time.time() + 10
+    while server.group_members(group.pid) and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.group_members(group.pid) == []
+    sys_exit = {"x86_64": 60, "aarch64": 93}.get(platform.machine())
+    if sys_exit is None:
+        return
+    # a process whose main thread has exited ("Z" in its stat) while another thread still runs is alive
+    half = subprocess.Popen([sys.executable, "-c", "import ctypes, os, threading, time; threading.Thread(target="
+                             "lambda: (time.sleep(3), os._exit(0))).start(); time.sleep(0.2); "
+                             f"ctypes.CDLL(None).syscall({sys_exit}, 0)"], start_new_session=True)
+    try:
+        time.sleep(1.0)
+        with open(f"/proc/{half.pid}/stat", "rb") as f:
+            assert f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        assert server.group_members(half.pid) == [half.pid]
+    finally:
+        half.wait()
+    assert server.group_members(half.pid) == []
+
+
+def test_stop_fails_loudly_when_a_servers_process_outlives_it(tmp_path, monkeypatch):
+    from sglang_ext.launch import server
+
+    srv = server.SGLangServer("/nonexistent", cpu=True, log_path=tmp_path / "server.log")
+    srv.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    srv._log = open(tmp_path / "server.log", "w")
+    monkeypatch.setattr(server, "group_members", lambda pgid: [4242])  # a scheduler that will not go
+    with pytest.raises(server.ServerFailed, match=r"\[4242\] still alive"):
+        srv.stop(timeout=0.5)
+    assert srv.proc is None and srv._log.closed  # nothing left to retry on: the launcher is reaped
+
+
+@pytest.mark.parametrize("args, ranks", [
+    (["--tp", "2"], 2), (["--tp-size", "4"], 4), (["--tp=2", "--dp-size", "3"], 6),
+    (["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"], 4),
+    (["--tp", "2", "--dp", "2", "--enable-dp-attention"], 2),  # attention DP groups live inside the TP group
+    (["--tp-size", "4", "--attn-dp-size", "2"], 4),
+    (["--tp-size", "2", "--tp-size", "4"], 4),  # as argparse: the last one counts
+])
+def test_ranks_counts_the_schedulers_sglang_starts(args, ranks):
+    from sglang_ext.launch import server
+
+    assert server.SGLangServer("m", args).ranks() == ranks
