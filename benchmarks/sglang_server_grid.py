@@ -24,6 +24,10 @@ Results are rewritten after every configuration: `<stem>.json/.md` (every row an
 --out its own folder: mixed with the harness's files, the two kinds of rows would be deduplicated
 against each other).
 
+Keep one probe setting per folder (plot_results does not tell them apart). With DP attention, a group that
+finishes its prefill early decodes before last_ttft, so tok/s per user is an upper bound there; SGLang's
+steady-state rate is kept beside it (`sglang_steady_state_output_throughput`).
+
 Prompts are SGLang's "random-ids" dataset (token ids of exactly the asked length, no download: the
 "random" one fetches ShareGPT from the Hugging Face hub). --device auto runs the server on the CPU where
 no CUDA driver loads (the demo's recipe): that is how the tests run this script, on the tiny checkpoint.
@@ -86,8 +90,9 @@ def config_label(tp: int, ep: int, dp: int, replicas: int = 1, pp: int = 1) -> s
 def resolved_layout(info: dict) -> dict:
     """The configuration a server runs, from its `/server_info` (SGLang's resolved arguments): label, GPUs
     (tp x pp x dp replicas; attention DP groups live inside the TP group), the prefill chunk, the device."""
-    tp, pp, replicas = int(info.get("tp_size", 1)), int(info.get("pp_size", 1)), int(info.get("dp_size", 1))
-    ep, dp = int(info.get("ep_size", 1)), int(info.get("attn_dp_size", 1))
+    # KeyError, not a default, where SGLang names a field otherwise: a wrong label would pass unnoticed
+    tp, pp, replicas = int(info["tp_size"]), int(info["pp_size"]), int(info["dp_size"])
+    ep, dp = int(info["ep_size"]), int(info["attn_dp_size"])
     return {"config": config_label(tp, ep, dp, replicas, pp), "gpus": tp * pp * replicas,
             "chunked_prefill_size": info.get("chunked_prefill_size"), "device": info.get("device")}
 
@@ -146,6 +151,7 @@ def missing_rows(base: dict, bench: str, tokens: int, asked: list[int], got: lis
 def run_benchmark(args, env: dict, url: str, batches: list[int], tokens: int, output_len: int, tmp: str, name: str):
     """One one_batch_server invocation: (result rows, stdout, an error text or None)."""
     result = os.path.join(tmp, f"{name}.jsonl")
+    env = {**env, "PYTHONUNBUFFERED": "1"}  # a run killed at its timeout keeps its printed lines (skips, errors)
     try:
         done = subprocess.run(bench_command(args, url, batches, tokens, output_len, result), env=env,
                               capture_output=True, text=True, timeout=args.bench_timeout)
@@ -154,6 +160,9 @@ def run_benchmark(args, env: dict, url: str, batches: list[int], tokens: int, ou
         return read_jsonl(result), out, f"one_batch_server still running after {args.bench_timeout:.0f} s (killed)"
     error = None if done.returncode == 0 else f"one_batch_server exited {done.returncode}: {done.stderr[-300:]}"
     return read_jsonl(result), done.stdout, error
+
+
+STOP_FAILED = "stopping the server"
 
 
 def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
@@ -191,7 +200,12 @@ def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             for ctx in map(int, args.contexts.split(",")):
                 got, out, error = run_benchmark(args, env, server.url, batches, ctx, args.output_len, tmp, f"decode_{ctx}")
-                rows += [decode_row(base, r, ctx, args.output_len, base["gpus"]) for r in got]
+                for r in got:
+                    try:
+                        rows.append(decode_row(base, r, ctx, args.output_len, base["gpus"]))
+                    except (KeyError, ValueError) as exc:  # one batch's result, not the configuration's
+                        rows.append({**base, "bench": "decode", "batch": r.get("batch_size"), "context": ctx,
+                                     "error": f"{exc!r}"[:300]})
                 rows += missing_rows(base, "decode", ctx, batches, got, out)
                 if error:
                     rows.append({**base, "bench": "decode", "tokens": ctx, "error": error})
@@ -209,8 +223,8 @@ def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
     finally:
         try:
             server.stop()
-        except Exception as exc:  # noqa: BLE001  (the next configuration would share its GPUs: say so)
-            rows.append({**base, "error": f"stopping the server: {exc!r}"[:300]})
+        except Exception as exc:  # noqa: BLE001  (the grid stops after writing: see main)
+            rows.append({**base, "error": f"{STOP_FAILED}: {exc!r}"[:300]})
     return rows
 
 
@@ -275,9 +289,14 @@ def main():
     meta = bc.run_meta(" ".join(["python", "benchmarks/sglang_server_grid.py"] + sys.argv[1:]))
     rows = []
     for tp, ep, dp in parse_configs(args.configs):
-        rows += run_config(args, tp, ep, dp)
-        if not args.dry_run:
-            write_grid(args, meta, rows)  # after each configuration: a grid cut short keeps what ran
+        got = run_config(args, tp, ep, dp)
+        rows += got
+        if args.dry_run:
+            continue
+        write_grid(args, meta, rows)  # after each configuration: a grid cut short keeps what ran
+        if any(r.get("error", "").startswith(STOP_FAILED) for r in got):
+            # its processes may still hold the GPUs: the next server would measure less memory, or not start
+            sys.exit(f"sglang_server_grid: a server did not stop; the grid ends here ({args.out})")
 
 
 if __name__ == "__main__":
