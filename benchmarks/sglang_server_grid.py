@@ -243,15 +243,16 @@ def write_grid(args, meta: dict, rows: list[dict]) -> None:
                                        ("latency ms", "latency_ms", "{:.1f}"),
                                        ("prefill chunk", "chunked_prefill_size", None),
                                        ("$/M input", "dollars_per_M_input", "{:.4f}")])
-    notes = []
+    # one line per configuration the server resolved otherwise, one per row that did not measure as asked
+    notes = [f"- asked {asked}, the server ran {config}"
+             for config, asked in dict.fromkeys((r["config"], r["requested_config"]) for r in rows
+                                                if "requested_config" in r)]
     for r in rows:
-        if not any(k in r for k in ("error", "does_not_fit", "short_output", "requested_config")):
+        if not any(k in r for k in ("error", "does_not_fit", "short_output")):
             continue
-        where = r["config"] + (f" (asked {r['requested_config']})" if "requested_config" in r else "")
-        where += (f" {r['bench']}" if "bench" in r else "") + "".join(
+        where = r["config"] + (f" {r['bench']}" if "bench" in r else "") + "".join(
             f" {k} {r[k]}" for k in ("context", "batch", "length", "tokens") if k in r)
-        text = r.get("error") or r.get("does_not_fit") or r.get("short_output") or "resolved to another configuration"
-        notes.append(f"- {where}: {text}")
+        notes.append(f"- {where}: {r.get('error') or r.get('does_not_fit') or r.get('short_output')}")
     bc.write_results(args.out, args.stem, meta, rows, "\n".join(head + [decode_md, "", prefill_md, ""] + notes) + "\n")
     bc.write_results(args.out, f"bench_decode_{args.stem}", meta, decode, "\n".join(head + [decode_md]) + "\n")
     bc.write_results(args.out, f"bench_prefill_{args.stem}", meta, prefill, "\n".join(head + [prefill_md]) + "\n")

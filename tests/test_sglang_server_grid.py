@@ -202,7 +202,7 @@ def test_one_bad_batch_result_costs_its_row_only(monkeypatch, tmp_path):
     args = argparse.Namespace(model_path="/m/gpt-oss-120b", model_name="", probe_ckpt="", server_args=[],
                               batches="1,8", contexts="8192", lengths="1024", output_len=11, prefill_repeats=1,
                               device="cuda", port=0, vocab_dir=None, startup_timeout=1, dry_run=False,
-                              out=str(tmp_path), skip_warmup=True)
+                              out=str(tmp_path), skip_warmup=True, stem="sglang_server_grid")
     rows = grid.run_config(args, 4, 1, 1)
     decode = [r for r in rows if r.get("bench") == "decode"]
     assert [("step_ms" in r, r["batch"]) for r in decode] == [(True, 1), (False, 8)]
@@ -210,3 +210,8 @@ def test_one_bad_batch_result_costs_its_row_only(monkeypatch, tmp_path):
     assert [r["length"] for r in rows if r.get("bench") == "prefill"] == [1024]
     assert all(r["config"] == "EP4 DP1 TP4" and r["requested_config"] == "EP1 DP1 TP4" and r["gpus"] == 4
                for r in rows)
+    grid.write_grid(args, {"command": "c", "date": "d"}, rows)
+    md = (tmp_path / "sglang_server_grid.md").read_text()
+    assert md.count("- asked EP1 DP1 TP4, the server ran EP4 DP1 TP4") == 1  # once, not once a row
+    assert "EP4 DP1 TP4 decode context 8192 batch 8: ValueError('no decode time" in md
+    assert json.loads((tmp_path / "bench_decode_sglang_server_grid.json").read_text())["rows"][0]["batch"] == 1
