@@ -78,12 +78,10 @@ def harmony_available() -> bool:
         return False
 
 
-# openai-harmony's BPE takes time quadratic in the length of one pre-tokenizer piece, and a run of one
-# punctuation character is one piece: 80k "{" took 2.1 s, 150k held a server's every endpoint for 21.6 s
-# (session 24's fuzz round). Text longer than this is encoded in pieces of at most this many characters.
 # Text at least this long is encoded by tiktoken's o200k_base rather than by openai-harmony, whose BPE is
-# quadratic in one long pre-token piece (a run of punctuation: 36 s for 300k characters); tiktoken's tokens
-# are harmony's for ordinary text, in linear time.
+# quadratic in one long pre-token piece (a run of one punctuation character is one piece: 80k "{" took
+# 2.1 s, 300k "!" 36 s, holding the server's tokenizer); tiktoken's tokens are harmony's for ordinary text,
+# in linear time.
 LINEAR_MIN_CHARS = 2048
 
 
@@ -168,15 +166,15 @@ def render_for_completion_linear(encoding, conversation, next_role) -> list[int]
             owners.append(message)
             message = message.model_copy(update={"content": [TextContent(text=markers[-1])]})
         messages.append(message)
-    if not texts:
-        return list(encoding.render_conversation_for_completion(conversation, next_role))
-    if not all(_valid_unicode(text) for text in texts):  # harmony refuses it; tiktoken would replace it
-        return list(encoding.render_conversation_for_completion(conversation, next_role))
-    try:
-        rendered = list(encoding.render_conversation_for_completion(Conversation.from_messages(messages), next_role))
-        spliced = _splice(encoding, rendered, markers, texts, owners)
-    except Exception:  # noqa: BLE001 - harmony decides (and raises where it would)
-        spliced = None
+    spliced = None
+    # text that is not valid Unicode: harmony refuses it, where tiktoken would replace it
+    if texts and all(_valid_unicode(text) for text in texts):
+        try:
+            rendered = list(encoding.render_conversation_for_completion(Conversation.from_messages(messages),
+                                                                        next_role))
+            spliced = _splice(encoding, rendered, markers, texts, owners)
+        except Exception:  # noqa: BLE001 - harmony decides (and raises where it would)
+            spliced = None
     if spliced is None:
         return list(encoding.render_conversation_for_completion(conversation, next_role))
     return spliced
