@@ -1,0 +1,310 @@
+"""Served correctness on a GPU: the real `python -m sglang.launch_server` with this plugin, on tiny checkpoints
+generated in the real formats, against Hugging Face transformers on the same weights.
+
+For each (checkpoint, CUDA graphs on/off) one server with the tiny SingProbe, and for each:
+  tokens   greedy tokens of a cold prefill (after /flush_cache) against transformers' greedy on the same weights
+           (bf16: transformers in bf16; FP8: transformers in fp32 on the dequantised e4m3 weights). Where they part,
+           the served log-probabilities are compared with the fp32 truth: a flip inside the reference's own
+           rounding error is a near-tie, not a fault (`logprob_err`, `ref_err`, `flip_margin`)
+  probe    served scores against the reference head (sglang_ext.probe.model) on transformers' hidden states
+           of the served sequence: `probe_max_abs_err` (criterion 2e-2)
+  cached   the same request again as a radix-cache hit, and after a 200-token prefix hit: the cold run's
+           tokens, its scores within 2e-2 (`cached_equals_cold`), and each path's log-prob error to the truth
+  extra    (where asked) 8 concurrent streams equal each alone; OpenAI SDK stream one score per token; the
+           guard ends a request with content_filter; chunked prefill (a server with --chunked-prefill-size 64)
+           gives the cold run's tokens
+  stubs    no stubbed sgl_kernel function was called (gpu_env's log)
+
+    eval "$(python3 benchmarks/served/gpu_env.py)"; python3 benchmarks/served/parity.py --out $OUT/parity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from gpu_env import SERVER_FLAGS  # noqa: E402
+
+from sglang_ext.launch.make_tiny import random_prompt  # noqa: E402
+from sglang_ext.launch.server import SGLangServer  # noqa: E402
+
+PROMPT_LEN, NEW_TOKENS, PREFIX = 300, 48, 200
+LABELS = [f"label_{i}" for i in range(10)]
+PROBE_TOL = 2e-2
+
+
+def generate(url, ids, n=NEW_TOKENS, logprobs=True, **sampling):
+    body = {"input_ids": ids, "return_logprob": logprobs,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **sampling}}
+    r = requests.post(url + "/generate", json=body, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def scores_of(out) -> torch.Tensor:
+    return torch.tensor([[row[k] for k in LABELS] for row in out["meta_info"]["token_probe_probs"]])
+
+
+def logprobs_of(out) -> torch.Tensor:
+    return torch.tensor([lp for lp, _tok, _txt in out["meta_info"]["output_token_logprobs"]])
+
+
+def flush(url):
+    requests.post(url + "/flush_cache", timeout=60).raise_for_status()
+
+
+# -- references -----------------------------------------------------------------------------------------------
+def hf_model(path, dtype, device="cuda"):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+@torch.no_grad()
+def hf_greedy(model, ids, n=NEW_TOKENS):
+    out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+@torch.no_grad()
+def hf_logprobs_and_hidden(model, sequence, prompt_len):
+    out = model(torch.tensor([sequence], device=model.device), output_hidden_states=True)
+    lp = torch.log_softmax(out.logits[0, prompt_len - 1 : -1].double(), -1).cpu()
+    return lp, out.hidden_states
+
+
+@torch.no_grad()
+def reference_scores(hidden_states, probe_dir, prompt_len, n):
+    from sglang_ext.probe.config import ProbeConfig
+    from sglang_ext.probe.model import SingProbeHead, tap_features
+
+    cfg = ProbeConfig.from_json_file(f"{probe_dir}/config.json")
+    head = SingProbeHead.from_checkpoint(probe_dir, dtype=torch.float32).to(hidden_states[0].device)
+    feats = tap_features([hidden_states[i].float() for i in cfg.base_model_layer_ids], torch.float32)
+    probs = head.probs(head(feats))[0]
+    return probs[prompt_len - 1 : prompt_len - 1 + n].cpu()
+
+
+def fp8_as_hf(fp8_dir: Path, out_dir: Path) -> Path:
+    """The FP8 checkpoint's weights dequantised into a float32 transformers checkpoint (experts back in
+    transformers' [E, in, out] layout): the same weights the server holds, for the oracle."""
+    from safetensors.torch import load_file, save_file
+
+    from sglang_ext.layers.fp8 import dequantize_weight_block128
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for f in sorted(fp8_dir.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    dense = {}
+    for name, t in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        scale = tensors.get(name + "_scale_inv")
+        if t.dtype == torch.float8_e4m3fn:
+            if scale is None:
+                raise KeyError(f"{name}: e4m3 without its scale")
+            t = dequantize_weight_block128(t, scale, torch.float32)
+            if ".experts." in name:
+                t = t.transpose(-1, -2)
+        dense[name] = t.float().contiguous()
+    save_file(dense, str(out_dir / "model.safetensors"))
+    cfg = json.loads((fp8_dir / "config.json").read_text())
+    cfg.pop("quantization_config", None)
+    cfg["torch_dtype"] = "float32"
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    for extra in fp8_dir.iterdir():
+        if extra.suffix in (".json", ".jinja") and extra.name not in ("config.json", "model.safetensors.index.json"):
+            (out_dir / extra.name).write_bytes(extra.read_bytes())
+    return out_dir
+
+
+# -- one server -----------------------------------------------------------------------------------------------
+def server_args(probe_dir, cuda_graph: bool, max_graph_bs: int, extra=()):
+    args = ["--probe-ckpt", str(probe_dir), "--attention-backend", "ext_sinks", *SERVER_FLAGS,
+            "--enable-custom-logit-processor", "--max-total-tokens", "65536", "--mem-fraction-static", "0.3",
+            "--max-running-requests", "64"]
+    args += ["--cuda-graph-max-bs", str(max_graph_bs)] if cuda_graph else ["--disable-cuda-graph"]
+    return args + list(extra)
+
+
+def check_server(name, model_dir, ref_dir, ref_dtype, probe_dir, cuda_graph, max_graph_bs, log_dir,
+                 extras=False, truth_dir=None, seed=0):
+    row = {"checkpoint": name, "cuda_graph": cuda_graph}
+    prompt = random_prompt(PROMPT_LEN, seed=seed)
+    t0 = time.time()
+    with SGLangServer(model_dir, server_args(probe_dir, cuda_graph, max_graph_bs),
+                      log_path=log_dir / f"server_{name}_{'graph' if cuda_graph else 'eager'}.log",
+                      startup_timeout=420, cpu=False) as srv:
+        row["startup_s"] = round(time.time() - t0, 1)
+        flush(srv.url)
+        cold = generate(srv.url, prompt)
+        again = generate(srv.url, prompt)
+        flush(srv.url)
+        generate(srv.url, prompt[:PREFIX], n=1)
+        prefix_hit = generate(srv.url, prompt)
+        row["cached_tokens"] = [again["meta_info"]["cached_tokens"], prefix_hit["meta_info"]["cached_tokens"]]
+        if extras:
+            row.update(extra_checks(srv, prompt, cold))
+    served = cold["output_ids"]
+    ref = hf_model(ref_dir, ref_dtype)
+    want = hf_greedy(ref, prompt)
+    sequence = prompt + served
+    ref_lp, hidden = hf_logprobs_and_hidden(ref, sequence, PROMPT_LEN)
+    truth = hf_model(truth_dir or ref_dir, torch.float32) if (truth_dir or ref_dtype != torch.float32) else ref
+    truth_lp, truth_hidden = hf_logprobs_and_hidden(truth, sequence, PROMPT_LEN)
+    steps = torch.arange(len(served))
+    served_lp = logprobs_of(cold).double()
+    agree = next((i for i, (a, b) in enumerate(zip(served, want)) if a != b), len(served))
+    row.update(tokens_match=agree, tokens_total=len(served),
+               logprob_err=float((served_lp - truth_lp[steps, served]).abs().max()),
+               ref_err=float((ref_lp - truth_lp).abs().max()),
+               flip_margin=float((truth_lp.max(-1).values - truth_lp[steps, served]).max()))
+    want_scores = reference_scores(truth_hidden, probe_dir, PROMPT_LEN, len(served))
+    got_scores = scores_of(cold)
+    row["probe_max_abs_err"] = float((got_scores - want_scores).abs().max())
+    row["probe_scores_std"] = float(got_scores.std())
+    cached_ok = True
+    for label, other in (("radix_hit", again), ("prefix_hit", prefix_hit)):
+        same = other["output_ids"] == served
+        score_gap = float((scores_of(other) - got_scores).abs().max()) if same else math.inf
+        lp_err = float((logprobs_of(other).double()[: len(served)]
+                        - truth_lp[steps, other["output_ids"][: len(served)]]).abs().max())
+        row[f"{label}_tokens_equal"] = same
+        row[f"{label}_score_gap"] = score_gap
+        row[f"{label}_logprob_err"] = lp_err
+        row[f"{label}_first_diff"] = next((i for i, (a, b) in enumerate(zip(other["output_ids"], served))
+                                           if a != b), None)
+        cached_ok &= same and score_gap <= PROBE_TOL
+    row["cached_equals_cold"] = cached_ok
+    del ref, truth
+    torch.cuda.empty_cache()
+    return row, cold
+
+
+def extra_checks(srv, prompt, cold) -> dict:
+    out = {}
+    prompts = [random_prompt(30 + 37 * i, seed=10 + i) for i in range(8)]
+    alone = [generate(srv.url, p, n=12, logprobs=False) for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda p: generate(srv.url, p, n=12, logprobs=False), prompts))
+    out["concurrent_8_equal_alone"] = all(
+        a["output_ids"] == t["output_ids"] and float((scores_of(a) - scores_of(t)).abs().max()) <= 1e-5
+        for a, t in zip(alone, together))
+    out["concurrent_8_max_score_gap"] = max(float((scores_of(a) - scores_of(t)).abs().max())
+                                            for a, t in zip(alone, together) if a["output_ids"] == t["output_ids"])
+    from openai import OpenAI
+
+    client = OpenAI(base_url=srv.url + "/v1", api_key="none")
+    chunks = list(client.chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=16, stream=True))
+    per_token = [row for c in chunks for ch in (c.choices or []) for row in
+                 ((getattr(ch, "model_extra", None) or {}).get("token_probe_probs") or [])]
+    usage = [c for c in chunks if getattr(c, "usage", None)]
+    out["openai_sdk_scores"] = len(per_token)
+    out["openai_sdk_ok"] = len(per_token) == 16 and all(set(r) == set(LABELS) for r in per_token)
+    guarded = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=16, stream=True,
+        extra_body={"custom_params": {"probe_stop": {"label_3": 0.0}}})
+    reasons = [c.choices[0].finish_reason for c in guarded if c.choices and c.choices[0].finish_reason]
+    body = generate(srv.url, prompt[:50], n=16, logprobs=False, custom_params={"probe_stop": {"label_3": 0.0}})
+    out["guard_finish_reasons"] = reasons
+    out["guard_ok"] = reasons == ["content_filter"] and body["meta_info"]["finish_reason"]["type"] == "content_filter"
+    del usage
+    return out
+
+
+def chunked_row(name, model_dir, probe_dir, cold_ref, log_dir, max_graph_bs, seed=0):
+    prompt = random_prompt(PROMPT_LEN, seed=seed)
+    with SGLangServer(model_dir, server_args(probe_dir, True, max_graph_bs, ["--chunked-prefill-size", "64"]),
+                      log_path=log_dir / f"server_{name}_chunked.log", startup_timeout=420, cpu=False) as srv:
+        flush(srv.url)
+        chunked = generate(srv.url, prompt)
+    same = chunked["output_ids"] == cold_ref["output_ids"]
+    gap = float((scores_of(chunked) - scores_of(cold_ref)).abs().max()) if same else math.inf
+    return {"chunked_prefill_tokens_equal": same, "chunked_prefill_score_gap": gap,
+            "chunked_prefill_first_diff": next((i for i, (a, b) in
+                                                enumerate(zip(chunked["output_ids"], cold_ref["output_ids"]))
+                                                if a != b), None)}
+
+
+def make_checkpoints(root: Path) -> dict:
+    from sglang_ext.launch.make_tiny import generate as make_tiny
+    from sglang_ext.launch.make_tiny_probe import generate as make_probe
+
+    calm = make_tiny(root / "tiny_calm", variants=("bf16", "fp32"), log=lambda *_: None, init="calm")
+    plain = make_tiny(root / "tiny", variants=("bf16", "fp32"), log=lambda *_: None)
+    probe = make_probe(str(root / "tiny_calm" / "probe"), base_dir=calm["fp32"], log=lambda *_: None)
+    fp8 = root / "tiny_calm" / "fp8"
+    if not (fp8 / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "sglang_ext.launch.convert", calm["bf16"], str(fp8)], check=True,
+                       stdout=subprocess.DEVNULL)
+    fp8_hf = fp8_as_hf(fp8, root / "tiny_calm" / "fp8_as_hf")
+    return {"calm_bf16": Path(calm["bf16"]), "calm_fp32": Path(calm["fp32"]), "plain_bf16": Path(plain["bf16"]),
+            "plain_fp32": Path(plain["fp32"]), "fp8": fp8, "fp8_hf": fp8_hf, "probe": Path(probe)}
+
+
+def stub_calls() -> list[str]:
+    path = os.environ.get("SGL_KERNEL_STUB_LOG")
+    if not path or not os.path.exists(path):
+        return []
+    return sorted({line.split(" ", 1)[1].strip() for line in open(path) if " " in line})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/sglang_ext_parity"))
+    ap.add_argument("--only", default="", help="comma-separated config names")
+    args = ap.parse_args(argv)
+    log_dir = args.out.parent
+    ck = make_checkpoints(args.work)
+    # (name, model, transformers reference, its dtype, fp32 truth, graphs, max graph batch, extras)
+    configs = [
+        ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], True, 8, True),
+        ("fp8", ck["fp8"], ck["fp8_hf"], torch.float32, None, True, 32, True),
+        ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], False, 8, False),
+        ("fp8", ck["fp8"], ck["fp8_hf"], torch.float32, None, False, 32, False),
+        ("bf16_default_init", ck["plain_bf16"], ck["plain_bf16"], torch.bfloat16, ck["plain_fp32"], False, 8, False),
+    ]
+    only = set(filter(None, args.only.split(",")))
+    rows, colds = [], {}
+    for name, model, ref, dtype, truth, graphs, bs, extras in configs:
+        if only and name not in only:
+            continue
+        try:
+            row, cold = check_server(name, model, ref, dtype, ck["probe"], graphs, bs, log_dir, extras, truth)
+            colds[(name, graphs)] = cold
+        except Exception as e:  # one broken configuration is a row, the rest still run
+            row = {"checkpoint": name, "cuda_graph": graphs, "error": f"{type(e).__name__}: {e}"[:2000],
+                   "traceback": traceback.format_exc()[-3000:]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        args.out.write_text(json.dumps({"parity": rows, "stub_calls": stub_calls()}, indent=1))
+    if ("fp8", True) in colds:
+        try:
+            rows[[(r["checkpoint"], r["cuda_graph"]) for r in rows].index(("fp8", True))].update(
+                chunked_row("fp8", ck["fp8"], ck["probe"], colds[("fp8", True)], log_dir, 32))
+        except Exception as e:
+            rows.append({"checkpoint": "fp8", "chunked_error": f"{type(e).__name__}: {e}"[:2000]})
+    result = {"parity": rows, "stub_calls": stub_calls()}
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["stub_calls"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A stand-in for `sglang-kernel` on the GPU test machine, where the real one cannot travel.
+
+The real package is 373 MB and built for torch 2.14; the GPU machine has torch 2.11 and no registry.
+SGLang imports `sgl_kernel` (and submodules such as `sgl_kernel.kvcacheio`) in many modules behind
+`is_cuda()`, mostly for kernels that gpt-oss served by sglang-ext never runs. Every import here
+succeeds; every name is a `Stub` that raises a `RuntimeError` naming itself when called, and
+appends that name to `$SGL_KERNEL_STUB_LOG` (one line a call), so a run can prove that no stubbed
+function was on its path. Never installed for users: `benchmarks/served/carry.py` puts it in the carry.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
+__version__ = "0.0.0+stub"
+STUB = True
+
+
+def _log(name: str) -> None:
+    path = os.environ.get("SGL_KERNEL_STUB_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {name}\n")
+
+
+class Stub:
+    """Any attribute of a stubbed module: attributes are stubs too; calling one raises."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Stub(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        _log(self._name)
+        raise RuntimeError(f"{self._name} is a stub: the real sglang-kernel is not installed on this machine")
+
+    def __repr__(self):
+        return f"<sgl_kernel stub {self._name}>"
+
+
+def _module_getattr(module_name: str):
+    def __getattr__(attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Stub(f"{module_name}.{attr}")
+
+    return __getattr__
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Every `sgl_kernel.<sub>` module exists, as a package of stubs."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = _module_getattr(spec.name)
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+__getattr__ = _module_getattr(__name__)
+sys.meta_path.insert(0, _StubFinder())
