@@ -51,9 +51,13 @@ PLATFORMS = ("manylinux_2_39_x86_64", "manylinux_2_35_x86_64", "manylinux_2_34_x
              "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64",
              "any")
 # Imported at module level by SGLang modules on the server's path, never called for a text model there.
+_RAISES = ('\n\ndef __getattr__(name):\n    if name.startswith("__"):\n        raise AttributeError(name)\n\n'
+           '    def stub(*args, **kwargs):\n        raise RuntimeError(f"{__name__}.{name} is a stand-in on this machine")\n\n'
+           '    return stub\n')
 UNUSED_MODULES = {
-    "soundfile": '"""Stand-in: SGLang imports soundfile for audio inputs, which gpt-oss never takes."""\n',
-    "IPython": '"""Stand-in: SGLang imports IPython for notebook helpers, unused by a server."""\n',
+    "soundfile/__init__.py": '"""Stand-in: SGLang imports soundfile for audio inputs, which gpt-oss never takes."""' + _RAISES,
+    "IPython/__init__.py": '"""Stand-in: sglang.utils imports IPython for notebook helpers, unused by a server."""' + _RAISES,
+    "IPython/display.py": '"""Stand-in for IPython.display (HTML, display)."""' + _RAISES,
 }
 STUB_SRC = Path(__file__).resolve().parent / "sgl_kernel_stub" / "sgl_kernel"
 
@@ -110,7 +114,7 @@ def build(out: Path, cache: Path) -> dict:
             raise SystemExit(f"carry: expected one wheel of {spec} in {cache}, found {[w.name for w in found]}")
         wheels[spec] = found[0]
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"wheels": {}, "stubs": ["sgl_kernel", *UNUSED_MODULES]}
+    manifest = {"wheels": {}, "stubs": ["sgl_kernel", *sorted({m.split("/")[0] for m in UNUSED_MODULES})]}
     with tempfile.TemporaryDirectory() as tmp:
         site = Path(tmp) / "site"
         for spec, wheel in wheels.items():
@@ -118,8 +122,8 @@ def build(out: Path, cache: Path) -> dict:
             manifest["wheels"][spec] = {"wheel": wheel.name, "unpacked_bytes": unpack_wheel(wheel, site, drop)}
         shutil.copytree(STUB_SRC, site / "sgl_kernel", ignore=shutil.ignore_patterns("__pycache__"))
         for name, text in UNUSED_MODULES.items():
-            (site / name).mkdir()
-            (site / name / "__init__.py").write_text(text)
+            (site / name).parent.mkdir(parents=True, exist_ok=True)
+            (site / name).write_text(text)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
             tar.add(site, arcname="site")

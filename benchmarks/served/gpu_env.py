@@ -1,7 +1,9 @@
 """On the GPU test machine: unpack `.carry/` (benchmarks/served/carry.py) and print the environment under which
 `python -m sglang.launch_server` runs there with this checkout as the installed `sglang-ext`.
 
-    eval "$(python3 benchmarks/served/gpu_env.py)" && python3 -m sglang.launch_server ...
+    eval "$(python3 benchmarks/served/gpu_env.py)" && cd /tmp && python3 -m sglang.launch_server ...
+
+Run from outside the checkout: in its root, `sglang_ext/` (the glue folder alone) would shadow the linked package.
 
 Standard library only: it runs before anything of the carry is importable. This checkout is linked in as the
 package `sglang_ext` (the layout pyproject's package-dir maps) beside a dist-info that declares the plugin entry
@@ -59,7 +61,7 @@ def unpack(carry: Path = ROOT / ".carry", dest: Path = DEST) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ext), str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["TIKTOKEN_ENCODINGS_BASE"] = str((carry / "vocab").resolve())
     env["TIKTOKEN_RS_CACHE_DIR"] = str(dest / "tiktoken-rs")
-    env["SGL_KERNEL_STUB_LOG"] = str(dest / "sgl_kernel_calls.log")
+    env["KERNEL_STUB_LOG"] = str(dest / "sgl_kernel_calls.log")
     return env
 
 

@@ -259,7 +259,7 @@ def make_checkpoints(root: Path) -> dict:
 
 
 def stub_calls() -> list[str]:
-    path = os.environ.get("SGL_KERNEL_STUB_LOG")
+    path = os.environ.get("KERNEL_STUB_LOG")
     if not path or not os.path.exists(path):
         return []
     return sorted({line.split(" ", 1)[1].strip() for line in open(path) if " " in line})

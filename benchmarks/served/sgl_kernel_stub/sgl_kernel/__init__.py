@@ -4,7 +4,7 @@ The real package is 373 MB and built for torch 2.14; the GPU machine has torch 2
 SGLang imports `sgl_kernel` (and submodules such as `sgl_kernel.kvcacheio`) in many modules behind
 `is_cuda()`, mostly for kernels that gpt-oss served by sglang-ext never runs. Every import here
 succeeds; every name is a `Stub` that raises a `RuntimeError` naming itself when called, and
-appends that name to `$SGL_KERNEL_STUB_LOG` (one line a call), so a run can prove that no stubbed
+appends that name to `$KERNEL_STUB_LOG` (one line a call), so a run can prove that no stubbed
 function was on its path. Never installed for users: `benchmarks/served/carry.py` puts it in the carry.
 """
 
@@ -21,7 +21,7 @@ STUB = True
 
 
 def _log(name: str) -> None:
-    path = os.environ.get("SGL_KERNEL_STUB_LOG")
+    path = os.environ.get("KERNEL_STUB_LOG")
     if path:
         with open(path, "a") as f:
             f.write(f"{os.getpid()} {name}\n")
