@@ -73,7 +73,25 @@ def _link(link: Path, target: Path) -> None:
     link.symlink_to(target)
 
 
+def describe() -> dict:
+    """The machine and versions a served result was measured with (run under the exported environment)."""
+    import sglang
+    import torch
+    import transformers
+    import triton
+
+    return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "triton": triton.__version__, "sglang": sglang.__version__,
+            "transformers": transformers.__version__, "flags": list(SERVER_FLAGS),
+            "env": {k: v for k, v in ENV.items() if k.startswith("SGLANG")}, "sgl_kernel": "stand-in (carry)"}
+
+
 if __name__ == "__main__":
-    carry = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".carry"
-    for key, value in unpack(carry).items():
-        print(f"export {key}={shlex.quote(value)}")
+    if sys.argv[1:2] == ["--describe"]:
+        import json
+
+        print(json.dumps(describe()))
+    else:
+        carry = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".carry"
+        for key, value in unpack(carry).items():
+            print(f"export {key}={shlex.quote(value)}")

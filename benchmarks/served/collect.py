@@ -1,0 +1,127 @@
+"""benchmarks/results/served_gpu.json (+ .md) from what the GPU machine wrote: the parity run
+(benchmarks/served/parity.py), the served grid (benchmarks/sglang_server_grid.py, SGLang's one_batch_server) and
+the harness on the same shapes (benchmarks/bench_decode.py / bench_prefill.py), each call's environment
+(`env.json`: device, torch, triton, sglang, flags). Sections are merged: a later call replaces the rows of the
+same key and keeps the others, so results from several calls (and cards) stand side by side, each row naming
+its card.
+
+    python benchmarks/served/collect.py --call /work/.device/N [--call ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "benchmarks" / "results" / "served_gpu"
+KEYS = {"parity": ("checkpoint", "cuda_graph"), "decode": ("model", "batch", "context", "probe", "device"),
+        "prefill": ("model", "input_tokens", "probe", "device"), "checks": ("name", "device")}
+
+
+def load(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def merge(old: list, new: list, key: tuple) -> list:
+    index = {tuple(r.get(k) for k in key): r for r in old}
+    for r in new:
+        index[tuple(r.get(k) for k in key)] = r
+    return list(index.values())
+
+
+def rows_of_call(call: Path) -> dict:
+    env = load(call / "env.json") or {}
+    device = env.get("device", "unknown")
+    out = {"parity": [], "decode": [], "prefill": [], "checks": [], "env": env}
+    parity = load(call / "parity.json")
+    if parity:
+        for r in parity["parity"]:
+            out["parity"].append({**r, "device": device, "stub_calls": parity.get("stub_calls", [])})
+    harness = {}
+    for name in ("harness_decode.json", "harness_prefill.json"):
+        data = load(call / name)
+        for r in (data or {}).get("rows", []):
+            if r.get("bench") == "decode" or "batch" in r:
+                harness[("decode", r.get("batch"), r.get("context"))] = r
+            else:
+                harness[("prefill", r.get("length"))] = r
+    for grid_file in sorted(call.glob("grid_*.json")):
+        grid = load(grid_file)
+        probe = "probe" in grid_file.stem and "noprobe" not in grid_file.stem
+        for r in grid.get("rows", []):
+            model = r.get("model", "gpt-oss-20b")
+            if r.get("bench") == "decode" and "tok_s_per_user" in r:
+                h = harness.get(("decode", r["batch"], r["context"]))
+                h_tok = h and ((1e3 / h["probe_on_step_ms"] if h.get("probe_on_step_ms") else None) if probe
+                               else h.get("tok_s_per_user"))
+                out["decode"].append({"model": model, "batch": r["batch"], "context": r["context"], "probe": probe,
+                                      "served_tok_s_per_user": round(r["tok_s_per_user"], 1),
+                                      "harness_tok_s_per_user": h_tok and round(h_tok, 1),
+                                      "served_over_harness": h_tok and round(r["tok_s_per_user"] / h_tok, 3),
+                                      "device": device, "config": r.get("config"), "source": grid_file.name})
+            elif r.get("bench") == "prefill" and "latency_ms" in r:
+                h = harness.get(("prefill", r["length"]))
+                out["prefill"].append({"model": model, "input_tokens": r["length"], "probe": probe,
+                                       "served_ttft_ms": round(r["latency_ms"], 1),
+                                       "harness_ms": h and h.get("latency_ms") and round(h["latency_ms"], 1),
+                                       "device": device, "source": grid_file.name})
+            elif "does_not_fit" in r or "error" in r:
+                out["checks"].append({"name": f"{grid_file.stem} {r.get('bench')} {r.get('batch', r.get('length'))}",
+                                      "device": device, "result": r.get("does_not_fit") or r.get("error")})
+    for check in (load(call / "checks.json") or []):
+        out["checks"].append({**check, "device": device})
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Served on a GPU: the real `sglang.launch_server` with sglang-ext",
+             "", f"SGLang {result.get('sglang')}, torch {result.get('torch')}, Triton {result.get('triton')}; "
+             f"flags: `{' '.join(result.get('flags', []))}`", "",
+             "## Parity (tiny checkpoints, against transformers on the same weights)", "",
+             "| checkpoint | CUDA graphs | tokens | probe max err | cached = cold | card |", "|---|---|---|---|---|---|"]
+    for r in result["parity"]:
+        if "error" in r:
+            lines.append(f"| {r['checkpoint']} | {r['cuda_graph']} | error: {r['error'][:120]} | | | {r.get('device')} |")
+            continue
+        lines.append(f"| {r['checkpoint']} | {'on' if r['cuda_graph'] else 'off'} | {r['tokens_match']}/"
+                     f"{r['tokens_total']} | {r['probe_max_abs_err']:.2e} | {r['cached_equals_cold']} | "
+                     f"{r.get('device')} |")
+    lines += ["", "## Decode (tok/s per user)", "",
+              "| model | batch | context | probe | served | harness | served / harness | card |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(result["decode"], key=lambda r: (r["model"], r["probe"], r["batch"])):
+        lines.append(f"| {r['model']} | {r['batch']} | {r['context']} | {'on' if r['probe'] else 'off'} | "
+                     f"{r['served_tok_s_per_user']} | {r['harness_tok_s_per_user']} | {r['served_over_harness']} | "
+                     f"{r['device']} |")
+    lines += ["", "## Prefill (batch 1)", "", "| model | input tokens | served TTFT ms | harness ms | card |",
+              "|---|---|---|---|---|"]
+    for r in result["prefill"]:
+        lines.append(f"| {r['model']} | {r['input_tokens']} | {r['served_ttft_ms']} | {r['harness_ms']} | "
+                     f"{r['device']} |")
+    if result.get("checks"):
+        lines += ["", "## Checks", ""] + [f"- {c['name']} ({c['device']}): {c.get('result')}" for c in result["checks"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--call", type=Path, action="append", required=True)
+    args = ap.parse_args(argv)
+    result = load(OUT.with_suffix(".json")) or {"parity": [], "decode": [], "prefill": [], "checks": []}
+    for call in args.call:
+        got = rows_of_call(call)
+        env = got.pop("env")
+        for key in ("device", "torch", "triton", "sglang", "flags", "command"):
+            if key in env:
+                result[key] = env[key]
+        for section, rows in got.items():
+            result[section] = merge(result.get(section, []), rows, KEYS[section])
+    OUT.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    OUT.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
