@@ -1,4 +1,4 @@
-"""Patch: register the `ext_sinks` attention backend and make it gpt-oss's CPU default (SGLang 0.5.23).
+"""Patch: register the `ext_sinks` attention backend and make it gpt-oss's default (SGLang 0.5.23).
 
 Why: upstream cannot serve gpt-oss on a CPU without Intel AMX. Its gpt-oss override
 picks `triton` (usable only under TRITON_INTERPRET=1 and only in fp32, and its decode
@@ -11,10 +11,13 @@ Targets
     `sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES` (argparse reads that list
     object when `--attention-backend` is added), so `--attention-backend ext_sinks` parses.
   - gpt-oss's config-time override registry (`register_model_override`, upstream's own
-    extension API): on a CPU without AMX, when the user named no attention backend,
-    `ext_sinks` is chosen; when the user left `--moe-runner-backend auto`, the MoE
-    stays on the torch path (`triton`, whose CPU dispatch is the native MoE) instead of
-    the `triton_kernel` runner, whose weight layout fails to load on CPU.
+    extension API): when the user named no attention backend, `ext_sinks` is chosen on
+    CUDA and on a CPU without AMX (upstream picks `fa3` on Hopper, whose sgl_kernel
+    kernels know nothing of this model class's paged layout contract, and `triton` on
+    such a CPU); when the user left `--moe-runner-backend auto`, it becomes `triton`
+    instead of upstream's `triton_kernel` (whose MXFP4 weight layout this model class
+    does not load: its experts run on sglang-ext's own MoE, and on CPU `triton`
+    dispatches to the native MoE). A CPU with AMX keeps upstream's choices.
   - `sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments` (AROUND): its
     gpt-oss branch asserts the attention backend is in a hard-coded list; during that
     call our backend is presented under the name of an allowed sink backend.
@@ -48,16 +51,16 @@ def _register_backend() -> None:
         ATTENTION_BACKENDS[BACKEND_NAME] = create
 
 
-def _cpu_without_amx() -> bool:
+def _cpu_with_amx() -> bool:
     from sglang.srt.runtime_context import get_platform
     from sglang.srt.utils.common import is_cpu
 
-    return is_cpu() and not get_platform().has_amx
+    return is_cpu() and get_platform().has_amx
 
 
-def gpt_oss_cpu_overrides(server_args, hf_config) -> dict:
+def gpt_oss_overrides(server_args, hf_config) -> dict:
     """Declared after upstream's gpt-oss provider, so these win where they apply."""
-    if not _cpu_without_amx():
+    if _cpu_with_amx():
         return {}
     overrides = {}
     user_named_backend = any(
@@ -75,11 +78,11 @@ def _register_override() -> None:
     from sglang.srt.arg_groups import model_override_base as mob
 
     providers = mob._MODEL_OVERRIDE_FNS.setdefault(GPT_OSS_ARCH, [])
-    if gpt_oss_cpu_overrides not in providers:
+    if gpt_oss_overrides not in providers:
         # Import upstream's providers first so ours is appended after them.
         import sglang.srt.arg_groups.model_overrides.gpt_oss  # noqa: F401
 
-        mob.register_model_override(GPT_OSS_ARCH)(gpt_oss_cpu_overrides)
+        mob.register_model_override(GPT_OSS_ARCH)(gpt_oss_overrides)
 
 
 def _accept_ext_sinks_for_gpt_oss(original, server_args, *args, **kwargs):

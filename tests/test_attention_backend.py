@@ -179,3 +179,35 @@ def test_decode_window_is_128_keys_inclusive():
     v[n - 2 - WINDOW_LEFT] = 100.0  # just outside
     out = sink_attention_torch(q, k, v, None, torch.tensor([n - 1]), 0, WINDOW_LEFT, 1.0)
     assert out[0, 0, 0].item() == pytest.approx(1.0 / 128)
+
+
+@pytest.mark.parametrize("platform", ["cuda", "cpu_without_amx", "cpu_with_amx"])
+def test_gpt_oss_defaults_to_ext_sinks_and_its_own_moe(monkeypatch, platform):
+    """Upstream's gpt-oss override picks fa3 on Hopper (and the triton_kernels MoE runner, whose MXFP4
+    layout this model class does not load); with the plugin, a launch that names no backend gets ext_sinks
+    on CUDA and on a CPU without AMX, and what the user names is kept."""
+    from sglang_ext.patches import sink_attention_backend as sab
+
+    monkeypatch.setattr(sab, "_cpu_with_amx", lambda: platform == "cpu_with_amx")
+    unset = types.SimpleNamespace(attention_backend=None, prefill_attention_backend=None,
+                                  decode_attention_backend=None, moe_runner_backend="auto")
+    got = sab.gpt_oss_overrides(unset, None)
+    if platform == "cpu_with_amx":
+        assert got == {}
+    else:
+        assert got == {"attention_backend": "ext_sinks", "moe_runner_backend": "triton"}
+        named = types.SimpleNamespace(attention_backend="triton", prefill_attention_backend=None,
+                                      decode_attention_backend=None, moe_runner_backend="triton_kernel")
+        assert sab.gpt_oss_overrides(named, None) == {}
+
+
+def test_gpt_oss_override_runs_after_upstreams():
+    """Overrides apply in registration order: ours must come after upstream's gpt-oss provider to win."""
+    from sglang.srt.arg_groups import model_override_base as mob
+
+    from sglang_ext.patches import sink_attention_backend as sab
+
+    sab._register_override()
+    providers = mob._MODEL_OVERRIDE_FNS["GptOssForCausalLM"]
+    assert providers[-1] is sab.gpt_oss_overrides
+    assert any(p.__module__.endswith("model_overrides.gpt_oss") for p in providers[:-1])
