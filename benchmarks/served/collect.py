@@ -47,7 +47,7 @@ def rows_of_call(call: Path) -> dict:
                 harness[("decode", r.get("batch"), r.get("context"))] = r
             else:
                 harness[("prefill", r.get("length"))] = r
-    for grid_file in sorted(call.glob("grid_*.json")):
+    for grid_file in sorted(call.rglob("grid_*.json")):
         grid = load(grid_file)
         probe = "probe" in grid_file.stem and "noprobe" not in grid_file.stem
         for r in grid.get("rows", []):

@@ -34,8 +34,11 @@ def config(model: str, variant: str) -> dict:
     return cfg
 
 
-def prepare(out: Path, models: list[str], variants: list[str], tokenizer_from: Path) -> dict:
+def prepare(out: Path, models: list[str], variants: list[str]) -> dict:
     from sglang_ext.launch.make_tiny_probe import generate as make_probe
+    from sglang_ext.launch.tokenizer import build_harmony_tokenizer
+
+    tokenizer = Path(build_harmony_tokenizer(str(out / "tokenizer")))
 
     made = {}
     for model in models:
@@ -45,7 +48,7 @@ def prepare(out: Path, models: list[str], variants: list[str], tokenizer_from: P
             (folder / "config.json").write_text(json.dumps(config(model, variant), indent=1))
             (folder / "generation_config.json").write_text(json.dumps(OFFICIAL_GENERATION_CONFIG, indent=1))
             for name in TOKENIZER_FILES:
-                shutil.copy(tokenizer_from / name, folder / name)
+                shutil.copy(tokenizer / name, folder / name)
             made[f"{model}-{variant}"] = str(folder)
         probe = make_probe(str(out / f"probe-{model}"), base_dir=made[f"{model}-{variants[0]}"],
                            layer_ids=PROBE_LAYERS[model], log=lambda *_: None)
@@ -61,9 +64,8 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", default="20b")
     ap.add_argument("--variants", default="fp8,mxfp4")
-    ap.add_argument("--tokenizer-from", type=Path, required=True, help="a tiny checkpoint folder (make_tiny)")
     args = ap.parse_args(argv)
-    print(json.dumps(prepare(args.out, args.models.split(","), args.variants.split(","), args.tokenizer_from)))
+    print(json.dumps(prepare(args.out, args.models.split(","), args.variants.split(","))))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: full-size gpt-oss served by the real launch_server with this plugin
+# (weightless: --load-format dummy on the official config), measured with SGLang's own one_batch_server
+# (benchmarks/sglang_server_grid.py), and the harness on the same shapes in the same call.
+#
+#   OUT=... MODEL=20b bash benchmarks/served/run_full_size.sh CARRY_DIR [STAGES]
+#
+# STAGES (default "default probe noprobe harness"):
+#   default  the MXFP4 config launched with no sglang-ext flag and CUDA graphs at SGLang's defaults,
+#            with the probe: decode at batch 1/8/32/128 (context $CONTEXT) and the batch-1 prefill of $PREFILL
+#   noprobe  the same server without the probe (the probe's served overhead)
+#   harness  benchmarks/bench_decode.py / bench_prefill.py on the same shapes (probe off and on)
+set -u
+R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CARRY="${1:?carry folder}"
+STAGES="${2:-default noprobe harness}"
+MODEL="${MODEL:-20b}"
+CONTEXT="${CONTEXT:-8192}"
+PREFILL="${PREFILL:-8192}"
+BATCHES="${BATCHES:-1,8,32,128}"
+OUTPUT_LEN="${OUTPUT_LEN:-256}"
+FINAL_OUT="$OUT"
+OUT=/tmp/sglang_ext_results  # many files: they come back as one archive ($FINAL_OUT/full_size.tgz)
+mkdir -p "$OUT"
+trap 'cp "${KERNEL_STUB_LOG:-/dev/null}" "$OUT/sgl_kernel_calls.log" 2>/dev/null; tar czf "$FINAL_OUT/full_size.tgz" -C "$OUT" .' EXIT
+eval "$(python3 "$R/benchmarks/served/gpu_env.py" "$CARRY")"
+cd /tmp
+python3 "$R/benchmarks/served/gpu_env.py" --describe >"$OUT/env.json"
+FULL=/tmp/sglang_ext_full
+python3 "$R/benchmarks/served/full_size.py" --out "$FULL" --models "$MODEL" --variants mxfp4,fp8 >/dev/null
+# The carry's stand-in sgl_kernel has no sampling kernels: the only flag this machine adds (gpu_env.SERVER_FLAGS).
+MACHINE_FLAGS=(--sampling-backend pytorch)
+grid() {  # grid NAME PROBE_ARGS...
+    local name="$1"; shift
+    timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" --model-path "$FULL/gpt-oss-$MODEL-mxfp4" \
+        --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" --contexts "$CONTEXT" --lengths "$PREFILL" \
+        --output-len "$OUTPUT_LEN" --prefill-repeats 3 --startup-timeout 600 --bench-timeout 300 \
+        --out "$OUT/$name" --stem "grid_$name" "$@" -- --load-format dummy "${MACHINE_FLAGS[@]}" \
+        >"$OUT/$name.log" 2>&1
+    echo "grid $name: exit $?"; tail -5 "$OUT/$name.log"
+}
+for stage in $STAGES; do
+    case "$stage" in
+        default) grid probe --probe-ckpt "$FULL/probe-$MODEL" ;;
+        noprobe) grid noprobe ;;
+        harness)
+            timeout 300 python3 "$R/benchmarks/bench_decode.py" --models "$MODEL" --batches "$BATCHES" \
+                --contexts "$CONTEXT" --probe-rounds 20 --out "$OUT" --stem harness_decode >"$OUT/harness.log" 2>&1
+            echo "harness decode: exit $?"
+            timeout 200 python3 "$R/benchmarks/bench_prefill.py" --models "$MODEL" --lengths "$PREFILL" --iters 3 \
+                --out "$OUT" --stem harness_prefill >>"$OUT/harness.log" 2>&1
+            echo "harness prefill: exit $?"; tail -3 "$OUT/harness.log" ;;
+    esac
+done
