@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -32,8 +31,8 @@ import time
 
 import torch
 
-from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128, quantize_weight_block128
-from sglang_ext.layers.mxfp4 import dequantize_mxfp4
+from sglang_ext.layers.fp8 import BLOCK, Block128Report, convert_block128, summarize_block128_report
+from sglang_ext.layers.mxfp4 import DenseExperts, Mxfp4Experts, experts_to_fp8_block128
 
 DENSE_FP8 = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
 EXPERTS = ("gate_up_proj", "down_proj")
@@ -63,24 +62,10 @@ def _source_index(src: str) -> dict[str, str]:
         return {k: "model.safetensors" for k in f.keys()}
 
 
-def _block_exact(w: torch.Tensor, deq: torch.Tensor) -> tuple[int, int]:
-    n, k = w.shape[-2:]
-    nb, kb = math.ceil(n / BLOCK), math.ceil(k / BLOCK)
-    diff = torch.zeros(*w.shape[:-2], nb * BLOCK, kb * BLOCK, dtype=torch.bool)
-    diff[..., :n, :k] = w.float() != deq.float()
-    per_block = diff.unflatten(-2, (nb, BLOCK)).unflatten(-1, (kb, BLOCK)).any(dim=(-3, -1))
-    return int((~per_block).sum()), int(per_block.numel())
-
-
 def convert_matrix(w: torch.Tensor, exact_source: bool):
-    """One [N, K] matrix -> (e4m3, scale_inv, stats)."""
-    q, s = quantize_weight_block128(w, pow2_scales=exact_source)
-    deq = dequantize_weight_block128(q, s)
-    exact, total = _block_exact(w, deq)
-    err = (deq - w.float()).abs()
-    denom = w.float().abs().max().clamp(min=1e-30)
-    return q, s, {"blocks_exact": exact, "blocks": total, "max_rel_err": float(err.max() / denom),
-                  "mean_rel_err": float(err.mean() / w.float().abs().mean().clamp(min=1e-30))}
+    """One [N, K] matrix -> (e4m3, scale_inv, stats); the model's loader converts with the same function."""
+    q, s, (stats,) = convert_block128(w, exact_source)
+    return q, s, stats
 
 
 class ShardWriter:
@@ -174,31 +159,22 @@ def convert(src: str, dst: str, shard_bytes: int = 2 << 30, log=print) -> dict:
         is_expert = ".mlp.experts." in base and leaf in EXPERTS
         if is_expert:
             if len(names) == 2:  # MXFP4 blocks + scales: [E, out, in] after dequantisation
-                blocks, scales = read(names[0]), read(names[1])
-                # A generator: one expert is dequantised at a time (a 120b expert tensor would be
-                # 8.5 GB in fp32 at once).
-                experts = (dequantize_mxfp4(blocks[e], scales[e], dtype=torch.float32) for e in range(blocks.shape[0]))
-                num_experts = blocks.shape[0]
-                exact_source = True
+                source = Mxfp4Experts(read(names[0]), read(names[1]))
             else:
                 dense = read(names[0])
                 if not dense.is_floating_point():
                     raise ConvertError(f"{base}: expected a floating-point tensor, got {dense.dtype}")
-                experts = (dense[e].transpose(0, 1) for e in range(dense.shape[0]))  # [in, out] -> [out, in]
-                num_experts = dense.shape[0]
-                exact_source = False
-            qs, ss, stats = [], [], {"blocks_exact": 0, "blocks": 0, "max_rel_err": 0.0, "mean_rel_err": 0.0}
-            for w in experts:
-                q, s, st = convert_matrix(w, exact_source)
+                source = DenseExperts(dense)  # [E, in, out], read as [E, out, in]
+            qs, ss, stats = [], [], Block128Report(source.num)
+            # One expert dequantised at a time (a 120b expert tensor would be 8.5 GB in fp32 at once).
+            for _first, _last, q, s, st in experts_to_fp8_block128(source, 0, source.num, "cpu", chunk_elements=1):
                 qs.append(q)
                 ss.append(s)
-                stats["blocks_exact"] += st["blocks_exact"]
-                stats["blocks"] += st["blocks"]
-                stats["max_rel_err"] = max(stats["max_rel_err"], st["max_rel_err"])
-                stats["mean_rel_err"] += st["mean_rel_err"] / num_experts
-            writer.add(base, torch.stack(qs))
-            writer.add(base + "_scale_inv", torch.stack(ss))
-            state["report"][base] = stats
+                for one in st:
+                    stats.add(one)
+            writer.add(base, torch.cat(qs))
+            writer.add(base + "_scale_inv", torch.cat(ss))
+            state["report"][base] = stats.row
         elif any(base.endswith(".self_attn." + d) for d in DENSE_FP8):
             w = read(names[0])
             if not w.is_floating_point():
@@ -253,11 +229,10 @@ def main(argv=None) -> int:
     except ConvertError as e:
         print(f"convert: {e}", file=sys.stderr)
         return 2
-    exact = sum(r["blocks_exact"] for r in report.values())
-    total = sum(r["blocks"] for r in report.values())
-    worst = max((r["max_rel_err"] for r in report.values()), default=0.0)
-    print(f"convert: {len(report)} tensors to FP8 in {time.time() - t0:.1f} s; blocks exact {exact}/{total}; "
-          f"worst max relative error {worst:.3e}; report {os.path.join(args.dst, REPORT)}")
+    total = summarize_block128_report(report)
+    print(f"convert: {len(report)} tensors to FP8 in {time.time() - t0:.1f} s; blocks exact "
+          f"{total['blocks_exact']}/{total['blocks']}; worst max relative error {total['max_rel_err']:.3e}; "
+          f"report {os.path.join(args.dst, REPORT)}")
     return 0
 
 

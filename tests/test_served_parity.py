@@ -123,11 +123,33 @@ def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, bf16_se
     assert agree >= 4
 
 
-def test_mxfp4_checkpoint_serves_same_tokens_as_bf16(tiny_checkpoints, vocab_dir, bf16_server):
+def test_mxfp4_checkpoint_serves_as_its_offline_fp8_conversion(tiny_checkpoints, vocab_dir, tmp_path):
+    """No flag: the MXFP4 checkpoint serves on the FP8 block-128 path, converted at load with
+    launch/convert.py's function, so its greedy tokens and their logprobs equal those of its offline
+    conversion served the same way (the same bytes, the same maths), and its log carries the converter's
+    report (blocks exact / total, worst relative error)."""
+    import re
+
+    from sglang_ext.launch.convert import convert
+    from sglang_ext.layers.fp8 import summarize_block128_report
+
+    report = convert(str(tiny_checkpoints["mxfp4"]), str(tmp_path / "fp8"), log=lambda *_: None)
     prompt = random_prompt(PROMPT_LEN, seed=0)
-    want = generate(bf16_server.url, prompt)["output_ids"]
+    with SGLangServer(tmp_path / "fp8", IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
+        want = generate(srv.url, prompt, return_logprob=True)
     with SGLangServer(tiny_checkpoints["mxfp4"], IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
-        assert generate(srv.url, prompt)["output_ids"] == want
+        got = generate(srv.url, prompt, return_logprob=True)
+        log = srv.log_path.read_text(errors="replace")
+    assert got["output_ids"] == want["output_ids"]
+    lp = lambda out: [x[0] for x in out["meta_info"]["output_token_logprobs"]]  # noqa: E731
+    assert lp(got) == lp(want)
+    line = re.search(r"MXFP4 experts served as FP8 e4m3 block-128, converted at load in [0-9.]+ s: "
+                     r"(\d+)/(\d+) 128x128 blocks exact \([0-9.]+%\), max relative error ([0-9.e+-]+)", log)
+    assert line, log[-3000:]
+    experts = summarize_block128_report({k: v for k, v in report.items() if ".experts." in k})
+    assert (int(line[1]), int(line[2])) == (experts["blocks_exact"], experts["blocks"])
+    assert float(line[3]) == pytest.approx(experts["max_rel_err"], rel=1e-3, abs=1e-12)
+    assert "attention q/k/v/o (bf16 in the MXFP4 checkpoint) quantised to FP8" in log
 
 
 FP8_HEAD_TOKENS = 24  # the server's start is the cost; a few dozen steps show the head in use

@@ -85,10 +85,9 @@ def experts_torch(
     else:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                "sglang-ext: bf16/MXFP4 experts run the torch MoE, which reads expert counts on the host and "
-                "cannot be captured in a CUDA graph above 32 (token, expert) pairs; convert the checkpoint to "
-                "FP8 (python -m sglang_ext.launch.convert SRC DST: the Triton MoE is graph-safe) or launch with "
-                "--disable-cuda-graph")
+                "sglang-ext: the torch MoE (SGLANG_EXT_KERNELS=torch) reads expert counts on the host and cannot be "
+                "captured in a CUDA graph above 32 (token, expert) pairs; leave SGLANG_EXT_KERNELS at auto (the "
+                "Triton MoE is graph-safe) or launch with --disable-cuda-graph")
         pair_out.zero_()
         order = torch.argsort(local_ids, stable=True)
         counts = torch.bincount(local_ids.clamp(-1, num_local) + 1, minlength=num_local + 2).tolist()

@@ -11,6 +11,13 @@ layouts differ from the bf16 checkpoint and say so: experts are stored [E, out, 
 each expert one `F.linear`; the bf16 checkpoint's [E, in, out] tensors are transposed
 on load. Sinks are kept in fp32 (exact for bf16 checkpoints).
 
+Checkpoints: FP8 block-128 ones (launch/convert.py's) load as they are. The official MXFP4 ones serve
+on the same FP8 path: `CheckpointLoader` converts their experts and their bf16 q/k/v/o to e4m3 with
+128x128 block scales at load, with the converter's own function (experts exactly wherever a block's
+values fit e4m3 under a power-of-two scale), so serving an MXFP4 checkpoint is serving its converted
+copy, and logs the converter's report. bf16 checkpoints do the same on CUDA (lossy; see
+DENSE_CHECKPOINTS_AS_FP8_ON_CUDA) and stay bf16 on a CPU.
+
 Parallelism (SGLang's --tp/--ep; sglang_ext.layers.parallel holds the maths and its
 tests): attention heads split over the TP ranks (KV heads replicated when fewer than
 ranks); experts split into --ep-size contiguous ranges, each expert's intermediate
@@ -25,8 +32,10 @@ embedding shards over the attention-TP group, the LM head as SGLang's own gpt-os
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import time
 from typing import Iterable, Optional, Tuple
 
 import torch
@@ -44,12 +53,13 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
 
 from sglang_ext.kernel_select import use_triton
-from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128
+from sglang_ext.layers.fp8 import (BLOCK, Block128Report, convert_block128, dequantize_weight_block128,
+                                   summarize_block128_report)
 from sglang_ext.layers.linear import FusedLinear, Linear
 from sglang_ext.layers.lm_head import fp8_lm_head_enabled, quantize_lm_head, restore_bf16_lm_head
 from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, route
 from sglang_ext.layers.parallel import BlockShard, ParallelLayout, attention_head_shard, moe_shard
-from sglang_ext.layers.mxfp4 import dequantize_mxfp4
+from sglang_ext.layers.mxfp4 import CONVERT_CHUNK_ELEMENTS, DenseExperts, Mxfp4Experts, experts_to_fp8_block128
 from sglang_ext.layers.norm import residual_rms_norm, rms_norm
 from sglang_ext.layers.rope import YarnRope, apply_rope
 
@@ -66,14 +76,44 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def is_fp8_checkpoint(config) -> bool:
+def checkpoint_format(config) -> str:
+    """"fp8" (e4m3 with 128x128 block scales: sglang_ext.launch.convert's output), "mxfp4" (the
+    official files: MXFP4 experts, bf16 elsewhere) or "dense" (bf16/fp32, as transformers saves it)."""
     qc = getattr(config, "quantization_config", None) or {}
     qc = qc if isinstance(qc, dict) else qc.to_dict()
-    if qc.get("quant_method") != "fp8":
-        return False
+    method = qc.get("quant_method")
+    if method is None:
+        return "dense"
+    if method == "mxfp4":
+        return "mxfp4"
+    if method != "fp8":
+        raise ValueError(f"gpt-oss checkpoints are served from bf16, MXFP4 or FP8 block-128 weights; "
+                         f"quantization_config quant_method {method!r} is none of them")
     if list(qc.get("weight_block_size") or []) != [BLOCK, BLOCK] or qc.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"gpt-oss FP8 checkpoints must be e4m3 with weight_block_size [128, 128], got {qc}")
-    return True
+    return "fp8"
+
+
+def is_fp8_checkpoint(config) -> bool:
+    return checkpoint_format(config) == "fp8"
+
+
+# A bf16 checkpoint on CUDA is served in FP8 too, converted at load (lossy, logged as a warning): its
+# bf16 experts would run the torch MoE, which reads expert counts on the host and so cannot run inside
+# the decode CUDA graphs SGLang captures by default (up to batch 256), and 120b's bf16 experts do not
+# fit one H200. On a CPU bf16 stays bf16: there the torch path has no graphs to break, and its numbers
+# are checked against transformers' (tests/test_probe_serving_bf16.py, tests/test_served_parity.py).
+DENSE_CHECKPOINTS_AS_FP8_ON_CUDA = True
+
+
+def serves_fp8(config) -> bool:
+    """Whether the experts and the attention projections are e4m3 block-128 parameters: always for FP8
+    and MXFP4 checkpoints (MXFP4 converted at load, exactly where a 128x128 block's values fit e4m3
+    under a power-of-two scale, launch/convert.py's conversion), for bf16 ones where the model is built
+    on CUDA (SGLang's loaders build it under `with torch.device(...)`)."""
+    if checkpoint_format(config) != "dense":
+        return True
+    return DENSE_CHECKPOINTS_AS_FP8_ON_CUDA and torch.get_default_device().type == "cuda"
 
 
 class _TP:
@@ -136,7 +176,7 @@ class GptOssAttention(nn.Module):
         self.tp = tp
         self.head_dim = config.head_dim
         hidden = config.hidden_size
-        fp8 = is_fp8_checkpoint(config)
+        fp8 = serves_fp8(config)
         self.heads, self.q_shard, self.kv_shard = _head_block_shards(config, tp, fp8)
         self.num_heads = self.heads.q_hi - self.heads.q_lo
         self.num_kv_heads = self.heads.kv_hi - self.heads.kv_lo
@@ -209,7 +249,7 @@ class GptOssExperts(nn.Module):
         # SGLang's CPU loader pads intermediate_size to the FP8 block for its own layers
         # (keeping the true value as original_intermediate_size); ours use ragged blocks.
         intermediate = getattr(config, "original_intermediate_size", None) or config.intermediate_size
-        self.fp8 = is_fp8_checkpoint(config)
+        self.fp8 = serves_fp8(config)
         self.shard = moe_shard(e, intermediate, tp.layout, self.fp8)
         self.expert_offset = self.shard.expert_lo
         i = self.shard.local_intermediate
@@ -434,42 +474,158 @@ class GptOssForCausalLM(nn.Module):
         for layer in self.model.layers:  # new weights: drop the torch path's dequantised experts
             layer.mlp.experts._dense = None
         restore_bf16_lm_head(self.lm_head)  # a reload of a model served with the FP8 head: bf16 again first
-        params = dict(self.named_parameters())
-        pending_mxfp4 = {}
-        loaded = set()
+        layer0 = self.model.layers[0]
+        loader = CheckpointLoader(self, checkpoint_format(self.config), self.tp, layer0.self_attn, layer0.mlp.experts)
+        start = time.perf_counter()
+        loader.load(weights)
+        self.fp8_load_report = loader.report
+        if loader.report:
+            if loader.device.type == "cuda":  # the conversion's scratch, before SGLang sizes the KV pool
+                torch.cuda.empty_cache()
+            if self.tp.rank == 0:
+                self._log_conversion(loader, time.perf_counter() - start)
+        self.post_load_weights()
+
+    def post_load_weights(self):
+        """After the weights are in: by load_weights, and by SGLang's loaders that fill parameters without
+        it (--load-format dummy)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_qkv()
+        # opt-in: the head in e4m3 blocks (sglang_ext/layers/lm_head.py); once per load
+        if fp8_lm_head_enabled() and self.lm_head.weight.dtype != torch.float8_e4m3fn:
+            quantize_lm_head(self.lm_head)
+
+    def _log_conversion(self, loader: "CheckpointLoader", seconds: float):
+        experts = summarize_block128_report({k: v for k, v in loader.report.items() if ".experts." in k})
+        dense = summarize_block128_report({k: v for k, v in loader.report.items() if ".experts." not in k})
+        shard = self.tp.layout.ep_size > 1 and self.model.layers[0].mlp.experts.shard
+        whose = (f" (this rank's experts {shard.expert_lo}..{shard.expert_hi - 1} of {self.config.num_local_experts})"
+                 if shard else "")
+        pct = 100.0 * experts["blocks_exact"] / max(experts["blocks"], 1)
+        if loader.format == "mxfp4":
+            logger.info("sglang-ext gpt-oss: MXFP4 experts served as FP8 e4m3 block-128, converted at load in %.1f s%s: "
+                        "%d/%d 128x128 blocks exact (%.2f%%), max relative error %.3e",
+                        seconds, whose, experts["blocks_exact"], experts["blocks"], pct, experts["max_rel_err"])
+            logger.info("sglang-ext gpt-oss: attention q/k/v/o (bf16 in the MXFP4 checkpoint) quantised to FP8 e4m3 "
+                        "block-128 at load, as launch/convert.py does: max relative error %.3e", dense["max_rel_err"])
+        else:
+            logger.warning("sglang-ext gpt-oss: bf16 checkpoint on CUDA served in FP8 e4m3 block-128, quantised at load "
+                           "in %.1f s%s (lossy: experts max relative error %.3e, %d/%d blocks exact; attention q/k/v/o "
+                           "%.3e), so decode runs the graph-safe Triton MoE; launch/convert.py writes the same FP8 "
+                           "checkpoint once", seconds, whose, experts["max_rel_err"], experts["blocks_exact"],
+                           experts["blocks"], dense["max_rel_err"])
+
+
+class CheckpointLoader:
+    """Checkpoint tensors into this rank's parameters of `root` (named as the checkpoint's keys).
+
+    Each tensor is cut for the rank by `shard_checkpoint_tensor`. Where a parameter is e4m3 and the
+    checkpoint's tensor is not (an MXFP4 checkpoint's experts and bf16 attention projections, a bf16
+    checkpoint served in FP8), the full tensor is first converted to FP8 block-128 with
+    launch/convert.py's functions (`experts_to_fp8_block128`, `convert_block128`) on the parameter's
+    device, then cut exactly as an FP8 checkpoint's tensor and its scales are: the same bytes as serving
+    the converted checkpoint. Experts convert a few at a time (`chunk_elements`), only this rank's
+    (expert parallelism), so no layer is ever dequantised whole. `report`: launch/convert.py's report
+    row per converted tensor."""
+
+    def __init__(self, root: nn.Module, fmt: str, tp: _TP, attn: GptOssAttention, experts: GptOssExperts,
+                 chunk_elements: int = CONVERT_CHUNK_ELEMENTS):
+        self.root, self.format, self.tp, self.attn, self.experts = root, fmt, tp, attn, experts
+        self.params = dict(root.named_parameters())
+        self.chunk_elements = chunk_elements
+        self.device = experts.down_proj_bias.device
+        self.loaded: set = set()
+        self.report: dict = {}
+
+    def load(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        pending_mxfp4: dict = {}
         for name, tensor in weights:
             if name.endswith("_blocks") or name.endswith("_scales"):
                 base, part = name.rsplit("_", 1)
                 pending_mxfp4.setdefault(base, {})[part] = tensor
                 if len(pending_mxfp4[base]) == 2:
                     pieces = pending_mxfp4.pop(base)
-                    dense = dequantize_mxfp4(pieces["blocks"], pieces["scales"], dtype=torch.float32)
-                    self._load_one(params, base, dense, layout="out_in")
-                    loaded.add(base)
+                    self._load_experts(base, Mxfp4Experts(pieces["blocks"], pieces["scales"]))
                 continue
-            if name not in params:
+            if name not in self.params:
                 raise KeyError(f"unexpected tensor in the gpt-oss checkpoint: {name}")
-            self._load_one(params, name, tensor, layout="checkpoint")
-            loaded.add(name)
+            if self._converts(name, tensor):
+                if ".experts." in name:
+                    self._load_experts(name, DenseExperts(tensor))
+                else:
+                    self._load_dense_fp8(name, tensor)
+                continue
+            self._load_one(name, tensor)
         if pending_mxfp4:
             raise KeyError(f"MXFP4 tensors missing their blocks or scales: {sorted(pending_mxfp4)}")
-        missing = sorted(set(params) - loaded)
+        missing = sorted(set(self.params) - self.loaded)
         if missing:
             raise KeyError(f"tensors missing from the gpt-oss checkpoint: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-        for layer in self.model.layers:
-            layer.self_attn.fuse_qkv()
-        if fp8_lm_head_enabled():  # opt-in: the head in e4m3 blocks (sglang_ext/layers/lm_head.py)
-            quantize_lm_head(self.lm_head)
 
-    def _load_one(self, params, name: str, tensor: torch.Tensor, layout: str):
-        param = params[name]
+    def _converts(self, name: str, tensor: torch.Tensor) -> bool:
+        if self.params[name].dtype != torch.float8_e4m3fn or tensor.dtype == torch.float8_e4m3fn:
+            return False
+        if self.format == "fp8":  # an FP8 checkpoint carries its own e4m3 values and scales
+            raise TypeError(f"{name}: FP8 checkpoint tensor has dtype {tensor.dtype}, expected float8_e4m3fn")
+        if not tensor.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {tensor.dtype}")
+        return True
+
+    def _load_dense_fp8(self, name: str, tensor: torch.Tensor) -> None:
+        """One attention projection's weight [out, in]: e4m3 with amax/448 block scales, launch/convert.py's
+        conversion of the q/k/v/o weights."""
+        q, s, (stats,) = convert_block128(tensor.to(self.device), exact_source=False)
+        row = Block128Report()
+        row.add(stats)
+        self.report[name] = row.row
+        self._load_one(name, q)
+        self._load_one(name[: -len("weight")] + "weight_scale_inv", s)
+
+    def _load_experts(self, base: str, source) -> None:
+        """`base`'s experts (gate_up_proj [E, 2I, H] or down_proj [E, H, I], from MXFP4 or bf16), this rank's
+        only, converted `chunk_elements` at a time, each chunk cut like an FP8 checkpoint's [E, ...] tensor."""
+        leaf = base.rsplit(".", 1)[-1]
+        if base not in self.params or leaf not in ("gate_up_proj", "down_proj") or ".mlp.experts." not in base:
+            raise KeyError(f"unexpected expert tensor in the gpt-oss checkpoint: {base}")
+        weight, scales = self.params[base], self.params.get(base + "_scale_inv")
+        if weight.dtype != torch.float8_e4m3fn or scales is None:
+            raise ValueError(f"{base}: MXFP4 blocks and scales in a checkpoint whose config.json does not say "
+                             "quantization_config quant_method mxfp4")
+        shard = self.experts.shard
+        lo, hi = shard.expert_lo, shard.expert_hi
+        if source.num != self.experts.down_proj_bias.shape[0]:
+            raise ValueError(f"{base}: {source.num} experts in the checkpoint, the config says "
+                             f"{self.experts.down_proj_bias.shape[0]}")
+        row = Block128Report(hi - lo)
+        for first, last, q, s, stats in experts_to_fp8_block128(source, lo, hi, self.device, self.chunk_elements):
+            for one in stats:
+                row.add(one)
+            part = dataclasses.replace(shard, expert_lo=0, expert_hi=last - first)
+            if leaf == "gate_up_proj":
+                q, s = part.gate_up(q), part.gate_up_scales(s)
+            else:
+                q, s = part.down(q), part.down_scales(s)
+            self._copy(base, weight[first - lo : last - lo], q)
+            self._copy(base + "_scale_inv", scales[first - lo : last - lo], s)
+            del q, s
+        self.report[base] = row.row
+        self.loaded.update((base, base + "_scale_inv"))
+
+    @staticmethod
+    def _copy(name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ValueError(f"{name}: converted shape {tuple(src.shape)} != expected {tuple(dst.shape)}")
+        dst.copy_(src)
+
+    def _load_one(self, name: str, tensor: torch.Tensor) -> None:
+        param = self.params[name]
+        self.loaded.add(name)
         loader = getattr(param, "weight_loader", None)
         if loader is not None:  # vocab-parallel embedding / LM head shard themselves
             loader(param, tensor)
             return
-        layer0 = self.model.layers[0]
         try:
-            tensor = shard_checkpoint_tensor(name, tensor, layout, self.tp, layer0.self_attn, layer0.mlp.experts)
+            tensor = shard_checkpoint_tensor(name, tensor, "checkpoint", self.tp, self.attn, self.experts)
         except RuntimeError as e:
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} cannot be cut for this rank "
                              f"({self.tp.layout}): {e}") from e
