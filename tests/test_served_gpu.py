@@ -30,8 +30,8 @@ def test_served_tokens_scores_and_cache_on_gpu(checkpoints, name, tmp_path):
         row, _ = parity.check_server("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["probe"], True, 8,
                                      tmp_path, extras=True, truth_dir=ck["calm_fp32"])
     else:
-        row, _ = parity.check_server("fp8", ck["fp8"], ck["fp8_hf"], torch.float32, ck["probe"], True, 32, tmp_path,
-                                     extras=True)
+        row, _ = parity.check_server("fp8", ck["fp8"], ck["fp8_hf"], torch.bfloat16, ck["probe"], True, 32, tmp_path,
+                                     extras=True, truth_dir=ck["fp8_hf"], w8a8=True)
     print(row)
     # every token equal, or a flip only where the truth's own margin is inside the reference's rounding error
     assert row["tokens_match"] == row["tokens_total"] or row["flip_margin"] <= row["ref_err"]

@@ -67,10 +67,38 @@ def flush(url):
 
 
 # -- references -----------------------------------------------------------------------------------------------
-def hf_model(path, dtype, device="cuda"):
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def hf_model(path, dtype, device=DEVICE, w8a8=False):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if w8a8:
+        quantize_inputs_as_fp8_layers(model)
+    return model
+
+
+def _fake_quant(x: torch.Tensor) -> torch.Tensor:
+    from sglang_ext.layers.fp8 import dequantize_activation_group128, quantize_activation_group128
+
+    flat = x.reshape(-1, x.shape[-1])
+    return dequantize_activation_group128(*quantize_activation_group128(flat)).to(x.dtype).reshape(x.shape)
+
+
+def quantize_inputs_as_fp8_layers(model) -> None:
+    """transformers' gpt-oss with the served FP8 layers' activation rounding (w8a8: each GEMM input in e4m3,
+    one scale per token per 128 columns): the inputs of q/k/v/o and of both expert GEMMs. The weights are
+    already the dequantised e4m3 blocks (fp8_as_hf), so this model computes what the FP8 kernels compute, up to
+    accumulation order."""
+    for layer in model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj):
+            proj.register_forward_pre_hook(lambda _m, args: (_fake_quant(args[0]), *args[1:]))
+        experts = layer.mlp.experts
+        experts.register_forward_pre_hook(lambda _m, args, kwargs: ((_fake_quant(args[0]), *args[1:]), kwargs),
+                                          with_kwargs=True)
+        gate = experts._apply_gate
+        experts._apply_gate = lambda gate_up, gate=gate: _fake_quant(gate(gate_up))
 
 
 @torch.no_grad()
@@ -135,21 +163,22 @@ def fp8_as_hf(fp8_dir: Path, out_dir: Path) -> Path:
 
 # -- one server -----------------------------------------------------------------------------------------------
 def server_args(probe_dir, cuda_graph: bool, max_graph_bs: int, extra=()):
-    args = ["--probe-ckpt", str(probe_dir), "--attention-backend", "ext_sinks", *SERVER_FLAGS,
-            "--enable-custom-logit-processor", "--max-total-tokens", "65536", "--mem-fraction-static", "0.3",
+    args = ["--probe-ckpt", str(probe_dir), *SERVER_FLAGS, "--enable-custom-logit-processor",
             "--max-running-requests", "64"]
-    args += ["--cuda-graph-max-bs", str(max_graph_bs)] if cuda_graph else ["--disable-cuda-graph"]
+    if DEVICE == "cuda":  # (the CPU server's own settings come from SGLangServer, as in the CPU tests)
+        args += ["--max-total-tokens", "65536", "--mem-fraction-static", "0.3"]
+        args += ["--cuda-graph-max-bs", str(max_graph_bs)] if cuda_graph else ["--disable-cuda-graph"]
     return args + list(extra)
 
 
 def check_server(name, model_dir, ref_dir, ref_dtype, probe_dir, cuda_graph, max_graph_bs, log_dir,
-                 extras=False, truth_dir=None, seed=0):
+                 extras=False, truth_dir=None, seed=0, w8a8=False):
     row = {"checkpoint": name, "cuda_graph": cuda_graph}
     prompt = random_prompt(PROMPT_LEN, seed=seed)
     t0 = time.time()
     with SGLangServer(model_dir, server_args(probe_dir, cuda_graph, max_graph_bs),
                       log_path=log_dir / f"server_{name}_{'graph' if cuda_graph else 'eager'}.log",
-                      startup_timeout=420, cpu=False) as srv:
+                      startup_timeout=420, cpu=DEVICE == "cpu") as srv:
         row["startup_s"] = round(time.time() - t0, 1)
         flush(srv.url)
         cold = generate(srv.url, prompt)
@@ -161,11 +190,12 @@ def check_server(name, model_dir, ref_dir, ref_dtype, probe_dir, cuda_graph, max
         if extras:
             row.update(extra_checks(srv, prompt, cold))
     served = cold["output_ids"]
-    ref = hf_model(ref_dir, ref_dtype)
+    ref = hf_model(ref_dir, ref_dtype, w8a8=w8a8)
     want = hf_greedy(ref, prompt)
     sequence = prompt + served
     ref_lp, hidden = hf_logprobs_and_hidden(ref, sequence, PROMPT_LEN)
-    truth = hf_model(truth_dir or ref_dir, torch.float32) if (truth_dir or ref_dtype != torch.float32) else ref
+    truth = (hf_model(truth_dir or ref_dir, torch.float32, w8a8=w8a8) if (truth_dir or ref_dtype != torch.float32)
+             else ref)
     truth_lp, truth_hidden = hf_logprobs_and_hidden(truth, sequence, PROMPT_LEN)
     steps = torch.arange(len(served))
     served_lp = logprobs_of(cold).double()
@@ -192,7 +222,8 @@ def check_server(name, model_dir, ref_dir, ref_dtype, probe_dir, cuda_graph, max
         cached_ok &= same and score_gap <= PROBE_TOL
     row["cached_equals_cold"] = cached_ok
     del ref, truth
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return row, cold
 
 
@@ -231,7 +262,8 @@ def extra_checks(srv, prompt, cold) -> dict:
 def chunked_row(name, model_dir, probe_dir, cold_ref, log_dir, max_graph_bs, seed=0):
     prompt = random_prompt(PROMPT_LEN, seed=seed)
     with SGLangServer(model_dir, server_args(probe_dir, True, max_graph_bs, ["--chunked-prefill-size", "64"]),
-                      log_path=log_dir / f"server_{name}_chunked.log", startup_timeout=420, cpu=False) as srv:
+                      log_path=log_dir / f"server_{name}_chunked.log", startup_timeout=420,
+                      cpu=DEVICE == "cpu") as srv:
         flush(srv.url)
         chunked = generate(srv.url, prompt)
     same = chunked["output_ids"] == cold_ref["output_ids"]
@@ -273,12 +305,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
     log_dir = args.out.parent
     ck = make_checkpoints(args.work)
-    # (name, model, transformers reference, its dtype, fp32 truth, graphs, max graph batch, extras)
+    # (name, model, transformers reference, its dtype, fp32 truth, graphs, max graph batch, extras). The FP8
+    # model runs bf16 activations around its e4m3 GEMMs: its reference is transformers in bf16 with the same
+    # weights and the same activation rounding (w8a8), its truth the same in fp32.
     configs = [
         ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], True, 8, True),
-        ("fp8", ck["fp8"], ck["fp8_hf"], torch.float32, None, True, 32, True),
+        ("fp8", ck["fp8"], ck["fp8_hf"], torch.bfloat16, ck["fp8_hf"], True, 32, True),
         ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], False, 8, False),
-        ("fp8", ck["fp8"], ck["fp8_hf"], torch.float32, None, False, 32, False),
+        ("fp8", ck["fp8"], ck["fp8_hf"], torch.bfloat16, ck["fp8_hf"], False, 32, False),
         ("bf16_default_init", ck["plain_bf16"], ck["plain_bf16"], torch.bfloat16, ck["plain_fp32"], False, 8, False),
     ]
     only = set(filter(None, args.only.split(",")))
@@ -287,7 +321,8 @@ def main(argv=None):
         if only and name not in only:
             continue
         try:
-            row, cold = check_server(name, model, ref, dtype, ck["probe"], graphs, bs, log_dir, extras, truth)
+            row, cold = check_server(name, model, ref, dtype, ck["probe"], graphs, bs, log_dir, extras, truth,
+                                     w8a8=name == "fp8")
             colds[(name, graphs)] = cold
         except Exception as e:  # one broken configuration is a row, the rest still run
             row = {"checkpoint": name, "cuda_graph": graphs, "error": f"{type(e).__name__}: {e}"[:2000],
