@@ -204,9 +204,13 @@ def check_server(name, model_dir, ref_dir, ref_dtype, probe_dir, cuda_graph, max
                logprob_err=float((served_lp - truth_lp[steps, served]).abs().max()),
                ref_err=float((ref_lp - truth_lp).abs().max()),
                flip_margin=float((truth_lp.max(-1).values - truth_lp[steps, served]).max()))
-    want_scores = reference_scores(truth_hidden, probe_dir, PROMPT_LEN, len(served))
+    # The reference head on transformers' hidden states in the served dtype (the criterion, as the CPU bf16 test),
+    # and on the fp32 truth's (how far both are from exact)
+    want_scores = reference_scores(hidden, probe_dir, PROMPT_LEN, len(served))
     got_scores = scores_of(cold)
     row["probe_max_abs_err"] = float((got_scores - want_scores).abs().max())
+    row["probe_err_truth"] = float((got_scores - reference_scores(truth_hidden, probe_dir, PROMPT_LEN,
+                                                                   len(served))).abs().max())
     row["probe_scores_std"] = float(got_scores.std())
     cached_ok = True
     for label, other in (("radix_hit", again), ("prefix_hit", prefix_hit)):
@@ -302,6 +306,8 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/sglang_ext_parity"))
     ap.add_argument("--only", default="", help="comma-separated config names")
+    ap.add_argument("--cuda-graph", choices=("on", "off", "both"), default="both")
+    ap.add_argument("--no-chunked", dest="chunked", action="store_false")
     args = ap.parse_args(argv)
     log_dir = args.out.parent
     ck = make_checkpoints(args.work)
@@ -318,7 +324,7 @@ def main(argv=None):
     only = set(filter(None, args.only.split(",")))
     rows, colds = [], {}
     for name, model, ref, dtype, truth, graphs, bs, extras in configs:
-        if only and name not in only:
+        if (only and name not in only) or (args.cuda_graph != "both" and graphs != (args.cuda_graph == "on")):
             continue
         try:
             row, cold = check_server(name, model, ref, dtype, ck["probe"], graphs, bs, log_dir, extras, truth,
@@ -330,7 +336,7 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps({"parity": rows, "stub_calls": stub_calls()}, indent=1))
-    if ("fp8", True) in colds:
+    if args.chunked and ("fp8", True) in colds:
         try:
             rows[[(r["checkpoint"], r["cuda_graph"]) for r in rows].index(("fp8", True))].update(
                 chunked_row("fp8", ck["fp8"], ck["probe"], colds[("fp8", True)], log_dir, 32))
