@@ -5,11 +5,11 @@
 #
 #   OUT=... MODEL=20b bash benchmarks/served/run_full_size.sh CARRY_DIR [STAGES]
 #
-# STAGES (default "default probe noprobe harness"):
+# STAGES (default "default noprobe harness"):
 #   default  the MXFP4 config launched with no sglang-ext flag and CUDA graphs at SGLang's defaults,
 #            with the probe: decode at batch 1/8/32/128 (context $CONTEXT) and the batch-1 prefill of $PREFILL
 #   noprobe  the same server without the probe (the probe's served overhead)
-#   harness  benchmarks/bench_decode.py / bench_prefill.py on the same shapes (probe off and on)
+#   harness  benchmarks/bench_decode.py on the same shapes (probe off and on); harness_prefill: bench_prefill.py
 set -u
 R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CARRY="${1:?carry folder}"
@@ -19,6 +19,8 @@ CONTEXT="${CONTEXT:-8192}"
 PREFILL="${PREFILL:-8192}"
 BATCHES="${BATCHES:-1,8,32,128}"
 OUTPUT_LEN="${OUTPUT_LEN:-256}"
+VARIANT="${VARIANT:-mxfp4}"          # which quantization_config the weightless folder carries
+SERVER_EXTRA="${SERVER_EXTRA:-}"     # e.g. "--cuda-graph-max-bs 128" (empty: SGLang's defaults)
 FINAL_OUT="$OUT"
 OUT=/tmp/sglang_ext_results  # many files: they come back as one archive ($FINAL_OUT/full_size.tgz)
 mkdir -p "$OUT"
@@ -32,10 +34,10 @@ python3 "$R/benchmarks/served/full_size.py" --out "$FULL" --models "$MODEL" --va
 MACHINE_FLAGS=(--sampling-backend pytorch)
 grid() {  # grid NAME PROBE_ARGS...
     local name="$1"; shift
-    timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" --model-path "$FULL/gpt-oss-$MODEL-mxfp4" \
+    timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" --model-path "$FULL/gpt-oss-$MODEL-$VARIANT" \
         --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" --contexts "$CONTEXT" --lengths "$PREFILL" \
-        --output-len "$OUTPUT_LEN" --prefill-repeats 3 --startup-timeout 600 --bench-timeout 300 \
-        --out "$OUT/$name" --stem "grid_$name" "$@" -- --load-format dummy "${MACHINE_FLAGS[@]}" \
+        --output-len "$OUTPUT_LEN" --prefill-repeats 3 --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" \
+        --out "$OUT/$name" --stem "grid_$name" "$@" -- --load-format dummy "${MACHINE_FLAGS[@]}" $SERVER_EXTRA \
         >"$OUT/$name.log" 2>&1
     echo "grid $name: exit $?"; tail -5 "$OUT/$name.log"
 }
@@ -44,9 +46,11 @@ for stage in $STAGES; do
         default) grid probe --probe-ckpt "$FULL/probe-$MODEL" ;;
         noprobe) grid noprobe ;;
         harness)
-            timeout 300 python3 "$R/benchmarks/bench_decode.py" --models "$MODEL" --batches "$BATCHES" \
-                --contexts "$CONTEXT" --probe-rounds 20 --out "$OUT" --stem harness_decode >"$OUT/harness.log" 2>&1
-            echo "harness decode: exit $?"
+            timeout "${HARNESS_TIMEOUT:-300}" python3 "$R/benchmarks/bench_decode.py" --models "$MODEL" \
+                --batches "$BATCHES" --contexts "$CONTEXT" --probe-rounds "${PROBE_ROUNDS:-20}" --out "$OUT" \
+                --stem harness_decode >"$OUT/harness.log" 2>&1
+            echo "harness decode: exit $?"; tail -3 "$OUT/harness.log" ;;
+        harness_prefill)
             timeout 200 python3 "$R/benchmarks/bench_prefill.py" --models "$MODEL" --lengths "$PREFILL" --iters 3 \
                 --out "$OUT" --stem harness_prefill >>"$OUT/harness.log" 2>&1
             echo "harness prefill: exit $?"; tail -3 "$OUT/harness.log" ;;
