@@ -4,13 +4,19 @@ When a request's probe score for a label exceeds its threshold, the request stop
 with finish reason `content_filter` (the OpenAI convention); `meta_info.finish_reason`
 names the label, the score and the threshold. Thresholds come from the server flag
 and per request from `custom_params.probe_stop` (OpenAI extra body `custom_params`,
-native `sampling_params.custom_params`), as a dict `{label: threshold}` or the flag's
-string form; per-request values override the server's for the same label.
+native `sampling_params.custom_params`), as a dict `{label: threshold}`, the flag's
+string form, or a JSON object (for labels that hold `,` or `=`). The guard is the operator's:
+a request's threshold only tightens it, the lower of the two wins per label, unless the server
+was started with `--probe-stop-clients-may-loosen`. Before, a request's value replaced the
+server's, so any client could switch the operator's guard off (`{"label_8": 1.0}`, or `true`,
+which Python's `float()` read as 1.0). A threshold that is not a JSON number (`true`, a string
+in the dict form) is refused with HTTP 400 naming the field, as is a label the probe lacks.
 
 Targets
-  - `ServerArgs.add_cli_args` / `ServerArgs.from_cli_args` (AFTER): the flag, parsed
+  - `ServerArgs.add_cli_args` / `ServerArgs.from_cli_args` (AFTER): the flags, parsed
     and checked at launch (labels of the probe, thresholds in [0, 1]); carried as
-    `_probe_stop` and the environment variable `SGLANG_EXT_PROBE_STOP`.
+    `_probe_stop` and the environment variables `SGLANG_EXT_PROBE_STOP` and
+    `SGLANG_EXT_PROBE_STOP_LOOSEN`.
   - `SchedulerBatchResultProcessor.process_batch_result_prefill` / `..._decode` (BEFORE): for
     each request of the batch, the score row of the token just sampled is checked and
     a crossing sets `req.to_finish`, which SGLang's own `update_finish_state` turns
@@ -34,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 FLAG = "--probe-stop"
 ENV_VAR = "SGLANG_EXT_PROBE_STOP"
+LOOSEN_FLAG = "--probe-stop-clients-may-loosen"
+LOOSEN_ENV_VAR = "SGLANG_EXT_PROBE_STOP_LOOSEN"
 
 
 class ProbeStopSpecError(ValueError):
@@ -41,10 +49,20 @@ class ProbeStopSpecError(ValueError):
 
 
 def parse_probe_stop(spec) -> dict[str, float]:
-    """'label_8=0.9,label_1=0.8' or {'label_8': 0.9} -> {label: threshold}."""
+    """'label_8=0.9,label_1=0.8', '{"label_8": 0.9}' or {'label_8': 0.9} -> {label: threshold}.
+
+    The string form cannot name a label holding `,` or `=`; the JSON object form can."""
     if spec is None or spec == "" or spec == {}:
         return {}
-    if isinstance(spec, str):
+    if isinstance(spec, str) and spec.lstrip().startswith("{"):
+        try:
+            spec = json.loads(spec)
+        except ValueError as e:
+            raise ProbeStopSpecError(f"probe_stop: not a JSON object: {e}") from None
+        if not isinstance(spec, dict):
+            raise ProbeStopSpecError("probe_stop: not a JSON object")
+        items = [(name, _strict_number(name, value)) for name, value in spec.items()]
+    elif isinstance(spec, str):
         items = []
         for part in spec.split(","):
             if "=" not in part:
@@ -52,7 +70,7 @@ def parse_probe_stop(spec) -> dict[str, float]:
             name, value = part.split("=", 1)
             items.append((name.strip(), value.strip()))
     elif isinstance(spec, dict):
-        items = list(spec.items())
+        items = [(name, _strict_number(name, value)) for name, value in spec.items()]
     else:
         raise ProbeStopSpecError(f"probe_stop: expected a dict or 'label=threshold,...', got {type(spec).__name__}")
     out = {}
@@ -67,16 +85,42 @@ def parse_probe_stop(spec) -> dict[str, float]:
     return out
 
 
+def _strict_number(name, value):
+    # In the object form a threshold is a JSON number: `true` (float(True) is 1.0) and strings are refused.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProbeStopSpecError(f"probe_stop: threshold of {name!r} is not a number: {value!r}")
+    return value
+
+
+def effective_thresholds(server: dict[str, float], request: dict[str, float],
+                         clients_may_loosen: bool = False) -> dict[str, float]:
+    """The thresholds a request runs under: the operator's, tightened (never loosened) by the request's
+    own per label, the lower winning; with `clients_may_loosen` a request's value replaces the operator's."""
+    merged = dict(server)
+    for label, threshold in request.items():
+        merged[label] = threshold if clients_may_loosen or label not in server else min(server[label], threshold)
+    return merged
+
+
 def _add_flag(result, parser):
     if FLAG in parser._option_string_actions:
         return
     parser.add_argument(
         FLAG, type=str, default=None, metavar="LABEL=P,...",
         help="Stop a request with finish_reason content_filter when its SingProbe score for a "
-        "label exceeds the threshold, e.g. label_8=0.9,label_1=0.8 (needs --probe-ckpt; sglang-ext).")
+        "label exceeds the threshold, e.g. label_8=0.9,label_1=0.8, or a JSON object (needs --probe-ckpt; "
+        "sglang-ext). A request's own custom_params.probe_stop may only lower these thresholds.")
+    parser.add_argument(
+        LOOSEN_FLAG, action="store_true", default=False,
+        help="Let a request's custom_params.probe_stop raise the --probe-stop thresholds too (by default it "
+        "may only lower them: the lower of the two wins per label; sglang-ext).")
 
 
 def _carry_flag(server_args, cls, args):
+    if getattr(args, "probe_stop_clients_may_loosen", False):
+        os.environ[LOOSEN_ENV_VAR] = "1"
+    else:
+        os.environ.pop(LOOSEN_ENV_VAR, None)
     spec = getattr(args, "probe_stop", None)
     if spec is None:
         os.environ.pop(ENV_VAR, None)
@@ -108,6 +152,10 @@ def _server_thresholds_of(raw: str | None) -> dict[str, float]:
 def _server_thresholds() -> dict[str, float]:
     # Parsed once per value: this runs on every scheduler step.
     return _server_thresholds_of(os.environ.get(ENV_VAR))
+
+
+def _clients_may_loosen() -> bool:
+    return os.environ.get(LOOSEN_ENV_VAR) == "1"
 
 
 class FINISH_CONTENT_FILTER:  # noqa: N801 (SGLang's naming for finish reasons)
@@ -198,7 +246,7 @@ def _check_batch(processor, batch, result, *args, **kwargs):
     rows = agreed_score_rows(result, batch)
     if not rows:
         return
-    server = _server_thresholds()
+    server, loosen = _server_thresholds(), _clients_may_loosen()
     for i, req in enumerate(batch.reqs):
         if i >= len(rows) or req.finished() or getattr(req, "to_finish", None) is not None:
             continue
@@ -206,7 +254,7 @@ def _check_batch(processor, batch, result, *args, **kwargs):
             continue
         custom = getattr(req.sampling_params, "custom_params", None) or {}
         try:
-            thresholds = {**server, **parse_probe_stop(custom.get("probe_stop"))}
+            thresholds = effective_thresholds(server, parse_probe_stop(custom.get("probe_stop")), loosen)
         except Exception as e:  # a bad spec, or a bug here, ends only this request
             req.to_finish = _bad_spec_finish(
                 str(e) if isinstance(e, ProbeStopSpecError) else f"probe_stop: {type(e).__name__}: {e}")

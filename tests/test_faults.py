@@ -274,6 +274,10 @@ def test_max_tokens_huge_gets_400(unharmed):
     pytest.param("label_3", "expected label=threshold", id="no_threshold"),
     pytest.param([0.5], "expected a dict", id="list"),
     pytest.param({"label_99": 0.5}, "unknown label(s) ['label_99']", id="unknown_label"),
+    # `true` was read as 1.0 (Python's float(True)): a client switched the operator's guard off with it
+    pytest.param({"label_3": True}, "is not a number", id="threshold_true"),
+    pytest.param(True, "expected a dict", id="true"),
+    pytest.param({"label_3": "0.5"}, "is not a number", id="threshold_string_in_the_object_form"),
 ])
 def test_invalid_per_request_probe_stop_gets_400(unharmed, spec, message):
     r = greedy(unharmed.url, BASELINE_PROMPT, n=4, sampling={"custom_params": {"probe_stop": spec}})
