@@ -86,7 +86,7 @@ class SGLangServer:
     """`with SGLangServer(model, extra_args) as srv:` -> srv.url; stopped on exit."""
 
     def __init__(self, model_path, extra_args=(), port=None, log_path=None, vocab_dir=None,
-                 startup_timeout=300.0, cpu=None):
+                 startup_timeout=300.0, cpu=None, ready_path="/health_generate"):
         self.model_path = str(model_path)
         self.extra_args = [str(a) for a in extra_args]
         self.port = port or free_port()
@@ -96,6 +96,7 @@ class SGLangServer:
         self.startup_timeout = startup_timeout
         self.cpu = (not has_cuda_driver()) if cpu is None else cpu
         self.proc: subprocess.Popen | None = None
+        self.ready_path = ready_path  # answers 200 once the server serves (a test of a failing one picks another)
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
@@ -144,7 +145,7 @@ class SGLangServer:
                 raise ServerFailed(f"server exited with {self.proc.returncode}; log: {self.log_path}\n"
                                    + self.log_tail())
             try:
-                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                if requests.get(self.url + self.ready_path, timeout=30).status_code == 200:
                     return self
             except requests.RequestException:
                 pass

@@ -22,6 +22,7 @@ PATCH_MODULES = (
     "harmony_prompt",
     "request_isolation",
     "cpu_tensor_parallel",
+    "operator_routes",
 )
 
 _registered = False

@@ -31,7 +31,7 @@ if ROOT not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a folde
 
 from benchmarks.bench_load import LEAK_MARKERS, pool_tokens_after_flush, run_load, wait_idle
 from sglang_ext.launch.make_tiny import random_prompt
-from sglang_ext.launch.server import SGLangServer, has_cuda_driver
+from sglang_ext.launch.server import SGLangServer, free_port, has_cuda_driver
 
 pytestmark = pytest.mark.server  # (three in-process cases near the end need no server)
 
@@ -366,6 +366,17 @@ SCHEDULER_ENDERS = {
                                                            "sampling_params": {"max_new_tokens": 2}},
                                              "positional_embed_overrides cannot be sent over HTTP"),
 }
+# Process-group rendezvous that cannot form: upstream's scheduler waited in it for 30 minutes (/health 503, every
+# request timed out). Nothing listens on CLOSED_PORT (bound once, released).
+CLOSED_PORT = free_port()
+SCHEDULER_ENDERS.update({
+    "init_weights_update_group_nobody_listening": ("/init_weights_update_group", {
+        "master_address": "127.0.0.1", "master_port": CLOSED_PORT, "rank_offset": 1, "world_size": 2,
+        "backend": "gloo"}, "the rendezvous cannot start"),
+    "init_weights_update_group_server_would_host": ("/init_weights_update_group", {
+        "master_address": "127.0.0.1", "master_port": CLOSED_PORT, "rank_offset": 0, "world_size": 2,
+        "backend": "gloo"}, "give the trainer rank 0"),
+})
 if not has_cuda_driver():  # the fixture's server runs on the CPU: a release reached torch.cuda.synchronize
     SCHEDULER_ENDERS["release_memory_on_a_cpu_server"] = ("/release_memory_occupation", {}, "needs a GPU server")
 

@@ -109,7 +109,33 @@ def test_labels_with_a_comma_or_an_equals_sign_can_be_named():
 # -- 2. secrets never leave the server ----------------------------------------------------------------
 
 
+def test_server_info_and_the_log_hold_no_key(guarded):
+    """Upstream: a tenant's GET returned admin_api_key (and launch_command) in clear."""
+    for path in ("/server_info", "/get_server_info"):
+        r = requests.get(guarded.url + path, headers=auth(TENANT), timeout=60)
+        assert r.status_code == 200, (path, r.text[:200])
+        assert TENANT not in r.text and ADMIN not in r.text, path
+        info = r.json()
+        assert info["admin_api_key"] == info["api_key"] == "<redacted>"
+        assert "--admin-api-key <redacted>" in info["launch_command"]
+    log = guarded.log_path.read_text(errors="replace")
+    assert "admin_api_key" in log  # the launch log's server_args line is there, redacted
+    assert TENANT not in log and ADMIN not in log
+
+
 # -- 3. operator routes need the admin key; a rendezvous that cannot form fails the request -----------
+
+
+OPERATOR_ROUTES = [("POST", "/flush_cache", None), ("POST", "/abort_request", {"rid": "x"}),
+                   ("POST", "/configure_logging", {"log_level": "info"}),
+                   ("POST", "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1,
+                                                           "rank_offset": 1, "world_size": 2})]
+
+
+def test_operator_routes_refuse_the_tenant_key(guarded):
+    for method, path, body in OPERATOR_ROUTES:
+        r = requests.request(method, guarded.url + path, json=body, headers=auth(TENANT), timeout=60)
+        assert r.status_code == 401, (path, r.status_code, r.text[:200])
 
 
 # -- 5. every endpoint serving gpt-oss says when the guard stopped it ---------------------------------
@@ -118,7 +144,82 @@ def test_labels_with_a_comma_or_an_equals_sign_can_be_named():
 # -- a tenant key alone opens no operator route; a probe that goes NaN fails /health_generate ---------
 
 
+def _overflowing_probe(tiny_probe, folder) -> str:
+    """Finite weights whose query projection overflows float32 on every row: NaN scores at run time."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_probe, folder)
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    q = tensors["proj_q.weight"]
+    signs = torch.randint(0, 2, q.shape, generator=gen).to(q.dtype) * 2 - 1
+    tensors["proj_q.weight"] = (signs * 3e38).to(q.dtype)
+    assert all(bool(torch.isfinite(t).all()) for t in tensors.values())
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tenant_only(tiny_checkpoints, tiny_probe, vocab_dir, tmp_path_factory):
+    probe = _overflowing_probe(tiny_probe, str(tmp_path_factory.mktemp("probe") / "overflowing"))
+    args = ["--dtype", "float32", "--probe-ckpt", probe, "--api-key", TENANT, *IDS_ONLY_ARGS]
+    with pytest.MonkeyPatch.context() as env:
+        # ready once it answers /health without generating (its /health_generate fails, as it should)
+        env.setenv("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0")
+        srv = SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir, ready_path="/health")
+        srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_tenant_key_alone_opens_no_operator_route(tenant_only):
+    """Upstream: with --api-key and no admin key, the tenant key opened every operator route."""
+    for method, path, body in OPERATOR_ROUTES:
+        r = requests.request(method, tenant_only.url + path, json=body, headers=auth(TENANT), timeout=60)
+        assert r.status_code == 403, (path, r.status_code, r.text[:200])
+    r = requests.get(tenant_only.url + "/server_info", headers=auth(TENANT), timeout=60)
+    assert r.status_code == 200 and TENANT not in r.text
+
+
+def test_the_operator_may_open_operator_routes_to_the_tenant_key():
+    from sglang.srt.utils.auth import AuthLevel
+
+    from sglang_ext.patches import operator_routes
+
+    def upstream(**kwargs):
+        return "upstream's decision"
+
+    ask = dict(method="POST", path="/flush_cache", authorization_header=f"Bearer {TENANT}", api_key=TENANT,
+               admin_api_key=None, auth_level=AuthLevel.ADMIN_OPTIONAL)
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv(operator_routes.ENV_VAR, raising=False)
+        assert operator_routes._decide_request_auth(upstream, **ask).error_status_code == 403
+        env.setenv(operator_routes.ENV_VAR, "1")
+        assert operator_routes._decide_request_auth(upstream, **ask) == "upstream's decision"
+        assert operator_routes._decide_request_auth(upstream, **{**ask, "admin_api_key": ADMIN}) == (
+            "upstream's decision")
+
+
 # -- 6. non-finite probe weights stop the launch --------------------------------------------------------
 
 
 # Last of the module: on a server without the fix this hangs the `guarded` server's scheduler.
+def test_a_rendezvous_that_cannot_form_fails_in_seconds_and_the_server_serves(guarded):
+    """Upstream: the scheduler waited in the rendezvous for 30 minutes (/health 503, every request timed out)."""
+    closed = free_port()  # bound and released: nothing listens there
+    cases = [({"master_address": "127.0.0.1", "master_port": closed, "rank_offset": 1, "world_size": 2,
+               "backend": "gloo"}, "the rendezvous cannot start"),
+             ({"master_address": "127.0.0.1", "master_port": closed, "rank_offset": 0, "world_size": 2,
+               "backend": "gloo"}, "give the trainer rank 0"),
+             ({"master_address": "127.0.0.1", "master_port": closed, "rank_offset": 2, "world_size": 2,
+               "backend": "gloo"}, "must lie in 0 .. world_size - 1")]
+    for body, message in cases:
+        started = time.time()
+        r = requests.post(guarded.url + "/init_weights_update_group", json=body, headers=auth(ADMIN), timeout=30)
+        assert r.status_code == 400 and message in r.json()["message"], r.text[:300]
+        assert time.time() - started < 10
+    assert requests.get(guarded.url + "/health_generate", timeout=60).status_code == 200
+    assert generate(guarded.url, TENANT).json()["meta_info"]["finish_reason"]["type"] == "content_filter"
