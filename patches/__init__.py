@@ -23,6 +23,7 @@ PATCH_MODULES = (
     "request_isolation",
     "cpu_tensor_parallel",
     "operator_routes",
+    "exact_abort",
 )
 
 _registered = False

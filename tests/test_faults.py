@@ -766,6 +766,76 @@ def test_client_disconnects_at_random_points_of_streams(unharmed):
         list(pool.map(disconnect, range(24)))
 
 
+class Stream(threading.Thread):
+    """One native /generate stream with a client-chosen rid: `first` once a token arrived, `last` its last
+    event, `ended` once the server ended it (or, with `drop_after`, once the client dropped it)."""
+
+    def __init__(self, url, rid, n=4000, drop_after=None):
+        super().__init__(daemon=True)
+        self.url, self.rid, self.n, self.drop_after = url, rid, n, drop_after
+        self.first, self.ended, self.last = threading.Event(), threading.Event(), None
+
+    def run(self):
+        body = {"input_ids": random_prompt(20, seed=len(self.rid)), "rid": self.rid, "stream": True,
+                "sampling_params": {"max_new_tokens": self.n, "temperature": 0, "ignore_eos": True}}
+        try:
+            with post(self.url, "/generate", body, stream=True) as r:
+                for raw in r.iter_lines():
+                    if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
+                        continue
+                    self.last = json.loads(raw[len(b"data: "):])
+                    self.first.set()
+                    if self.drop_after is not None and len(self.last.get("output_ids") or [1]) >= self.drop_after:
+                        return  # leaving the `with` drops the connection
+        finally:
+            self.ended.set()
+
+    def finish(self):
+        return ((self.last or {}).get("meta_info") or {}).get("finish_reason", {}).get("type")
+
+
+def _abort(url, rid):
+    r = post(url, "/abort_request", {"rid": rid})
+    assert r.status_code == 200, r.text[:200]
+
+
+def test_an_abort_ends_only_the_request_it_names(unharmed):
+    """Upstream matched rids by prefix: aborting "a1" ended "a10" and "a1-7f3e" too."""
+    url = unharmed.url
+    streams = {rid: Stream(url, rid) for rid in ("abort-a1", "abort-a10", "abort-a1-7f3e")}
+    for stream in streams.values():
+        stream.start()
+    for stream in streams.values():
+        assert stream.first.wait(120), stream.rid
+    _abort(url, "abort-a1")
+    assert streams["abort-a1"].ended.wait(60)
+    assert streams["abort-a1"].finish() == "abort"
+    time.sleep(1.0)  # an abort reaches every queue of the scheduler within its next step
+    for rid in ("abort-a10", "abort-a1-7f3e"):
+        assert not streams[rid].ended.is_set(), f"{rid} ended with {streams[rid].finish()}"
+        _abort(url, rid)
+        assert streams[rid].ended.wait(60) and streams[rid].finish() == "abort"
+
+
+def test_a_dropped_stream_ends_only_its_own_request(unharmed):
+    """Upstream: a client dropping its stream "x" ended "xyz" and "x7f3e" two seconds later (the tokenizer
+    manager's disconnect abort, matched by prefix in the scheduler)."""
+    url = unharmed.url
+    others = [Stream(url, rid) for rid in ("dropped-xyz", "dropped-x7f3e")]
+    for stream in others:
+        stream.start()
+    for stream in others:
+        assert stream.first.wait(120), stream.rid
+    dropped = Stream(url, "dropped-x", drop_after=1)
+    dropped.start()
+    assert dropped.ended.wait(120)
+    time.sleep(4.0)  # the disconnect abort fires 2 s after the drop
+    for stream in others:
+        assert not stream.ended.is_set(), f"{stream.rid} ended with {stream.finish()}"
+        _abort(url, stream.rid)
+        assert stream.ended.wait(60) and stream.finish() == "abort"
+
+
 def test_load_scaled_for_ci(unharmed):
     """benchmarks/bench_load.py at 8 clients x 15 s (the committed full run: 64 x 120 s)."""
     report = run_load(unharmed.url, clients=8, duration_s=15, drop_fraction=0.25, seed=1,
