@@ -19,7 +19,9 @@ Targets
     (only completions streams register one, so concurrent requests never see each
     other's) and attached to the next chunk of that choice.
   - The same `generate_request` hook fills the records of `/v1/responses` requests and puts
-    their custom logit processor on each engine call (`responses_api`, which attaches them).
+    their custom logit processor on each engine call (`responses_api`, which attaches them), and
+    shows each output to `guard_endpoints.observe_output` (the Anthropic and Ollama routes read
+    the guard's finish there).
   - `OpenAIServingChat._build_chat_response` and
     `OpenAIServingCompletion._build_completion_response` (AROUND): the full list on
     each choice of a non-streamed response.
@@ -35,6 +37,7 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_ext.patches.guard_endpoints import observe_output
 from sglang_ext.patches.responses_api import record_of, with_processor
 from sglang_ext.probe import SCORES_KEY, json_scores
 
@@ -115,6 +118,7 @@ async def _generate_request_recording_scores(original, self, obj, *args, **kwarg
         turn = record.new_turn()
         with_processor(obj, record)
     async for content in original(self, obj, *args, **kwargs):
+        observe_output(content)
         if (sink is not None or record is not None) and isinstance(content, dict):
             meta = content.get("meta_info") or {}
             scores = meta.get(SCORES_KEY)

@@ -18,6 +18,7 @@ Targets
     the scheduler) or cannot be loaded, `custom_params` that is not
     an object, `top_logprobs_num` above the vocabulary size, a list where one request takes one
     `top_logprobs_num` / `logprob_start_len`, `sampling_params` that is not an object,
+    `custom_params` nested past 32 levels (its pickling to the scheduler raised RecursionError, a 500),
     `stop_token_ids` outside the vocabulary (with `min_new_tokens` they ended the scheduler),
     `top_k` past int32 (it ended the scheduler), a `stop_regex` Python cannot compile (a 500),
     `session_params` with unknown fields or wrong types (a non-string id ended the scheduler),
@@ -291,6 +292,25 @@ def check_probe_stop(spec, labels: list[str] | None) -> None:
         raise RequestRejected(f"probe_stop: unknown label(s) {unknown}; the probe's labels are {labels}")
 
 
+# custom_params travels to the scheduler by pickle, which recurses per level: ~480 levels raised RecursionError
+# in the tokenizer manager, a 500.
+CUSTOM_PARAMS_MAX_DEPTH = 32
+
+
+def nesting_depth(value, limit: int) -> int:
+    """How deep JSON-like `value` nests (a scalar 0, {} or [] 1), counted without recursion up to limit + 1."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list, tuple)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def check_custom_params(sampling_params: dict, has_processor: bool) -> None:
     custom = sampling_params.get("custom_params")
     if custom is None:
@@ -301,6 +321,8 @@ def check_custom_params(sampling_params: dict, has_processor: bool) -> None:
         return
     if not isinstance(custom, dict):
         raise RequestRejected(f"custom_params must be a JSON object, got {type(custom).__name__}")
+    if nesting_depth(custom, CUSTOM_PARAMS_MAX_DEPTH) > CUSTOM_PARAMS_MAX_DEPTH:
+        raise RequestRejected(f"custom_params nests more than {CUSTOM_PARAMS_MAX_DEPTH} levels deep")
     if "probe_stop" in custom:
         check_probe_stop(custom["probe_stop"], _probe_labels())
 

@@ -423,6 +423,15 @@ def test_fields_the_scheduler_used_unchecked_get_400(unharmed, case):
     assert r.status_code == 400 and field in r.text, r.text[:300]
 
 
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+NESTED_480 = _nested(480)
+
 # Requests that upstream answered with HTTP 500 (the server alive): each a 400 naming what is wrong.
 UPSTREAM_500S = {
     "batch_sampling_params_short": ("/generate", {"text": ["a", "b", "c"], "sampling_params": [
@@ -504,6 +513,14 @@ UPSTREAM_500S = {
         "needs the name of the tool"),
     "completion_rids_fewer_than_prompts": ("/v1/completions", {"model": "default", "prompt": ["hi", "yo"],
                                                                "max_tokens": 4, "rid": ["r1"]}, "2 prompts, 1 rids"),
+    # a RecursionError while pickling the request for the scheduler
+    "custom_params_nested_480_deep": ("/generate", {"text": "hi", "sampling_params": {
+        "max_new_tokens": 2, "custom_params": NESTED_480}}, "custom_params nests more than 32 levels deep"),
+    "chat_custom_params_nested_480_deep": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+        "custom_params": NESTED_480}, "custom_params nests more than 32 levels deep"),
+    "ollama_chat_without_messages": ("/api/chat", {"model": "default", "messages": [], "stream": False},
+                                     "messages is empty"),
 }
 
 

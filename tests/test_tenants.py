@@ -141,6 +141,47 @@ def test_operator_routes_refuse_the_tenant_key(guarded):
 # -- 5. every endpoint serving gpt-oss says when the guard stopped it ---------------------------------
 
 
+def test_anthropic_messages_report_the_guards_stop_as_refusal(guarded):
+    """Upstream: stop_reason "end_turn", as for a natural end."""
+    body = {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    r = requests.post(guarded.url + "/v1/messages", json=body, headers=auth(TENANT), timeout=300)
+    assert r.status_code == 200 and r.json()["stop_reason"] == "refusal", r.text[:300]
+    with requests.post(guarded.url + "/v1/messages", json={**body, "stream": True}, headers=auth(TENANT),
+                       timeout=300, stream=True) as r:
+        events = [json.loads(line[len("data: "):]) for line in lines_of(r) if line.startswith("data: ")]
+    deltas = [e["delta"]["stop_reason"] for e in events if e.get("type") == "message_delta"]
+    assert deltas == ["refusal"], events[-3:]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/api/chat", {"model": "default", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 8}}),
+    ("/api/generate", {"model": "default", "prompt": "hi", "options": {"num_predict": 8}}),
+], ids=["chat", "generate"])
+def test_ollama_routes_report_the_guards_stop(guarded, path, body):
+    """Upstream: done_reason "stop" whatever ended the request."""
+    r = requests.post(guarded.url + path, json={**body, "stream": False}, headers=auth(TENANT), timeout=300)
+    assert r.status_code == 200 and r.json()["done_reason"] == "content_filter", r.text[:300]
+    with requests.post(guarded.url + path, json={**body, "stream": True}, headers=auth(TENANT), timeout=300,
+                       stream=True) as r:
+        chunks = [json.loads(line) for line in lines_of(r)]
+    assert chunks[-1]["done"] is True and chunks[-1]["done_reason"] == "content_filter", chunks[-2:]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/messages", {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/api/chat", {"model": "default", "messages": [{"role": "user", "content": "hi"}], "stream": False}),
+    ("/api/generate", {"model": "default", "prompt": "hi", "stream": False}),
+], ids=["anthropic", "ollama_chat", "ollama_generate"])
+def test_other_endpoints_honour_the_guards_per_request_form(guarded, path, body):
+    """Upstream ignored custom_params there: label_99 got a 200."""
+    r = requests.post(guarded.url + path, json={**body, "custom_params": {"probe_stop": {"label_99": 0.5}}},
+                      headers=auth(TENANT), timeout=300)
+    assert r.status_code == 400 and "label_99" in r.text, (r.status_code, r.text[:300])
+    r = requests.post(guarded.url + path, json={**body, "custom_params": {"probe_stop": {"label_0": True}}},
+                      headers=auth(TENANT), timeout=300)
+    assert r.status_code == 400 and "is not a number" in r.text, (r.status_code, r.text[:300])
+
+
 # -- a tenant key alone opens no operator route; a probe that goes NaN fails /health_generate ---------
 
 
