@@ -24,6 +24,7 @@ PATCH_MODULES = (
     "cpu_tensor_parallel",
     "operator_routes",
     "exact_abort",
+    "probe_health",
     "guard_endpoints",
 )
 

@@ -9,8 +9,9 @@ Targets
     (pickled with the struct's `__dict__` into every scheduler/TP process) and as the
     environment variable `SGLANG_EXT_PROBE_CKPT` (inherited by spawned children).
     A path that does not exist, a checkpoint that is not a SingProbe in the real format
-    (exact tensor keys and shapes) or a probe bound to another base model (hidden size,
-    tapped layer ids, dtype) stops the launch here, with one line, before any model loads.
+    (exact tensor keys and shapes), a probe with NaN or infinite weights (as stored, or once
+    cast to the served dtype) or a probe bound to another base model (hidden size, tapped
+    layer ids, dtype) stops the launch here, with one line, before any model loads.
   - `sglang.srt.managers.scheduler.Scheduler.__init__` (AFTER): logs the value each
     scheduler process received.
 
@@ -60,16 +61,18 @@ def validate_probe_for_model(folder: str, args) -> None:
     import torch
     from transformers import AutoConfig
 
-    from sglang_ext.probe.checkpoint import load_probe_checkpoint, validate_against_base
+    from sglang_ext.probe.checkpoint import check_finite, load_probe_checkpoint, validate_against_base
 
     try:
-        cfg, _tensors = load_probe_checkpoint(folder)
+        cfg, tensors = load_probe_checkpoint(folder)
         base = AutoConfig.from_pretrained(args.model_path, revision=getattr(args, "revision", None))
         dtype_name = getattr(args, "dtype", "auto")
         if dtype_name in (None, "auto"):
             dtype_name = str(getattr(base, "torch_dtype", None) or getattr(base, "dtype", None) or "bfloat16")
         dtype = getattr(torch, dtype_name.replace("torch.", ""), torch.bfloat16)
         validate_against_base(cfg, base, dtype)
+        # finite as stored (checked on load) but past the served dtype's range, e.g. 1e5 in float16
+        check_finite({k: t.to(dtype) for k, t in tensors.items()}, f"probe checkpoint {folder} cast to {dtype}")
     except ValueError as e:
         raise ProbeCkptNotFound(f"{FLAG}: {e}") from None
 

@@ -97,6 +97,20 @@ def check_tensor_set(cfg: ProbeConfig, shapes: dict[str, tuple[int, ...]], dtype
         raise ProbeCheckpointError(f"{where}: " + "; ".join(parts))
 
 
+def check_finite(tensors: dict[str, torch.Tensor], where: str = "probe checkpoint") -> None:
+    """Raise one ProbeCheckpointError naming every tensor that holds NaN or +-inf (and how many values).
+
+    Such a probe scores NaN for every token: each request would fail closed with an error while the server
+    looked healthy, so it stops the launch instead."""
+    bad = []
+    for name, tensor in tensors.items():
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad.append(f"{name} ({int((~finite).sum())} of {tensor.numel()} values)")
+    if bad:
+        raise ProbeCheckpointError(f"{where}: non-finite weights (NaN or inf) in [{', '.join(bad)}]")
+
+
 def load_probe_checkpoint(folder: "str | os.PathLike") -> tuple[ProbeConfig, dict[str, torch.Tensor]]:
     """Read ``config.json`` + ``model.safetensors`` (and nothing else) from a probe folder.
 
@@ -127,6 +141,7 @@ def load_probe_checkpoint(folder: "str | os.PathLike") -> tuple[ProbeConfig, dic
             dtypes = {k: f.get_slice(k).get_dtype() for k in keys}
             check_tensor_set(cfg, shapes, dtypes, where)
             tensors = {k: f.get_tensor(k) for k in EXPECTED_SHAPES(cfg)}
+        check_finite(tensors, where)
     except ProbeCheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 -- safetensors raises its own (non-ValueError) types

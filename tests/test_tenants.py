@@ -225,6 +225,14 @@ def test_a_tenant_key_alone_opens_no_operator_route(tenant_only):
     assert r.status_code == 200 and TENANT not in r.text
 
 
+def test_a_probe_that_goes_nan_fails_health_generate(tenant_only):
+    """Upstream: every request failed with 500 while /health_generate answered 200."""
+    r = generate(tenant_only.url, TENANT, n=4)
+    assert r.status_code == 500 and "NaN" in r.text, r.text[:300]
+    assert requests.get(tenant_only.url + "/health_generate", timeout=120).status_code == 503
+    assert requests.get(tenant_only.url + "/health_generate", timeout=120).status_code == 503
+
+
 def test_the_operator_may_open_operator_routes_to_the_tenant_key():
     from sglang.srt.utils.auth import AuthLevel
 
@@ -245,6 +253,38 @@ def test_the_operator_may_open_operator_routes_to_the_tenant_key():
 
 
 # -- 6. non-finite probe weights stop the launch --------------------------------------------------------
+
+
+@pytest.mark.parametrize("value,dtype", [(float("nan"), "bfloat16"), (float("inf"), "bfloat16"),
+                                         (1e6, "float16")], ids=["nan", "inf", "past_float16"])
+def test_non_finite_probe_weights_stop_the_launch_with_one_line(tiny_checkpoints, tiny_probe, tmp_path, value,
+                                                                 dtype):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "probe"
+    shutil.copytree(tiny_probe, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors["o_proj.weight"][3, 5] = value
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_ext import plugin
+
+    plugin.load()
+    HookRegistry.apply_hooks()
+    saved = {k: os.environ.get(k) for k in ("SGLANG_EXT_PROBE_CKPT", "SGLANG_EXT_PROBE_STOP")}
+    try:
+        with pytest.raises(SystemExit) as stop:
+            prepare_server_args(["--model-path", str(tiny_checkpoints["fp32"]), "--device", "cpu", "--dtype", dtype,
+                                 "--probe-ckpt", str(bad)])
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    message = str(stop.value)
+    assert message.startswith("--probe-ckpt") and "\n" not in message, message
+    assert "non-finite weights" in message and "o_proj.weight (1 of" in message, message
 
 
 # Last of the module: on a server without the fix this hangs the `guarded` server's scheduler.
