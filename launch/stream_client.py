@@ -55,7 +55,8 @@ def stream_with_sse(base_url: str, model: str, prompt: str, max_tokens: int, out
     received = []
     with requests.post(base_url.rstrip("/") + "/v1/chat/completions", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines(decode_unicode=True):
+        # bytes split on \n: decoded first, Unicode line rules (str.splitlines) would also split on U+2028
+        for line in (raw.decode() for raw in r.iter_lines()):
             if not line or not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             for choice in json.loads(line[len("data: "):]).get("choices", []):

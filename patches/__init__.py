@@ -25,6 +25,7 @@ PATCH_MODULES = (
     "operator_routes",
     "exact_abort",
     "probe_health",
+    "stream_line_separators",
     "guard_endpoints",
 )
 

@@ -61,13 +61,24 @@ class WrongShape(CustomLogitProcessor):
 class MasksEverything(CustomLogitProcessor):
     def __call__(self, logits, custom_param_list=None):
         return logits.fill_(float("-inf"))
+
+class ForceToken(CustomLogitProcessor):
+    """Samples token `force` of the row's custom_params, whatever the model says."""
+    def __call__(self, logits, custom_param_list=None):
+        for row, params in enumerate(custom_param_list or []):
+            token = (params or {}).get("force")
+            if token is not None:
+                logits[row, :] = float("-inf")
+                logits[row, token] = 0.0
+        return logits
 '''
 
 
 def _processors() -> dict[str, str]:
     namespace = {"__name__": "__main__"}
     exec(PROCESSOR_SOURCE, namespace)
-    return {name: namespace[name].to_str() for name in ("FailAfterTokens", "WrongShape", "MasksEverything")}
+    return {name: namespace[name].to_str() for name in ("FailAfterTokens", "WrongShape", "MasksEverything",
+                                                        "ForceToken")}
 
 
 class Tally:
@@ -95,7 +106,8 @@ def post(url, path, body=None, raw: bytes | None = None, stream=False, timeout=3
 
 def sse_events(r) -> list[dict]:
     events = []
-    for line in r.iter_lines(decode_unicode=True):
+    # bytes split on \n: decoded first, Unicode line rules (str.splitlines) would also split on U+2028
+    for line in (raw.decode() for raw in r.iter_lines()):
         if line and line.startswith("data: ") and line != "data: [DONE]":
             events.append(json.loads(line[len("data: "):]))
     if any("error" in e for e in events):
@@ -851,6 +863,30 @@ def test_a_dropped_stream_ends_only_its_own_request(unharmed):
         assert not stream.ended.is_set(), f"{stream.rid} ended with {stream.finish()}"
         _abort(url, stream.rid)
         assert stream.ended.wait(60) and stream.finish() == "abort"
+
+
+U2028 = 51008  # o200k_harmony's token for U+2028 LINE SEPARATOR alone
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+def test_line_separators_in_streamed_json_are_escaped(unharmed, path):
+    """A stream read with Unicode line rules (str.splitlines, requests' iter_lines(decode_unicode=True)) must
+    still be one JSON value per line: upstream wrote U+2028 raw inside the JSON strings."""
+    force, params = _processors()["ForceToken"], {"force": U2028}
+    body = {"/generate": {"input_ids": BASELINE_PROMPT, "sampling_params": {
+                "max_new_tokens": 3, "temperature": 0, "custom_params": params}},
+            "/v1/chat/completions": {"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                                     "max_tokens": 3, "custom_params": params},
+            "/v1/completions": {"model": "default", "prompt": "hi", "max_tokens": 3, "custom_params": params}}[path]
+    r = post(unharmed.url, path, {**body, "stream": True, "custom_logit_processor": force})
+    assert r.status_code == 200, r.text[:300]
+    assert "\u2028".encode() not in r.content and b"\\u2028" in r.content, r.content[:300]
+    events = [json.loads(line[len("data: "):]) for line in r.content.decode().splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    text = "".join(e.get("text", "") if path == "/generate" else
+                   "".join((c.get("delta") or {}).get("content") or c.get("text") or "" for c in e.get("choices", []))
+                   for e in events)
+    assert "\u2028" in text, events[-2:]
 
 
 def test_load_scaled_for_ci(unharmed):

@@ -112,7 +112,7 @@ def test_openai_chat_carries_one_score_per_token(probe_server):
     streamed, chunks = [], 0
     with requests.post(probe_server.url + "/v1/chat/completions", json={**body, "stream": True},
                        stream=True, timeout=600) as r:
-        for line in r.iter_lines(decode_unicode=True):
+        for line in (raw.decode() for raw in r.iter_lines()):  # bytes split on \n, not Unicode line rules
             if not line or not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunks += 1
@@ -205,7 +205,7 @@ def test_openai_completions_streamed_and_not(probe_server):
     streamed = []
     with requests.post(probe_server.url + "/v1/completions", json={**body, "stream": True},
                        stream=True, timeout=600) as r:
-        for line in r.iter_lines(decode_unicode=True):
+        for line in (raw.decode() for raw in r.iter_lines()):  # bytes split on \n, not Unicode line rules
             if line and line.startswith("data: ") and line != "data: [DONE]":
                 for c in json.loads(line[6:]).get("choices", []):
                     streamed.extend(c.get("token_probe_probs", []))
@@ -612,7 +612,7 @@ def responses(url, body):
     assert r.status_code == 200, r.text
     if not body.get("stream"):
         return r.json()
-    return [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    return [json.loads(raw[6:]) for raw in r.iter_lines() if raw.startswith(b"data: ")]  # bytes split on \n only
 
 
 LABELS = [f"label_{i}" for i in range(10)]
