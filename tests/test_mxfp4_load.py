@@ -1,5 +1,6 @@
-"""MXFP4 (and, on CUDA, bf16) checkpoints loaded straight onto the FP8 block-128 path by the model's own
-loader (`sglang_ext.models.gpt_oss.CheckpointLoader`), in this process, on a CPU.
+"""MXFP4 checkpoints (and bf16 ones launched with --quantization fp8) loaded straight onto the FP8 block-128
+path by the model's own loader (`sglang_ext.models.gpt_oss.CheckpointLoader`), in this process, on a CPU; and
+what a default launch resolves to for each checkpoint format.
 
 Oracles: transformers' `convert_moe_packed_tensors` (the MXFP4 values, independent of our dequantiser),
 launch/convert.py run on the same checkpoint (its bytes and its report), and the FP8 checkpoint path's
@@ -42,17 +43,17 @@ def layers_only(tensors: dict) -> list:
     return [(k, v) for k, v in tensors.items() if k.startswith("model.layers.")]
 
 
-def build_layers(cfg, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp")):
+def build_layers(cfg, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp"), fp8=None):
     """A module whose parameters are named as the checkpoint's layer keys (model.layers.{i}.*)."""
     tp = gpt_oss._TP(layout)
     layers = nn.ModuleList()
     for i in range(cfg.num_hidden_layers):
         layer = nn.Module()
         if "self_attn" in parts:
-            layer.self_attn = gpt_oss.GptOssAttention(cfg, i, tp)
+            layer.self_attn = gpt_oss.GptOssAttention(cfg, i, tp, fp8)
             layer.input_layernorm = gpt_oss.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             layer.post_attention_layernorm = gpt_oss.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        layer.mlp = gpt_oss.GptOssMLP(cfg, tp)
+        layer.mlp = gpt_oss.GptOssMLP(cfg, tp, fp8)
         layers.append(layer)
     root = nn.Module()
     root.model = nn.Module()
@@ -62,8 +63,8 @@ def build_layers(cfg, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp")):
     return root, tp
 
 
-def load(cfg, tensors, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp"), **kw):
-    root, tp = build_layers(cfg, layout, parts)
+def load(cfg, tensors, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp"), fp8=None, **kw):
+    root, tp = build_layers(cfg, layout, parts, fp8)
     layer0 = root.model.layers[0]
     loader = gpt_oss.CheckpointLoader(root, gpt_oss.checkpoint_format(cfg), tp, getattr(layer0, "self_attn", None),
                                       layer0.mlp.experts, **kw)
@@ -197,15 +198,19 @@ def test_parallel_ranks_hold_the_fp8_checkpoints_shards(tp, ep, chunk_experts):
         assert loader.report[p + "down_proj"]["blocks"] == (experts.shard.expert_hi - experts.shard.expert_lo) * 3 * 3
 
 
-def test_bf16_checkpoint_served_in_fp8_loads_its_offline_conversion(tiny_checkpoints, tmp_path, monkeypatch):
-    """Where a bf16 checkpoint is served in FP8 (on CUDA: DENSE_CHECKPOINTS_AS_FP8_ON_CUDA), the loader
-    holds launch/convert.py's bf16 -> FP8 conversion, bytes and report; on a CPU bf16 stays bf16."""
+def test_bf16_checkpoint_with_quantization_fp8_loads_its_offline_conversion(tiny_checkpoints, tmp_path):
+    """A bf16 checkpoint stays bf16 unless launched with SGLang's --quantization fp8 (its Fp8Config reaches
+    the model): then the loader holds launch/convert.py's bf16 -> FP8 conversion, bytes and report."""
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
     cfg = AutoConfig.from_pretrained(tiny_checkpoints["bf16"])
-    assert gpt_oss.checkpoint_format(cfg) == "dense" and not gpt_oss.serves_fp8(cfg)  # this CPU
+    assert gpt_oss.checkpoint_format(cfg) == "dense" and not gpt_oss.serves_fp8(cfg)
+    assert gpt_oss.serves_fp8(cfg, Fp8Config(is_checkpoint_fp8_serialized=False))
+    with pytest.raises(ValueError, match="--quantization mxfp4"):
+        gpt_oss.serves_fp8(cfg, Mxfp4Config())
     report = convert(str(tiny_checkpoints["bf16"]), str(tmp_path / "fp8"), log=lambda *_: None)
-    monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("cuda"))  # as under SGLang's loader
-    assert gpt_oss.serves_fp8(cfg)
-    root, loader = load(cfg, layers_only(read_checkpoint(tiny_checkpoints["bf16"])))
+    root, loader = load(cfg, layers_only(read_checkpoint(tiny_checkpoints["bf16"])), fp8=True)
     want = read_checkpoint(tmp_path / "fp8")
     for name, p in root.named_parameters():
         if p.dtype == FP8:
@@ -260,3 +265,58 @@ def test_dummy_load_of_an_mxfp4_config_is_finite_and_like_fp8(tiny_checkpoints):
         assert torch.isfinite(layer.mlp(x).float()).all()
         q, k, v = layer.self_attn._project_qkv(x)
         assert torch.isfinite(torch.cat([q, k, v], -1).float()).all()
+
+
+RESOLVE = r"""
+import json, os, sys
+sys.argv = ["resolve"]
+from sglang.srt.plugins import load_plugins
+load_plugins()
+import sglang.srt.arg_groups.memory_hook as memory_hook
+from sglang.srt.arg_groups.model_override_base import model_config_of, resolved_view
+from sglang.srt.server_args import prepare_server_args
+
+memory_hook.get_device_memory_capacity = lambda *a, **k: 80 * 1024  # an H100's 80 GB: SGLang's CUDA defaults
+out = {}
+for name, argv in json.loads(os.environ["CASES"]).items():
+    args = prepare_server_args(argv + ["--skip-tokenizer-init"])
+    args.resolve_once()
+    v = resolved_view(args)
+    out[name] = {"max_bs": v.cuda_graph_config.decode.max_bs, "bs": v.cuda_graph_config.decode.bs,
+                 "attention": v.attention_backend, "moe_runner": v.moe_runner_backend, "dtype": v.dtype,
+                 "quantization": model_config_of(args).quantization}
+print("RESOLVED " + json.dumps(out))
+"""
+
+
+def test_default_launch_resolves_per_checkpoint_format(tiny_checkpoints, tmp_path):
+    """What `launch_server --model-path X` resolves to on CUDA with no flag (SGLang's resolution pipeline with
+    this plugin, an 80 GB GPU's memory faked in, in a fresh process): an MXFP4 checkpoint keeps SGLang's
+    default decode CUDA graphs (up to batch 256) on our attention and MoE; a bf16 one is limited to batch 8
+    (its torch MoE), unless launched with --quantization fp8 or the user chose the sizes. A CPU is untouched."""
+    import json
+    import subprocess
+    import sys
+
+    from sglang_ext.launch.cpu_shims import cpu_server_env
+
+    mx, bf = str(tiny_checkpoints["mxfp4"]), str(tiny_checkpoints["bf16"])
+    cases = {"mxfp4": ["--model-path", mx, "--device", "cuda"],
+             "bf16": ["--model-path", bf, "--device", "cuda"],
+             "bf16_fp8": ["--model-path", bf, "--device", "cuda", "--quantization", "fp8"],
+             "bf16_user_64": ["--model-path", bf, "--device", "cuda", "--cuda-graph-max-bs-decode", "64"],
+             "bf16_cpu": ["--model-path", bf, "--device", "cpu"]}
+    env = dict(cpu_server_env(), CASES=json.dumps(cases))
+    run = subprocess.run([sys.executable, "-c", RESOLVE], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=str(tmp_path))
+    line = next((x for x in run.stdout.splitlines() if x.startswith("RESOLVED ")), None)
+    assert line, run.stdout[-2000:] + run.stderr[-4000:]
+    got = json.loads(line[len("RESOLVED "):])
+    assert got["mxfp4"]["max_bs"] == 256 and got["mxfp4"]["bs"][-1] == 256
+    assert got["mxfp4"]["attention"] == "ext_sinks" and got["mxfp4"]["moe_runner"] == "triton"
+    assert got["mxfp4"]["dtype"] == "bfloat16" and got["mxfp4"]["quantization"] == "mxfp4"
+    assert got["bf16"]["max_bs"] == 8 and got["bf16"]["bs"] == [1, 2, 4, 8]
+    assert "decode CUDA graphs stop at batch 8" in run.stderr + run.stdout
+    assert got["bf16_fp8"]["max_bs"] == 256 and got["bf16_fp8"]["quantization"] == "fp8"
+    assert got["bf16_user_64"]["max_bs"] == 64
+    assert got["bf16_cpu"]["max_bs"] == 32  # SGLang's CPU default, as without the plugin's limit

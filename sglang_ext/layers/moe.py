@@ -85,9 +85,10 @@ def experts_torch(
     else:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                "sglang-ext: the torch MoE (SGLANG_EXT_KERNELS=torch) reads expert counts on the host and cannot be "
-                "captured in a CUDA graph above 32 (token, expert) pairs; leave SGLANG_EXT_KERNELS at auto (the "
-                "Triton MoE is graph-safe) or launch with --disable-cuda-graph")
+                "sglang-ext: the torch MoE (bf16 experts, or SGLANG_EXT_KERNELS=torch) reads expert counts on the host "
+                "and cannot be captured in a CUDA graph above 32 (token, expert) pairs: leave the decode CUDA-graph "
+                "sizes at their default (batch 8 at most for a bf16 checkpoint) or launch a bf16 checkpoint with "
+                "--quantization fp8 (FP8 block-128 at load: the graph-safe Triton MoE)")
         pair_out.zero_()
         order = torch.argsort(local_ids, stable=True)
         counts = torch.bincount(local_ids.clamp(-1, num_local) + 1, minlength=num_local + 2).tolist()

@@ -15,8 +15,9 @@ Checkpoints: FP8 block-128 ones (launch/convert.py's) load as they are. The offi
 on the same FP8 path: `CheckpointLoader` converts their experts and their bf16 q/k/v/o to e4m3 with
 128x128 block scales at load, with the converter's own function (experts exactly wherever a block's
 values fit e4m3 under a power-of-two scale), so serving an MXFP4 checkpoint is serving its converted
-copy, and logs the converter's report. bf16 checkpoints do the same on CUDA (lossy; see
-DENSE_CHECKPOINTS_AS_FP8_ON_CUDA) and stay bf16 on a CPU.
+copy, and logs the converter's report. bf16 checkpoints serve in bf16 (on CUDA with decode graphs up
+to batch 8: patches/gpt_oss_model.py), or in FP8 with SGLang's own `--quantization fp8`, converted the
+same way at load (lossy, logged).
 
 Parallelism (SGLang's --tp/--ep; sglang_ext.layers.parallel holds the maths and its
 tests): attention heads split over the TP ranks (KV heads replicated when fewer than
@@ -98,22 +99,20 @@ def is_fp8_checkpoint(config) -> bool:
     return checkpoint_format(config) == "fp8"
 
 
-# A bf16 checkpoint on CUDA is served in FP8 too, converted at load (lossy, logged as a warning): its
-# bf16 experts would run the torch MoE, which reads expert counts on the host and so cannot run inside
-# the decode CUDA graphs SGLang captures by default (up to batch 256), and 120b's bf16 experts do not
-# fit one H200. On a CPU bf16 stays bf16: there the torch path has no graphs to break, and its numbers
-# are checked against transformers' (tests/test_probe_serving_bf16.py, tests/test_served_parity.py).
-DENSE_CHECKPOINTS_AS_FP8_ON_CUDA = True
-
-
-def serves_fp8(config) -> bool:
+def serves_fp8(config, quant_config=None) -> bool:
     """Whether the experts and the attention projections are e4m3 block-128 parameters: always for FP8
     and MXFP4 checkpoints (MXFP4 converted at load, exactly where a 128x128 block's values fit e4m3
-    under a power-of-two scale, launch/convert.py's conversion), for bf16 ones where the model is built
-    on CUDA (SGLang's loaders build it under `with torch.device(...)`)."""
+    under a power-of-two scale: launch/convert.py's conversion), and for a bf16 checkpoint launched
+    with SGLang's `--quantization fp8` (its online FP8, here block-128 converted at load, lossy).
+    A bf16 checkpoint otherwise stays bf16: its numbers are transformers' (tests/test_served_parity.py,
+    tests/test_probe_serving_bf16.py, and on a GPU tests/test_served_gpu.py)."""
     if checkpoint_format(config) != "dense":
         return True
-    return DENSE_CHECKPOINTS_AS_FP8_ON_CUDA and torch.get_default_device().type == "cuda"
+    name = quant_config.get_name() if quant_config is not None else None
+    if name not in (None, "fp8"):
+        raise ValueError(f"gpt-oss bf16 checkpoints serve in bf16 or, with --quantization fp8, in FP8 block-128; "
+                         f"--quantization {name} is not served")
+    return name == "fp8"
 
 
 class _TP:
@@ -171,12 +170,12 @@ def _head_block_shards(config, tp: _TP, fp8: bool):
 
 
 class GptOssAttention(nn.Module):
-    def __init__(self, config, layer_id: int, tp: _TP):
+    def __init__(self, config, layer_id: int, tp: _TP, fp8: Optional[bool] = None):
         super().__init__()
         self.tp = tp
         self.head_dim = config.head_dim
         hidden = config.hidden_size
-        fp8 = serves_fp8(config)
+        fp8 = serves_fp8(config) if fp8 is None else fp8
         self.heads, self.q_shard, self.kv_shard = _head_block_shards(config, tp, fp8)
         self.num_heads = self.heads.q_hi - self.heads.q_lo
         self.num_kv_heads = self.heads.kv_hi - self.heads.kv_lo
@@ -243,13 +242,13 @@ class GptOssRouter(nn.Module):
 
 
 class GptOssExperts(nn.Module):
-    def __init__(self, config, tp: _TP):
+    def __init__(self, config, tp: _TP, fp8: Optional[bool] = None):
         super().__init__()
         e, h = config.num_local_experts, config.hidden_size
         # SGLang's CPU loader pads intermediate_size to the FP8 block for its own layers
         # (keeping the true value as original_intermediate_size); ours use ragged blocks.
         intermediate = getattr(config, "original_intermediate_size", None) or config.intermediate_size
-        self.fp8 = serves_fp8(config)
+        self.fp8 = serves_fp8(config) if fp8 is None else fp8
         self.shard = moe_shard(e, intermediate, tp.layout, self.fp8)
         self.expert_offset = self.shard.expert_lo
         i = self.shard.local_intermediate
@@ -282,13 +281,13 @@ class GptOssExperts(nn.Module):
 
 
 class GptOssMLP(nn.Module):
-    def __init__(self, config, tp: _TP):
+    def __init__(self, config, tp: _TP, fp8: Optional[bool] = None):
         super().__init__()
         self.tp = tp
         self.top_k = config.num_experts_per_tok
         self.limit = config.swiglu_limit
         self.router = GptOssRouter(config)
-        self.experts = GptOssExperts(config, tp)
+        self.experts = GptOssExperts(config, tp, fp8)
 
     def forward(self, x, forward_batch=None):
         if self.tp.dp_attention:
@@ -334,12 +333,12 @@ class GptOssMLP(nn.Module):
 
 
 class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, tp: _TP):
+    def __init__(self, config, layer_id: int, tp: _TP, fp8: Optional[bool] = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = GptOssAttention(config, layer_id, tp)
+        self.self_attn = GptOssAttention(config, layer_id, tp, fp8)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GptOssMLP(config, tp)
+        self.mlp = GptOssMLP(config, tp, fp8)
 
     def forward(self, h, x, cos_sin, forward_batch, x_quant=None):
         """h: the residual stream entering the layer, x: its input norm (x_quant: its FP8 form,
@@ -355,13 +354,13 @@ class GptOssDecoderLayer(nn.Module):
 
 
 class GptOssModel(nn.Module):
-    def __init__(self, config, tp: _TP):
+    def __init__(self, config, tp: _TP, fp8: Optional[bool] = None):
         super().__init__()
         self.config = config
         # DP attention: each DP group embeds its own tokens, the vocabulary split over its attention-TP ranks.
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
                                                    use_attn_tp_group=tp.dp_attention)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, tp) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, tp, fp8) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = YarnRope.from_hf_config(config)
         self._cos_sin: Optional[torch.Tensor] = None
@@ -408,7 +407,10 @@ class GptOssForCausalLM(nn.Module):
         if lay.tp_size > 1:
             logger.info("sglang-ext gpt-oss: TP rank %d of %d, EP %d, attention DP %d (attention TP rank %d of %d)",
                         lay.tp_rank, lay.tp_size, lay.ep_size, lay.attn_dp_size, lay.attn_tp_rank, lay.attn_tp_size)
-        self.model = GptOssModel(config, self.tp)
+        # SGLang's quant_config: Mxfp4Config / Fp8Config from config.json (both served on our FP8 path), or
+        # Fp8Config from --quantization fp8 on a bf16 checkpoint (online FP8: converted at load here).
+        self.fp8 = serves_fp8(config, quant_config)
+        self.model = GptOssModel(config, self.tp, self.fp8)
         # As SGLang's gpt-oss: vocab-parallel over the TP group (the logits processor gathers the DP groups'
         # rows), or over the attention-TP group with --enable-dp-lm-head.
         from sglang.srt.runtime_context import get_parallel
@@ -509,11 +511,11 @@ class GptOssForCausalLM(nn.Module):
             logger.info("sglang-ext gpt-oss: attention q/k/v/o (bf16 in the MXFP4 checkpoint) quantised to FP8 e4m3 "
                         "block-128 at load, as launch/convert.py does: max relative error %.3e", dense["max_rel_err"])
         else:
-            logger.warning("sglang-ext gpt-oss: bf16 checkpoint on CUDA served in FP8 e4m3 block-128, quantised at load "
-                           "in %.1f s%s (lossy: experts max relative error %.3e, %d/%d blocks exact; attention q/k/v/o "
-                           "%.3e), so decode runs the graph-safe Triton MoE; launch/convert.py writes the same FP8 "
-                           "checkpoint once", seconds, whose, experts["max_rel_err"], experts["blocks_exact"],
-                           experts["blocks"], dense["max_rel_err"])
+            logger.info("sglang-ext gpt-oss: bf16 checkpoint served in FP8 e4m3 block-128 (--quantization fp8), quantised "
+                        "at load in %.1f s%s, lossy: experts max relative error %.3e (%d/%d 128x128 blocks exact), "
+                        "attention q/k/v/o %.3e; launch/convert.py writes the same FP8 checkpoint once",
+                        seconds, whose, experts["max_rel_err"], experts["blocks_exact"], experts["blocks"],
+                        dense["max_rel_err"])
 
 
 class CheckpointLoader:
