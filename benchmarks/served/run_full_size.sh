@@ -24,7 +24,7 @@ SERVER_EXTRA="${SERVER_EXTRA:-}"     # e.g. "--cuda-graph-max-bs 128" (empty: SG
 FINAL_OUT="$OUT"
 OUT=/tmp/sglang_ext_results  # many files: they come back as one archive ($FINAL_OUT/full_size.tgz)
 mkdir -p "$OUT"
-trap 'cp "${KERNEL_STUB_LOG:-/dev/null}" "$OUT/sgl_kernel_calls.log" 2>/dev/null; tar czf "$FINAL_OUT/full_size.tgz" -C "$OUT" .' EXIT
+trap 'cp "${KERNEL_STUB_LOG:-/dev/null}" "$OUT/sgl_kernel_calls.log" 2>/dev/null; cp /tmp/sglang_ext_server_*.log "$OUT/" 2>/dev/null; tar czf "$FINAL_OUT/full_size.tgz" -C "$OUT" .' EXIT
 eval "$(python3 "$R/benchmarks/served/gpu_env.py" "$CARRY")"
 cd /tmp
 python3 "$R/benchmarks/served/gpu_env.py" --describe >"$OUT/env.json"
