@@ -889,6 +889,52 @@ def test_line_separators_in_streamed_json_are_escaped(unharmed, path):
     assert "\u2028" in text, events[-2:]
 
 
+def _stream_kept_or_dropped(url, i, drop) -> str | None:
+    """One of the concurrent streams: None when it holds one score per token and ends with [DONE], else why."""
+    if i % 2:
+        path, body = "/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": f"say {i}"}],
+                                              "max_tokens": 12, "stream": True,
+                                              "stream_options": {"include_usage": True}}
+    else:
+        path, body = "/generate", {"input_ids": random_prompt(10 + i, seed=i), "stream": True,
+                                   "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
+    scores, tokens, done, last = 0, None, False, None
+    with post(url, path, body, stream=True) as r:
+        for raw in r.iter_lines():
+            if raw == b"data: [DONE]":
+                done = True
+            elif raw.startswith(b"data: "):
+                if drop:
+                    return None  # leaving the `with` drops the connection after the first chunk
+                last = json.loads(raw[len(b"data: "):])
+                for choice in last.get("choices") or []:
+                    scores += len(choice.get("token_probe_probs") or [])
+                if last.get("usage"):
+                    tokens = last["usage"]["completion_tokens"]
+    if path == "/generate" and last is not None:
+        scores, tokens = len(last["meta_info"]["token_probe_probs"]), len(last["output_ids"])
+    if not done or tokens is None or scores != tokens or tokens == 0:
+        return f"{path} #{i}: done={done} tokens={tokens} scores={scores} last={json.dumps(last)[:200]}"
+    return None
+
+
+def test_sixty_four_streams_a_third_dropped_three_rounds(unharmed):
+    """Every kept stream gets one score per token and [DONE]; after each round no KV token stays in use, and the
+    server's memory does not grow from round to round."""
+    from benchmarks.bench_load import group_rss_bytes
+
+    rss = []
+    for round_ in range(3):
+        with ThreadPoolExecutor(64) as pool:
+            problems = [p for p in pool.map(lambda i: _stream_kept_or_dropped(unharmed.url, i, i % 3 == 2), range(64))
+                        if p is not None]
+        assert not problems, problems[:5]
+        assert pool_tokens_after_flush(unharmed.url) == 0, f"round {round_}: KV tokens in use after a flush"
+        rss.append(group_rss_bytes(unharmed.proc.pid))
+    print(f"server RSS after each round (MiB): {[round(r / 2**20) for r in rss]}")
+    assert rss[2] - rss[1] < 64 * 2**20, rss  # the first round warms allocations
+
+
 def test_load_scaled_for_ci(unharmed):
     """benchmarks/bench_load.py at 8 clients x 15 s (the committed full run: 64 x 120 s)."""
     report = run_load(unharmed.url, clients=8, duration_s=15, drop_fraction=0.25, seed=1,

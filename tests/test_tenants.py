@@ -304,3 +304,55 @@ def test_a_rendezvous_that_cannot_form_fails_in_seconds_and_the_server_serves(gu
         assert time.time() - started < 10
     assert requests.get(guarded.url + "/health_generate", timeout=60).status_code == 200
     assert generate(guarded.url, TENANT).json()["meta_info"]["finish_reason"]["type"] == "content_filter"
+
+
+class _Payload:
+    """Unpickling it writes the marker file: a pickle beside the safetensors must never be loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('unpickled')",))
+
+
+def test_a_malicious_probe_folder_runs_no_code_at_launch(tiny_checkpoints, tiny_probe, tmp_path):
+    """auto_map + .py files + pickles beside the safetensors: the launch's checks load the probe (and stop at
+    nothing), and nothing of the folder but config.json and model.safetensors is read."""
+    import pickle
+    import sys
+
+    folder = tmp_path / "malicious"
+    shutil.copytree(tiny_probe, folder)
+    marker = tmp_path / "EXECUTED"
+    for name in ("modeling_sing_probe.py", "configuration_sing_probe.py", "__init__.py"):
+        (folder / name).write_text(f"open({str(marker)!r}, 'w').write(__name__)\n")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "configuration_sing_probe.SingProbeConfig",
+                       "AutoModel": "modeling_sing_probe.SingProbeAttnModel"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for name in ("pytorch_model.bin", "model.pt", "training_args.bin"):
+        (folder / name).write_bytes(pickle.dumps(_Payload(marker)))
+
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_ext import plugin
+    from sglang_ext.probe_runtime import ProbeRuntime
+
+    plugin.load()
+    HookRegistry.apply_hooks()
+    saved = {k: os.environ.get(k) for k in ("SGLANG_EXT_PROBE_CKPT", "SGLANG_EXT_PROBE_STOP")}
+    try:
+        args = prepare_server_args(["--model-path", str(tiny_checkpoints["fp32"]), "--device", "cpu",
+                                    "--probe-ckpt", str(folder)])
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert args._probe_ckpt == str(folder)
+    import torch
+    from transformers import AutoConfig
+
+    ProbeRuntime(str(folder), AutoConfig.from_pretrained(tiny_checkpoints["fp32"]), torch.float32)  # the scheduler's load
+    assert not marker.exists()
+    assert "modeling_sing_probe" not in sys.modules and "configuration_sing_probe" not in sys.modules
