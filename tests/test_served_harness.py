@@ -1,0 +1,118 @@
+"""The GPU serving harness's CPU-checkable parts (benchmarks/served): the sgl_kernel stand-in, the carry's wheel
+unpacking and trimming, the linked package under gpu_env (the plugin entry point found, the package importable
+from outside the checkout) and the collector's served_gpu.json shape."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVED = ROOT / "benchmarks" / "served"
+sys.path.insert(0, str(SERVED))
+
+
+def test_stub_imports_anything_and_logs_each_call(tmp_path):
+    log = tmp_path / "calls.log"
+    script = """
+import sgl_kernel
+from sgl_kernel.kvcacheio import transfer_kv_all_layer
+from sgl_kernel.scalar_type import scalar_types
+import sgl_kernel.flash_attn as fa
+assert scalar_types.uint4b8 is not None and fa.flash_attn_with_kvcache is not None
+for f in (sgl_kernel.rmsnorm, transfer_kv_all_layer, fa.flash_attn_with_kvcache):
+    try:
+        f(1, x=2)
+    except RuntimeError as e:
+        assert "is a stub" in str(e), e
+    else:
+        raise SystemExit("a stub call did not raise")
+"""
+    env = {**os.environ, "PYTHONPATH": str(SERVED / "sgl_kernel_stub"), "KERNEL_STUB_LOG": str(log)}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=tmp_path)
+    names = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    assert names == ["sgl_kernel.rmsnorm", "sgl_kernel.kvcacheio.transfer_kv_all_layer",
+                     "sgl_kernel.flash_attn.flash_attn_with_kvcache"]
+
+
+def test_unpack_wheel_drops_the_trimmed_paths_and_maps_data_dirs(tmp_path):
+    import carry
+
+    wheel = tmp_path / "pkg-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("sglang/__init__.py", "x = 1\n")
+        z.writestr("sglang/srt/rust_extensions/_server.so", b"\0" * 100)
+        z.writestr("sglang/multimodal_gen/runtime/a.py", "")
+        z.writestr("pkg-1.0.data/purelib/extra_mod.py", "y = 2\n")
+        z.writestr("pkg-1.0.data/scripts/tool", "#!/bin/sh\n")
+    site = tmp_path / "site"
+    written = carry.unpack_wheel(wheel, site, carry.SGLANG_DROP)
+    files = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert files == ["extra_mod.py", "sglang/__init__.py"]
+    assert written == len("x = 1\n") + len("y = 2\n")
+
+
+def test_gpu_env_links_this_checkout_as_the_installed_plugin(tmp_path):
+    import tarfile
+
+    import gpu_env
+
+    carry_dir = tmp_path / "carry"
+    (tmp_path / "site" / "sglang").mkdir(parents=True)
+    (carry_dir / "vocab").mkdir(parents=True)
+    with tarfile.open(carry_dir / "site.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "site", arcname="site")
+    env = gpu_env.unpack(carry_dir, tmp_path / "dest")
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(tmp_path / "dest" / "ext"), str(tmp_path / "dest" / "site")]
+    script = """
+import importlib.metadata as md
+eps = [e for e in md.entry_points(group="sglang.srt.plugins") if str(e.dist._path).startswith(%r)]
+import sglang_ext.kernels.pdl, sglang_ext.probe.config, sglang_ext.patches, sglang_ext.launch.server
+print(len(eps), eps[0].value, sglang_ext.kernels.pdl.__file__)
+""" % str(tmp_path / "dest" / "ext")
+    # run from outside the checkout, as on the GPU machine (its root's sglang_ext/ would shadow the link)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, **env}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    count, value, path = out.stdout.split()
+    assert (int(count), value) == (1, "sglang_ext.plugin:load")
+    assert path == str(tmp_path / "dest" / "ext" / "sglang_ext" / "kernels" / "pdl.py")
+    assert Path(path).resolve() == (ROOT / "kernels" / "pdl.py").resolve()
+    assert json.loads(json.dumps(gpu_env.SERVER_FLAGS)) == ["--sampling-backend", "pytorch"]
+
+
+def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
+    import collect
+
+    call = tmp_path / "call"
+    (call / "probe").mkdir(parents=True)
+    (call / "env.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0",
+                                               "sglang": "0.5.23", "flags": ["--sampling-backend", "pytorch"]}))
+    (call / "parity.json").write_text(json.dumps({"parity": [
+        {"checkpoint": "fp8", "cuda_graph": True, "tokens_match": 48, "tokens_total": 48, "probe_max_abs_err": 0.004,
+         "cached_equals_cold": True}], "stub_calls": []}))
+    (call / "probe" / "grid_probe.json").write_text(json.dumps({"rows": [
+        {"model": "gpt-oss-20b", "bench": "decode", "batch": 1, "context": 8192, "tok_s_per_user": 400.0},
+        {"model": "gpt-oss-20b", "bench": "prefill", "length": 8192, "latency_ms": 120.0},
+        {"model": "gpt-oss-20b", "bench": "decode", "batch": 128, "context": 8192, "does_not_fit": "KV"}]}))
+    (call / "harness_decode.json").write_text(json.dumps({"rows": [
+        {"bench": "decode", "batch": 1, "context": 8192, "tok_s_per_user": 460.0, "probe_on_step_ms": 2.5}]}))
+    monkeypatch.setattr(collect, "OUT", tmp_path / "served_gpu")
+    collect.main(["--call", str(call)])
+    result = json.loads((tmp_path / "served_gpu.json").read_text())
+    assert {"device", "torch", "triton", "sglang", "flags", "parity", "decode", "prefill"} <= set(result)
+    assert set(result["parity"][0]) >= {"checkpoint", "cuda_graph", "tokens_match", "tokens_total",
+                                        "probe_max_abs_err", "cached_equals_cold"}
+    (decode,) = result["decode"]
+    assert decode["probe"] and decode["harness_tok_s_per_user"] == pytest.approx(400.0)  # 1 / 2.5 ms, probe on
+    assert decode["served_over_harness"] == pytest.approx(1.0)
+    assert set(decode) >= {"model", "batch", "context", "probe", "served_tok_s_per_user", "harness_tok_s_per_user"}
+    assert set(result["prefill"][0]) >= {"model", "input_tokens", "served_ttft_ms", "harness_ms"}
+    assert "KV" in result["checks"][0]["result"]
+    # a second call replaces rows of the same key and keeps the rest
+    collect.main(["--call", str(call)])
+    assert len(json.loads((tmp_path / "served_gpu.json").read_text())["decode"]) == 1
