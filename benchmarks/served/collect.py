@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "served_gpu"
-KEYS = {"parity": ("checkpoint", "cuda_graph"), "decode": ("model", "batch", "context", "probe", "device"),
+KEYS = {"serving": ("model", "concurrency", "probe", "device"), "parity": ("checkpoint", "cuda_graph"), "decode": ("model", "batch", "context", "probe", "device"),
         "prefill": ("model", "input_tokens", "probe", "device"), "checks": ("name", "device")}
 
 
@@ -34,7 +34,12 @@ def merge(old: list, new: list, key: tuple) -> list:
 def rows_of_call(call: Path) -> dict:
     env = load(call / "env.json") or {}
     device = env.get("device", "unknown")
-    out = {"parity": [], "decode": [], "prefill": [], "checks": [], "env": env}
+    out = {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": [], "env": env}
+    for serving_file in sorted(call.rglob("serving_*.json")):
+        data = load(serving_file)
+        for r in data.get("rows", []):
+            out["serving"].append({**r, "model": data["meta"]["model"], "probe": data["meta"]["probe"],
+                                   "device": device, "source": serving_file.name})
     parity = load(call / "parity.json")
     if parity:
         for r in parity["parity"]:
@@ -100,6 +105,14 @@ def markdown(result: dict) -> str:
     for r in result["prefill"]:
         lines.append(f"| {r['model']} | {r['input_tokens']} | {r['served_ttft_ms']} | {r['harness_ms']} | "
                      f"{r['device']} |")
+    if result.get("serving"):
+        lines += ["", "## Online serving (sglang.benchmark.serving, random-ids)", "",
+                  "| model | concurrency | probe | tok/s per user (1000 / median TPOT) | output tok/s | median TTFT ms | card |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in result["serving"]:
+            lines.append(f"| {r['model']} | {r['concurrency']} | {'on' if r['probe'] else 'off'} | "
+                         f"{r.get('tok_s_per_user') or r.get('error')} | {r.get('output_throughput')} | "
+                         f"{r.get('median_ttft_ms')} | {r['device']} |")
     if result.get("checks"):
         lines += ["", "## Checks", ""] + [f"- {c['name']} ({c['device']}): {c.get('result')}" for c in result["checks"]]
     return "\n".join(lines) + "\n"
@@ -109,7 +122,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--call", type=Path, action="append", required=True)
     args = ap.parse_args(argv)
-    result = load(OUT.with_suffix(".json")) or {"parity": [], "decode": [], "prefill": [], "checks": []}
+    result = load(OUT.with_suffix(".json")) or {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": []}
     for call in args.call:
         got = rows_of_call(call)
         env = got.pop("env")

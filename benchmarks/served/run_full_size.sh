@@ -5,11 +5,14 @@
 #
 #   OUT=... MODEL=20b bash benchmarks/served/run_full_size.sh CARRY_DIR [STAGES]
 #
-# STAGES (default "default noprobe harness"):
+# STAGES (default "default noprobe harness"; also serving, upstream, harness_prefill):
 #   default  the MXFP4 config launched with no sglang-ext flag and CUDA graphs at SGLang's defaults,
 #            with the probe: decode at batch 1/8/32/128 (context $CONTEXT) and the batch-1 prefill of $PREFILL
 #   noprobe  the same server without the probe (the probe's served overhead)
 #   harness  benchmarks/bench_decode.py on the same shapes (probe off and on); harness_prefill: bench_prefill.py
+#   serving  SGLang's online benchmark (benchmarks/served/serving_grid.py) at concurrency 1/8/32/128
+#   upstream the peer a user would pick instead: SGLang's own gpt-oss with the plugin not loaded (SGLANG_PLUGINS=none),
+#            its triton attention backend and, where `triton_kernels` imports, its MXFP4 MoE
 set -u
 R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CARRY="${1:?carry folder}"
@@ -45,6 +48,20 @@ for stage in $STAGES; do
     case "$stage" in
         default) grid probe --probe-ckpt "$FULL/probe-$MODEL" ;;
         noprobe) grid noprobe ;;
+        serving)  # SGLang's online benchmark (random-ids) at concurrency 1/8/32/128, probe on
+            timeout "${SERVING_TIMEOUT:-420}" python3 "$R/benchmarks/served/serving_grid.py" \
+                --model-path "$FULL/gpt-oss-$MODEL-$VARIANT" --model-name "gpt-oss-$MODEL" --probe-ckpt "$FULL/probe-$MODEL" \
+                --concurrency "${CONCURRENCY:-1,8,32,128}" --input-len "${SERVING_INPUT:-1024}" --output-len "$OUTPUT_LEN" \
+                --out "$OUT/serving_probe.json" -- --load-format dummy "${MACHINE_FLAGS[@]}" $SERVER_EXTRA \
+                >"$OUT/serving.log" 2>&1
+            echo "serving: exit $?"; tail -4 "$OUT/serving.log" ;;
+        upstream)  # the peer: SGLang's own gpt-oss (plugin not loaded), MXFP4 through triton_kernels where present
+            SGLANG_PLUGINS=none timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
+                --model-path "$FULL/gpt-oss-$MODEL-mxfp4" --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" \
+                --contexts "$CONTEXT" --lengths "$PREFILL" --output-len "$OUTPUT_LEN" --prefill-repeats 3 \
+                --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" --out "$OUT/upstream" --stem grid_upstream \
+                -- --load-format dummy "${MACHINE_FLAGS[@]}" --attention-backend triton $SERVER_EXTRA >"$OUT/upstream.log" 2>&1
+            echo "upstream: exit $?"; tail -5 "$OUT/upstream.log" ;;
         harness)
             timeout "${HARNESS_TIMEOUT:-300}" python3 "$R/benchmarks/bench_decode.py" --models "$MODEL" \
                 --batches "$BATCHES" --contexts "$CONTEXT" --probe-rounds "${PROBE_ROUNDS:-20}" --out "$OUT" \
