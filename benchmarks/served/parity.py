@@ -315,8 +315,8 @@ def main(argv=None):
     # model runs bf16 activations around its e4m3 GEMMs: its reference is transformers in bf16 with the same
     # weights and the same activation rounding (w8a8), its truth the same in fp32.
     configs = [
-        ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], True, 8, True),
         ("fp8", ck["fp8"], ck["fp8_hf"], torch.bfloat16, ck["fp8_hf"], True, 32, True),
+        ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], True, 8, True),
         ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], False, 8, False),
         ("fp8", ck["fp8"], ck["fp8_hf"], torch.bfloat16, ck["fp8_hf"], False, 32, False),
         ("bf16_default_init", ck["plain_bf16"], ck["plain_bf16"], torch.bfloat16, ck["plain_fp32"], False, 8, False),
