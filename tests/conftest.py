@@ -22,7 +22,8 @@ if not has_cuda_driver():
 # collection order: the longest go first so that the short ones fill the end and both workers
 # finish together (in xdist's own order, most tests first, a 490 s file with five tests went
 # last). A new long file belongs here.
-FILE_SECONDS = {  # junit times of session 16's second run (1124 s wall; the grid file had been missing)
+FILE_SECONDS = {  # junit times of full runs (the newer entries from a run on a loaded machine)
+    "test_served_parallel.py": 425,
     "test_faults.py": 383,
     "test_probe_serving.py": 338,
     "test_tenants.py": 200,  # two servers (measured alone; not yet in a full run)
@@ -36,6 +37,8 @@ FILE_SECONDS = {  # junit times of session 16's second run (1124 s wall; the gri
     "test_cli.py": 58,
     "test_probe_serving_bf16.py": 58,
     "test_kernel_moe_decode.py": 32,
+    "test_kernel_gluon.py": 30,
+    "test_mxfp4_load.py": 27,
     "test_probe_kernel.py": 25,
     "test_bench_drivers.py": 22,
     "test_probe_step.py": 17,
