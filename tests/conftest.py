@@ -23,7 +23,7 @@ if not has_cuda_driver():
 # finish together (in xdist's own order, most tests first, a 490 s file with five tests went
 # last). A new long file belongs here.
 FILE_SECONDS = {  # junit times of full runs (the newer entries from a run on a loaded machine)
-    "test_served_parallel.py": 425,
+    "test_served_parallel.py": 280,
     "test_faults.py": 383,
     "test_probe_serving.py": 338,
     "test_tenants.py": 200,  # two servers (measured alone; not yet in a full run)
