@@ -3,11 +3,13 @@ generated in the real formats, against Hugging Face transformers on the same wei
 
 For each (checkpoint, CUDA graphs on/off) one server with the tiny SingProbe, and for each:
   tokens   greedy tokens of a cold prefill (after /flush_cache) against transformers' greedy on the same weights
-           (bf16: transformers in bf16; FP8: transformers in fp32 on the dequantised e4m3 weights). Where they part,
-           the served log-probabilities are compared with the fp32 truth: a flip inside the reference's own
-           rounding error is a near-tie, not a fault (`logprob_err`, `ref_err`, `flip_margin`)
+           in the served dtype (bf16; for FP8, on the dequantised e4m3 weights with the served layers' w8a8
+           activation rounding). Where they part, the served log-probabilities are compared with the fp32 truth
+           (the same model in fp32): a flip inside the reference's own rounding error is a near-tie, not a fault
+           (`logprob_err`, `ref_err`, `flip_margin`)
   probe    served scores against the reference head (sglang_ext.probe.model) on transformers' hidden states
-           of the served sequence: `probe_max_abs_err` (criterion 2e-2)
+           of the served sequence in the served dtype: `probe_max_abs_err` (criterion 2e-2); on the truth's:
+           `probe_err_truth`
   cached   the same request again as a radix-cache hit, and after a 200-token prefix hit: the cold run's
            tokens, its scores within 2e-2 (`cached_equals_cold`), and each path's log-prob error to the truth
   extra    (where asked) 8 concurrent streams equal each alone; OpenAI SDK stream one score per token; the
@@ -15,7 +17,9 @@ For each (checkpoint, CUDA graphs on/off) one server with the tiny SingProbe, an
            gives the cold run's tokens
   stubs    no stubbed sgl_kernel function was called (gpu_env's log)
 
-    eval "$(python3 benchmarks/served/gpu_env.py)"; python3 benchmarks/served/parity.py --out $OUT/parity.json
+    eval "$(python3 benchmarks/served/gpu_env.py)"; cd /tmp; python3 $REPO/benchmarks/served/parity.py --out $OUT/parity.json
+
+Also runs on a CPU against the CPU server (graphs off), which checks the harness itself before GPU time.
 """
 
 from __future__ import annotations
