@@ -17,6 +17,7 @@ import shutil
 import time
 
 import pytest
+from test_probe_serving import tiny_probe  # noqa: F401  (the module fixture, shared)
 import requests
 
 from sglang_ext.launch.make_tiny import random_prompt
@@ -30,14 +31,6 @@ PROMPT = random_prompt(40, seed=3)
 
 def auth(key):
     return {"Authorization": f"Bearer {key}"}
-
-
-@pytest.fixture(scope="module")
-def tiny_probe(tiny_checkpoints):
-    from sglang_ext.launch.make_tiny_probe import generate
-
-    return generate(str(tiny_checkpoints["fp32"].parent / "probe"), base_dir=str(tiny_checkpoints["fp32"]),
-                    log=lambda *_: None)
 
 
 @pytest.fixture(scope="module")
