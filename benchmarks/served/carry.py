@@ -58,6 +58,7 @@ UNUSED_MODULES = {
     "soundfile/__init__.py": '"""Stand-in: SGLang imports soundfile for audio inputs, which gpt-oss never takes."""' + _RAISES,
     "IPython/__init__.py": '"""Stand-in: sglang.utils imports IPython for notebook helpers, unused by a server."""' + _RAISES,
     "IPython/display.py": '"""Stand-in for IPython.display (HTML, display)."""' + _RAISES,
+    "datasets/__init__.py": '"""Stand-in: sglang.benchmark.datasets imports load_dataset for MMMU, which the random dataset never uses."""' + _RAISES,
 }
 STUB_SRC = Path(__file__).resolve().parent / "sgl_kernel_stub" / "sgl_kernel"
 

@@ -23,7 +23,7 @@ PREFILL="${PREFILL:-8192}"
 BATCHES="${BATCHES:-1,8,32,128}"
 OUTPUT_LEN="${OUTPUT_LEN:-256}"
 VARIANT="${VARIANT:-mxfp4}"          # which quantization_config the weightless folder carries
-SERVER_EXTRA="${SERVER_EXTRA:-}"     # e.g. "--cuda-graph-max-bs 128" (empty: SGLang's defaults)
+SERVER_EXTRA="${SERVER_EXTRA:-}"     # e.g. "--cuda-graph-max-bs-decode 128" (empty: SGLang's defaults)
 FINAL_OUT="$OUT"
 OUT=/tmp/sglang_ext_results  # many files: they come back as one archive ($FINAL_OUT/full_size.tgz)
 mkdir -p "$OUT"
