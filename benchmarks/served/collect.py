@@ -40,8 +40,8 @@ def rows_of_call(call: Path) -> dict:
         for r in data.get("rows", []):
             out["serving"].append({**r, "model": data["meta"]["model"], "probe": data["meta"]["probe"],
                                    "device": device, "source": serving_file.name})
-    parity = load(call / "parity.json")
-    if parity:
+    for parity_file in sorted(call.glob("parity*.json")):
+        parity = load(parity_file)
         for r in parity["parity"]:
             out["parity"].append({**r, "device": device, "stub_calls": parity.get("stub_calls", [])})
     harness = {}
