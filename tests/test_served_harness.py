@@ -93,7 +93,10 @@ def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
                                                "sglang": "0.5.23", "flags": ["--sampling-backend", "pytorch"]}))
     (call / "parity.json").write_text(json.dumps({"parity": [
         {"checkpoint": "fp8", "cuda_graph": True, "tokens_match": 48, "tokens_total": 48, "probe_max_abs_err": 0.004,
-         "cached_equals_cold": True}], "stub_calls": []}))
+         "probe_err_truth": 0.003, "logprob_err": 0.01, "ref_err": 0.02, "flip_margin": 0.0,
+         "cached_equals_cold": True, "radix_hit_score_gap": 0.0, "prefix_hit_tokens_equal": False,
+         "prefix_hit_first_diff": 7, "prefix_hit_flip_margin": 0.01, "prefix_hit_logprob_err": 0.015,
+         "prefix_hit_ok": True}], "stub_calls": []}))
     (call / "probe" / "grid_probe.json").write_text(json.dumps({"rows": [
         {"model": "gpt-oss-20b", "bench": "decode", "batch": 1, "context": 8192, "tok_s_per_user": 400.0},
         {"model": "gpt-oss-20b", "bench": "prefill", "length": 8192, "latency_ms": 120.0},
@@ -112,6 +115,7 @@ def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
     assert set(decode) >= {"model", "batch", "context", "probe", "served_tok_s_per_user", "harness_tok_s_per_user"}
     assert set(result["prefill"][0]) >= {"model", "input_tokens", "served_ttft_ms", "harness_ms"}
     assert "KV" in result["checks"][0]["result"]
+    assert "parts at 7 (margin 0.010, lp err 0.015) |" in (tmp_path / "served_gpu.md").read_text()
     # a second call replaces rows of the same key and keeps the rest
     collect.main(["--call", str(call)])
     assert len(json.loads((tmp_path / "served_gpu.json").read_text())["decode"]) == 1

@@ -5,7 +5,7 @@ the harness on the same shapes (benchmarks/bench_decode.py / bench_prefill.py), 
 same key and keeps the others, so results from several calls (and cards) stand side by side, each row naming
 its card.
 
-    python benchmarks/served/collect.py --call /work/.device/N [--call ...]
+    python benchmarks/served/collect.py --call /work/.device/N [--call ...] [--note TEXT ...]
 """
 
 from __future__ import annotations
@@ -85,14 +85,33 @@ def markdown(result: dict) -> str:
              "", f"SGLang {result.get('sglang')}, torch {result.get('torch')}, Triton {result.get('triton')}; "
              f"flags: `{' '.join(result.get('flags', []))}`", "",
              "## Parity (tiny checkpoints, against transformers on the same weights)", "",
-             "| checkpoint | CUDA graphs | tokens | probe max err | cached = cold | card |", "|---|---|---|---|---|---|"]
+             "tokens: greedy tokens equal to transformers' before the first difference; where they part, the served "
+             "log-probs against the fp32 truth (`lp err`) stay inside the reference's own error (`ref err`) and the "
+             "truth's margin at the flip is smaller still: a near-tie. probe err: against the reference head on "
+             "transformers' hidden states in the served dtype / in fp32. prefix hit: a 200-token cached prefix; where "
+             "it parts from the cold run, its step, the truth's margin there and its own log-prob error.", "",
+             "| checkpoint | CUDA graphs | tokens | lp err / ref err / flip margin | probe err (served dtype / fp32) "
+             "| radix hit = cold | prefix hit | 8 streams max gap | SDK / guard | card |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["parity"]:
         if "error" in r:
-            lines.append(f"| {r['checkpoint']} | {r['cuda_graph']} | error: {r['error'][:120]} | | | {r.get('device')} |")
+            lines.append(f"| {r['checkpoint']} | {r['cuda_graph']} | error: {r['error'][:120]} | | | | | | | "
+                         f"{r.get('device')} |")
             continue
+        if r.get("prefix_hit_tokens_equal"):
+            prefix = "equal"
+        elif "prefix_hit_flip_margin" in r:
+            prefix = (f"parts at {r['prefix_hit_first_diff']} (margin {r['prefix_hit_flip_margin']:.3f}, "
+                      f"lp err {r['prefix_hit_logprob_err']:.3f}){'' if r.get('prefix_hit_ok') else ' FAIL'}")
+        else:
+            prefix = f"parts at {r.get('prefix_hit_first_diff')}"
+        streams = (f"{r['concurrent_8_max_score_gap']:.1e}" if "concurrent_8_max_score_gap" in r else "")
+        sdk = (f"{r['openai_sdk_scores']} scores / {','.join(r['guard_finish_reasons'])}"
+               if "openai_sdk_scores" in r else "")
         lines.append(f"| {r['checkpoint']} | {'on' if r['cuda_graph'] else 'off'} | {r['tokens_match']}/"
-                     f"{r['tokens_total']} | {r['probe_max_abs_err']:.2e} | {r['cached_equals_cold']} | "
-                     f"{r.get('device')} |")
+                     f"{r['tokens_total']} | {r['logprob_err']:.3f} / {r['ref_err']:.3f} / {r['flip_margin']:.3f} | "
+                     f"{r['probe_max_abs_err']:.4f} / {r['probe_err_truth']:.4f} | {r['cached_equals_cold']} "
+                     f"(gap {r['radix_hit_score_gap']:.1e}) | {prefix} | {streams} | {sdk} | {r.get('device')} |")
     lines += ["", "## Decode (tok/s per user)", "",
               "| model | batch | context | probe | served | harness | served / harness | card |",
               "|---|---|---|---|---|---|---|---|"]
@@ -113,6 +132,8 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['model']} | {r['concurrency']} | {'on' if r['probe'] else 'off'} | "
                          f"{r.get('tok_s_per_user') or r.get('error')} | {r.get('output_throughput')} | "
                          f"{r.get('median_ttft_ms')} | {r['device']} |")
+    if result.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     if result.get("checks"):
         lines += ["", "## Checks", ""] + [f"- {c['name']} ({c['device']}): {c.get('result')}" for c in result["checks"]]
     return "\n".join(lines) + "\n"
@@ -120,9 +141,14 @@ def markdown(result: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--call", type=Path, action="append", required=True)
+    ap.add_argument("--call", type=Path, action="append", default=[])
+    ap.add_argument("--note", action="append", default=[], help="a line for the Markdown's notes (kept across runs)")
+    ap.add_argument("--clear-notes", action="store_true")
     args = ap.parse_args(argv)
     result = load(OUT.with_suffix(".json")) or {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": []}
+    if args.clear_notes:
+        result["notes"] = []
+    result["notes"] = result.get("notes", []) + [n for n in args.note if n not in result.get("notes", [])]
     for call in args.call:
         got = rows_of_call(call)
         env = got.pop("env")
