@@ -35,7 +35,7 @@ def test_served_tokens_scores_and_cache_on_gpu(checkpoints, name, tmp_path):
     print(row)
     # every token equal, or a flip only where the truth's own margin is inside the reference's rounding error
     assert row["tokens_match"] == row["tokens_total"] or row["flip_margin"] <= row["ref_err"]
-    assert row["probe_max_abs_err"] <= parity.PROBE_TOL and row["probe_scores_std"] > 0.05
-    assert row["cached_equals_cold"], row
+    assert row["probe_err_truth"] <= parity.PROBE_TOL and row["probe_scores_std"] > 0.05
+    assert row["cached_equals_cold"] and row["prefix_hit_ok"], row
     assert row["concurrent_8_equal_alone"] and row["openai_sdk_ok"] and row["guard_ok"]
     assert parity.stub_calls() == []

@@ -105,7 +105,7 @@ def markdown(result: dict) -> str:
                       f"lp err {r['prefix_hit_logprob_err']:.3f}){'' if r.get('prefix_hit_ok') else ' FAIL'}")
         else:
             prefix = f"parts at {r.get('prefix_hit_first_diff')}"
-        streams = (f"{r['concurrent_8_max_score_gap']:.1e}" if "concurrent_8_max_score_gap" in r else "")
+        streams = (f"{r['concurrent_8_max_score_gap']:.1e}" if r.get("concurrent_8_max_score_gap") is not None else "")
         sdk = (f"{r['openai_sdk_scores']} scores / {','.join(r['guard_finish_reasons'])}"
                if "openai_sdk_scores" in r else "")
         lines.append(f"| {r['checkpoint']} | {'on' if r['cuda_graph'] else 'off'} | {r['tokens_match']}/"

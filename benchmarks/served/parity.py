@@ -8,8 +8,8 @@ For each (checkpoint, CUDA graphs on/off) one server with the tiny SingProbe, an
            (the same model in fp32): a flip inside the reference's own rounding error is a near-tie, not a fault
            (`logprob_err`, `ref_err`, `flip_margin`)
   probe    served scores against the reference head (sglang_ext.probe.model) on transformers' hidden states
-           of the served sequence in the served dtype: `probe_max_abs_err` (criterion 2e-2); on the truth's:
-           `probe_err_truth`
+           of the served sequence in the served dtype (`probe_max_abs_err`) and in fp32 (`probe_err_truth`, the
+           criterion, 2e-2: the served dtype's reference carries its own rounding, which for FP8 is the larger)
   cached   the same request again as a radix-cache hit, and after a 200-token prefix hit: the cold run's
            tokens and its scores within 2e-2 (`cached_equals_cold`: the radix hit); where a run parts from the
            cold one, its own log-probs against the truth on its own sequence and the truth's margin where they
@@ -251,11 +251,15 @@ def extra_checks(srv, prompt, cold) -> dict:
     alone = [generate(srv.url, p, n=12, logprobs=False) for p in prompts]
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda p: generate(srv.url, p, n=12, logprobs=False), prompts))
-    out["concurrent_8_equal_alone"] = all(
-        a["output_ids"] == t["output_ids"] and float((scores_of(a) - scores_of(t)).abs().max()) <= 1e-5
-        for a, t in zip(alone, together))
+    # On a CPU a batch of 8 reproduces each stream alone to float rounding; a GPU picks kernels and CUDA graphs by
+    # batch size, so there the bound is the probe's tolerance (cross-talk between streams would show as the
+    # scores' own spread, ~0.25).
+    bound = 1e-5 if DEVICE == "cpu" else PROBE_TOL
+    same = [a["output_ids"] == t["output_ids"] for a, t in zip(alone, together)]
+    out["concurrent_8_tokens_equal"] = sum(same)
     out["concurrent_8_max_score_gap"] = max(float((scores_of(a) - scores_of(t)).abs().max())
-                                            for a, t in zip(alone, together) if a["output_ids"] == t["output_ids"])
+                                            for a, t, s in zip(alone, together, same) if s) if any(same) else None
+    out["concurrent_8_equal_alone"] = all(same) and out["concurrent_8_max_score_gap"] <= bound
     from openai import OpenAI
 
     client = OpenAI(base_url=srv.url + "/v1", api_key="none")
