@@ -44,9 +44,10 @@ def rows_of_call(call: Path) -> dict:
         parity = load(parity_file)
         for r in parity["parity"]:
             out["parity"].append({**r, "device": device, "stub_calls": parity.get("stub_calls", [])})
-    harness = {}
+    harness, copy_bw = {}, None
     for name in ("harness_decode.json", "harness_prefill.json"):
         data = load(call / name)
+        copy_bw = copy_bw or ((data or {}).get("meta", {}).get("ceilings", {}).get("copy_bandwidth_Bps"))
         for r in (data or {}).get("rows", []):
             if r.get("bench") == "decode" or "batch" in r:
                 harness[("decode", r.get("batch"), r.get("context"))] = r
@@ -65,6 +66,12 @@ def rows_of_call(call: Path) -> dict:
                                       "served_tok_s_per_user": round(r["tok_s_per_user"], 1),
                                       "harness_tok_s_per_user": h_tok and round(h_tok, 1),
                                       "served_over_harness": h_tok and round(r["tok_s_per_user"] / h_tok, 3),
+                                      "harness_pct_copy_bw": h and h.get("pct_copy_bw") and round(h["pct_copy_bw"], 1),
+                                      "harness_probe_overhead_pct": h and h.get("probe_overhead_pct"),
+                                      # bytes a step reads, the harness's count: the same at batch 1 (four experts a
+                                      # token either way); at larger batches dummy weights route differently
+                                      "served_pct_copy_bw": (h and r["batch"] == 1 and copy_bw and round(
+                                          100 * h["bytes_per_gpu_step"] * r["tok_s_per_user"] / copy_bw, 1)) or None,
                                       "device": device, "config": r.get("config"), "source": grid_file.name})
             elif r.get("bench") == "prefill" and "latency_ms" in r:
                 h = harness.get(("prefill", r["length"]))
