@@ -119,3 +119,24 @@ def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
     # a second call replaces rows of the same key and keeps the rest
     collect.main(["--call", str(call)])
     assert len(json.loads((tmp_path / "served_gpu.json").read_text())["decode"]) == 1
+
+
+def test_profile_summary_splits_busy_idle_and_graph_launches():
+    import profile_decode
+
+    def kernel(name, ts, dur, graph=True):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+                "args": {"graph id": 1, "graph node id": 7} if graph else {"device": 0}}
+
+    # two steps of 10 us: a graph kernel overlapping another, then a kernel launched outside the graph after a
+    # 30 us gap (the host), then 5 us of idle under the 20 us threshold
+    events = [kernel("gemm", 0, 10), kernel("attn", 5, 10), kernel("sample", 45, 5, graph=False),
+              kernel("gemm", 55, 10), {"ph": "X", "cat": "cpu_op", "name": "aten::argmax", "ts": 40, "dur": 3},
+              {"ph": "X", "cat": "python_function", "name": "frame", "ts": 0, "dur": 100}]
+    got = profile_decode.summarize(events, decode_steps=2)
+    assert got["kernels"] == 4 and got["span_ms"] == pytest.approx(0.065)
+    assert got["busy_ms"] == pytest.approx(0.030) and got["idle_ms"] == pytest.approx(0.035)
+    assert got["gaps_over_20us"] == 1 and got["gap_ms_over_20us"] == pytest.approx(0.030)
+    assert got["outside_graph"] == 1 and got["per_step_busy_ms"] == pytest.approx(0.015)
+    assert got["top_kernels"][0] == {"name": "gemm", "count": 2, "total_ms": 0.02, "outside_graph": 0}
+    assert [c["name"] for c in got["top_cpu"]] == ["aten::argmax"]  # stack frames are not ops

@@ -11,6 +11,8 @@
 #   noprobe  the same server without the probe (the probe's served overhead)
 #   harness  benchmarks/bench_decode.py on the same shapes (probe off and on); harness_prefill: bench_prefill.py
 #   serving  SGLang's online benchmark (benchmarks/served/serving_grid.py) at concurrency 1/8/32/128
+#   profile  where a batch-1 decode step's time goes in the server (benchmarks/served/profile_decode.py: streamed
+#            inter-token intervals and SGLang's profiler over 64 steps); profile_noprobe the same without the probe
 #   upstream the peer a user would pick instead: SGLang's own gpt-oss with the plugin not loaded (SGLANG_PLUGINS=none),
 #            its triton attention backend and, where `triton_kernels` imports, its MXFP4 MoE
 set -u
@@ -62,6 +64,13 @@ for stage in $STAGES; do
                 --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" --out "$OUT/upstream" --stem grid_upstream \
                 -- --load-format dummy "${MACHINE_FLAGS[@]}" --attention-backend triton $SERVER_EXTRA >"$OUT/upstream.log" 2>&1
             echo "upstream: exit $?"; tail -5 "$OUT/upstream.log" ;;
+        profile|profile_noprobe)  # where a served batch-1 decode step's time goes (SGLang's profiler, one server)
+            probe_args=(); [ "$stage" = profile ] && probe_args=(--probe-ckpt "$FULL/probe-$MODEL")
+            timeout "${PROFILE_TIMEOUT:-300}" python3 "$R/benchmarks/served/profile_decode.py" \
+                --model-path "$FULL/gpt-oss-$MODEL-$VARIANT" --model-name "gpt-oss-$MODEL" --context "$CONTEXT" \
+                --out "$OUT/$stage" -- --load-format dummy "${MACHINE_FLAGS[@]}" --cuda-graph-max-bs-decode 8 \
+                "${probe_args[@]}" $SERVER_EXTRA >"$OUT/$stage.log" 2>&1
+            echo "$stage: exit $?"; head -4 "$OUT/$stage/profile_decode.md" 2>/dev/null; find "$OUT/$stage/trace" -type f -size +6M -delete 2>/dev/null ;;
         harness)
             timeout "${HARNESS_TIMEOUT:-300}" python3 "$R/benchmarks/bench_decode.py" --models "$MODEL" \
                 --batches "$BATCHES" --contexts "$CONTEXT" --probe-rounds "${PROBE_ROUNDS:-20}" --out "$OUT" \
