@@ -122,6 +122,13 @@ def build(out: Path, cache: Path) -> dict:
             drop = SGLANG_DROP if spec.startswith("sglang==") else ()
             manifest["wheels"][spec] = {"wheel": wheel.name, "unpacked_bytes": unpack_wheel(wheel, site, drop)}
         shutil.copytree(STUB_SRC, site / "sgl_kernel", ignore=shutil.ignore_patterns("__pycache__"))
+        # The upstream peer's MXFP4 MoE: OpenAI's triton_kernels, pure Python + Triton, shipped inside the
+        # sglang-kernel wheel (which cannot travel); copied from this venv's install of that pinned wheel.
+        import triton_kernels
+
+        shutil.copytree(Path(triton_kernels.__file__).parent, site / "triton_kernels",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        manifest["copied"] = {"triton_kernels": f"from sglang-kernel {pinned_version('sglang-kernel')}"}
         for name, text in UNUSED_MODULES.items():
             (site / name).parent.mkdir(parents=True, exist_ok=True)
             (site / name).write_text(text)

@@ -58,6 +58,8 @@ for stage in $STAGES; do
                 >"$OUT/serving.log" 2>&1
             echo "serving: exit $?"; tail -4 "$OUT/serving.log" ;;
         upstream)  # the peer: SGLang's own gpt-oss (plugin not loaded), MXFP4 through triton_kernels where present
+            python3 -c "import triton_kernels.matmul" >"$OUT/upstream_triton_kernels.txt" 2>&1 \
+                && echo "triton_kernels imports under this Triton" >>"$OUT/upstream_triton_kernels.txt"
             SGLANG_PLUGINS=none timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
                 --model-path "$FULL/gpt-oss-$MODEL-mxfp4" --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" \
                 --contexts "$CONTEXT" --lengths "$PREFILL" --output-len "$OUTPUT_LEN" --prefill-repeats 3 \
