@@ -18,8 +18,8 @@ NCCL times of 2 GPUs when benchmarks/results/nccl_collectives.json exists). Rows
 "measured" or "modelled". A batch whose KV does not fit next to the weights is reported
 as such, with the bytes, never dropped.
 
-    python benchmarks/bench_decode.py --models 120b,20b --out benchmarks/results          # 1 GPU
-    python benchmarks/bench_decode.py --nproc 2 --configs 2:1:1,2:2:1,2:2:2 --stem bench_decode_x2
+    python -m benchmarks.bench_decode --models 120b,20b --out benchmarks/results          # 1 GPU
+    python -m benchmarks.bench_decode --nproc 2 --configs 2:1:1,2:2:1,2:2:2 --stem bench_decode_x2
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ import traceback
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402
-import perf_model  # noqa: E402
-from model_step import MODELS, HarnessProbe, ModelStep, Sharding, decode_step_bytes  # noqa: E402
+if __package__ in (None, ""):  # run as a file (benchmarks/served/run_full_size.sh does): the checkout root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import bench_common as bc  # noqa: E402
+from benchmarks import perf_model  # noqa: E402
+from benchmarks.model_step import MODELS, HarnessProbe, ModelStep, Sharding, decode_step_bytes  # noqa: E402
 
 MEMORY_MARGIN = 6 << 30  # activations, graphs, allocator slack
 
@@ -204,7 +205,7 @@ def run(rank: int, world: int, args):
 
 
 def _write(args, rows, ceilings, world, comm):
-    meta = bc.run_meta(" ".join(["python", "benchmarks/bench_decode.py"] + sys.argv[1:]),
+    meta = bc.run_meta(" ".join(["python", "-m", "benchmarks.bench_decode"] + sys.argv[1:]),
                        {"ceilings": ceilings, "world": world, "collective_model": comm.describe()})
     bc.write_results(args.out, args.stem, meta, rows, markdown(meta, rows))
 

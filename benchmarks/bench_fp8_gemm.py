@@ -22,20 +22,20 @@ Achieved TB/s counts the weight bytes (e4m3 + scales) only; ceilings measured in
 device copy bandwidth and cuBLAS block-scaled FP8 at 8192^3. `--sweep` (default on) also times
 alternative launch configs at a few M, to calibrate `gemm_config`.
 
-    python benchmarks/bench_fp8_gemm.py --out benchmarks/results
+    python -m benchmarks.bench_fp8_gemm --out benchmarks/results
     # decode only (M <= 16): the decode kernel's candidates beside the tl.dot tile path, < 150 s
-    python benchmarks/bench_fp8_gemm.py --m 1,4,16 --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head \
+    python -m benchmarks.bench_fp8_gemm --m 1,4,16 --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head \
         --budget-s 120 --out $OUT
     # the GEMV's fixed cost: `fixed_cost_variants` at M = 1, 4 (lm_head at 1), no main table,
     # kernels compiled in 12 processes first
-    python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,4 --sweep-lm-head-m 1 \
+    python -m benchmarks.bench_fp8_gemm --m "" --sweep-m 1,4 --sweep-lm-head-m 1 \
         --sweep-shapes qkv,o,lm_head --decode-sweep fixed-cost --compile-workers 12 --budget-s 100 --out $OUT
     # the one-shot decode kernel at M = 1, 2, 4, x quantised in-kernel and pre-quantised, beside the
     # heuristic's picks and the split-K x_once kernel, no main table (< 120 s)
-    python benchmarks/bench_fp8_gemm.py --m "" --sweep-m 1,2,4 --sweep-shapes qkv,o \
+    python -m benchmarks.bench_fp8_gemm --m "" --sweep-m 1,2,4 --sweep-shapes qkv,o \
         --decode-sweep oneshot --compile-workers 14 --budget-s 90 --out $OUT
     # the sweep's plan, no GPU needed
-    python benchmarks/bench_fp8_gemm.py --list-sweep --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head
+    python -m benchmarks.bench_fp8_gemm --list-sweep --sweep-m 1,4,16 --sweep-shapes qkv,o,lm_head
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchmarks import bench_common
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 STEM = "bench_fp8_gemm"
 SHAPES = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}  # name: (N, K)
@@ -59,9 +61,6 @@ DEFAULT_M = "1,4,16,64,256,1024,4096,8192"
 
 def import_project():
     """`sglang_ext.kernels.fp8_gemm` and `sglang_ext.layers.fp8`, installed or from the checkout."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_common
-
     bench_common.import_project()
     from sglang_ext.kernels import fp8_gemm
     from sglang_ext.layers import fp8
@@ -109,8 +108,6 @@ def parse_args(argv=None):
 
 
 def event_time(fn, iters=10, warmup=2) -> float:
-    import bench_common
-
     return bench_common.event_time(fn, iters, warmup)
 
 
@@ -145,8 +142,6 @@ def graph_time(calls, iters=20, min_replay_s=300e-6) -> tuple[float, str]:
 
 
 def copy_bandwidth() -> float:
-    import bench_common
-
     return bench_common.copy_bandwidth()
 
 
@@ -213,14 +208,11 @@ def cublas_blockwise_fn(a_fp8, a_scale, w_fp8, w_scale_inv, bias, out_dtype=torc
 
 
 def _peer_module(name: str):
-    """A peer adapter beside this file (benchmarks/sglang_peers.py, benchmarks/deepgemm_peer.py), whether
-    this runs as a script or is imported."""
+    """A peer adapter of this package (benchmarks/sglang_peers.py, benchmarks/deepgemm_peer.py), imported
+    when a case asks for it: a machine without the peer still runs the rest."""
     import importlib
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:  # called once per case: add it once
-        sys.path.insert(0, here)
-    return importlib.import_module(name)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def _sglang_kernels() -> dict:
@@ -686,7 +678,7 @@ def write(args, ceilings, rows, sweep_rows, elapsed):
 
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "command": " ".join(["python benchmarks/bench_fp8_gemm.py"] + sys.argv[1:]), "elapsed_s": elapsed,
+            "command": " ".join(["python -m benchmarks.bench_fp8_gemm"] + sys.argv[1:]), "elapsed_s": elapsed,
             "cublas_padding": "cuBLAS operands padded K 2880 -> 2944 with zero columns, once, outside timing",
             "sglang_padding": "SGLang gemm: none (its kernel masks K); SGLang linear: w padded K 2880 -> 2944 "
                               "once outside timing, x zero-padded inside the timed call (its quant needs "

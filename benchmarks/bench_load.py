@@ -38,7 +38,6 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SCORES_KEY = "token_probe_probs"
 ENDPOINTS = ("chat", "completions", "generate")

@@ -19,7 +19,7 @@ Kernels are compiled first in --compile-workers processes (Triton's on-disk cach
 itself (< 120 s in all) only times. A failing variant is an error row, never a stop; no new timing
 starts after --budget-s.
 
-    python benchmarks/bench_moe_decode.py --out benchmarks/results
+    python -m benchmarks.bench_moe_decode --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ import traceback
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bench_common as bc  # noqa: E402
+from benchmarks import bench_common as bc  # noqa: E402
 
 bc.import_project()
-from bench_common import md_table, run_meta, write_results  # noqa: E402
-import bench_moe  # noqa: E402
-from bench_moe import expert_bytes, layer_args, make_layer  # noqa: E402
+from benchmarks.bench_common import md_table, run_meta, write_results  # noqa: E402
+from benchmarks import bench_moe  # noqa: E402
+from benchmarks.bench_moe import expert_bytes, layer_args, make_layer  # noqa: E402
 from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
 from sglang_ext.kernels import moe_decode as md  # noqa: E402
 
@@ -68,8 +67,7 @@ def part_bytes(layer, keys) -> float:
 def _precompile_worker(tasks) -> int:
     """Spawned: the full layer's shapes, dtypes and alignment (so the timed calls' specialisations),
     a zero router (routing to experts 0..3), unset experts; each task's call run once."""
-    sys.path.insert(0, HERE)
-    import bench_common as common
+    from benchmarks import bench_common as common
 
     common.import_project()
     from sglang_ext.kernels import moe as mod
@@ -304,7 +302,7 @@ def main():
     meta = {"copy_bandwidth_Bps": None, "precompile_s": None}
 
     def save():
-        full = run_meta("python benchmarks/bench_moe_decode.py " + " ".join(sys.argv[1:]),
+        full = run_meta("python -m benchmarks.bench_moe_decode " + " ".join(sys.argv[1:]),
                         {**meta, "elapsed_s": round(time.time() - t0, 1), "errors": errors,
                          "table": moe_kernels.select_config(1).short()})
         write_results(args.out, "bench_moe_decode", full, rows, markdown(full, rows))

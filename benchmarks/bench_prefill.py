@@ -7,7 +7,7 @@ long enough that launch overhead does not need a graph). FLOP rate against the F
 bf16 matmul rates measured in the same run. TP degrees beyond this run's GPUs are
 modelled as in bench_decode.py (rank 0's shard timed + modelled collectives).
 
-    python benchmarks/bench_prefill.py --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1
+    python -m benchmarks.bench_prefill --models 120b,20b --configs 1:1:1,2:1:1,4:1:1,8:1:1
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import traceback
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402
-import perf_model  # noqa: E402
-from bench_decode import MEMORY_MARGIN, parse_configs  # noqa: E402
-from model_step import MODELS, ModelStep, Sharding, prefill_flops  # noqa: E402
+if __package__ in (None, ""):  # run as a file (benchmarks/served/run_full_size.sh does): the checkout root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import bench_common as bc  # noqa: E402
+from benchmarks import perf_model  # noqa: E402
+from benchmarks.bench_decode import MEMORY_MARGIN, parse_configs  # noqa: E402
+from benchmarks.model_step import MODELS, ModelStep, Sharding, prefill_flops  # noqa: E402
 
 
 def run(rank: int, world: int, args):
@@ -99,7 +100,7 @@ def run(rank: int, world: int, args):
 
 
 def _write(args, rows, ceilings, world, comm):
-    meta = bc.run_meta(" ".join(["python", "benchmarks/bench_prefill.py"] + sys.argv[1:]),
+    meta = bc.run_meta(" ".join(["python", "-m", "benchmarks.bench_prefill"] + sys.argv[1:]),
                        {"ceilings": ceilings, "world": world, "collective_model": comm.describe()})
     bc.write_results(args.out, args.stem, meta, rows, markdown(meta, rows))
 

@@ -22,7 +22,7 @@ step (probe weights + the K|V window each row reads + the tapped rows). Overhead
 against the measured gpt-oss-120b TP1 decode step of benchmarks/results/bench_decode.md
 (batch 1 / 8 / 32) and against the modelled one (bytes / copy bandwidth) at batch 128.
 
-    python benchmarks/bench_probe.py --out benchmarks/results
+    python -m benchmarks.bench_probe --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402
+from benchmarks import bench_common as bc  # noqa: E402
 
 bc.import_project()
 from sglang_ext.kernels.probe_attention import probe_attention  # noqa: E402
@@ -231,7 +230,7 @@ def main():
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "copy_bandwidth_TBps": bw / 1e12,
             "probe_weight_bytes": weight_bytes, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": "python " + " ".join(sys.argv), "host": platform.node(),
+            "command": "python -m benchmarks.bench_probe " + " ".join(sys.argv[1:]), "host": platform.node(),
             "copies": args.copies, "repeat": args.repeat, "wall_s": time.time() - t_start}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, args.stem + ".json"), "w") as f:

@@ -20,13 +20,13 @@ output on the first case is compared with ours (max abs diff in the row). SGLang
 building is untimed setup, as SGLang's per-step metadata. A sliding layer gives SGLang the same 128 keys
 as ours (not 0.5.23's one-key-short decode window, ``upstream_window``), so both read the same bytes.
 
-    python benchmarks/bench_sink_attention.py --out benchmarks/results
+    python -m benchmarks.bench_sink_attention --out benchmarks/results
 
 Decode launch configurations (``--decode-sweep``, only that): candidate ``DecodeConfig``s beside the
 launcher's default at batch 1/2/4/8/16/32, context 8192 and 32768 (full layers) and the sliding layer,
 into bench_sink_attention_decode_sweep.{json,md}:
 
-    python benchmarks/bench_sink_attention.py --decode-sweep --out benchmarks/results
+    python -m benchmarks.bench_sink_attention --decode-sweep --out benchmarks/results
 
 It measures the one-shot decode (``DecodeConfig.oneshot``: a program per chunk of 64/128/256 keys, no key
 loop) at batch <= 4 too. ``--oneshot`` narrows it to the default and the one-shot variants at batch 1/2/4,
@@ -35,13 +35,13 @@ context 8192 and 32768, with req_to_token as wide as the context and as wide as 
 into bench_sink_attention_decode_oneshot.{json,md} (about a minute on an H200; ONESHOT_PICKS in
 kernels/sink_attention.py takes its winners):
 
-    python benchmarks/bench_sink_attention.py --decode-sweep --oneshot --out benchmarks/results
+    python -m benchmarks.bench_sink_attention --decode-sweep --oneshot --out benchmarks/results
 
 The split merge (``--decode-merge``, only that): at batch 1/8/32/128, context 8192 and 32768, the whole
 decode, the decode kernel alone and the merge kernel alone, for the default, the default with the other
 merge, and (batch 1) more splits with either merge, into bench_sink_attention_merge.{json,md}:
 
-    python benchmarks/bench_sink_attention.py --decode-merge --out benchmarks/results
+    python -m benchmarks.bench_sink_attention --decode-merge --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -58,11 +58,9 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402
+from benchmarks import bench_common as bc  # noqa: E402
 
 bc.import_project()
 from sglang_ext.kernels import sink_attention as sa  # noqa: E402
@@ -132,10 +130,7 @@ def _sglang_kernels() -> dict:
     """SGLang 0.5.23's own Triton kernels through benchmarks/sglang_peers.py (carried source, stubbed
     imports); name -> callable, or name -> the reason it is missing."""
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:  # called once per case: add it once
-            sys.path.insert(0, here)
-        import sglang_peers
+        from benchmarks import sglang_peers
 
         return sglang_peers.load_sglang_kernels()
     except Exception as exc:  # no adapter module on this machine: a result, not a crash
@@ -793,7 +788,7 @@ def main():
             "triton": __import__("triton").__version__, "dtype": str(DTYPE).replace("torch.", ""),
             "copy_bandwidth_TBps": bw / 1e12,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-            "command": "python benchmarks/bench_sink_attention.py " + " ".join(sys.argv[1:])}
+            "command": "python -m benchmarks.bench_sink_attention " + " ".join(sys.argv[1:])}
     contexts = [int(c) for c in args.contexts.split(",")]
     errors = []
 

@@ -140,9 +140,7 @@ def _backend():
     the bias after), imported lazily: the same code path the served layers take with
     SGLANG_EXT_FP8_GEMM=deepgemm."""
     here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import bench_common
+    from benchmarks import bench_common
 
     bench_common.import_project()
     from sglang_ext.layers import fp8_backend

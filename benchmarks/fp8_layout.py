@@ -12,12 +12,10 @@ import argparse
 import json
 import math
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128, quantize_weight_block128  # noqa: E402
+from sglang_ext.layers.fp8 import BLOCK, dequantize_weight_block128, quantize_weight_block128
 
 
 def layout_row(name, w):

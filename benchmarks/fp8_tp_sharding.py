@@ -22,16 +22,14 @@ import argparse
 import json
 import math
 import os
-import sys
 import threading
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from sglang_ext.layers.fp8 import (BLOCK, dequantize_weight_block128, fp8_linear_torch,  # noqa: E402
+from sglang_ext.layers.fp8 import (BLOCK, dequantize_weight_block128, fp8_linear_torch,
                                    quantize_weight_block128)
-from sglang_ext.layers.parallel import (BlockShard, ParallelLayout, attention_head_shard,  # noqa: E402
+from sglang_ext.layers.parallel import (BlockShard, ParallelLayout, attention_head_shard,
                                         block_granular_ranges, even_range, fp8_column_parallel_linear,
                                         fp8_row_parallel_linear, moe_shard)
 

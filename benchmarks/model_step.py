@@ -25,16 +25,13 @@ request-to-slot table, so the attention kernels see SGLang's paged layout.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import import_project  # noqa: E402
+from benchmarks.bench_common import import_project  # noqa: E402
 
 import_project()
 from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
@@ -422,8 +419,8 @@ class ModelStep:
 def head_carveout(sms: int, lt: bool = False):
     """The LM head's GEMM launched with `sms` SMs left free (torch's SM carveout), so the probe's step on its
     side stream need not wait for the head to drain. cuBLAS ignores the carveout and cuBLASLt honours it
-    (`lt`: the head through cuBLASLt). An experiment of the harness (diag_pdl.py --probe-variants carve*,
-    benchmarks/results/diag_probe_carveout*.md), not adopted: with the probe on, the head would run another
+    (`lt`: the head through cuBLASLt). An experiment of the harness (paired probe-off/on graphs with the
+    carveout set), not adopted: with the probe on, the head would run another
     GEMM kernel than with it off."""
     if not sms:
         yield
@@ -463,7 +460,7 @@ class HarnessProbe:
         self.cfg = cfg
         self.model = model
         self.scores = None
-        self.head_carveout, self.head_carveout_lt = 0, False  # head_carveout()'s arguments, from diag_pdl.py
+        self.head_carveout, self.head_carveout_lt = 0, False  # head_carveout()'s arguments
         self._request_rows: dict = {}
         self.allocate()
 

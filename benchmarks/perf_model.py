@@ -14,7 +14,7 @@ benchmarks/results/nccl_collectives.json. Without it, defaults of 10 us and 300 
 in and every modelled row says "uncalibrated". Load imbalance between EP ranks and any
 overlap of communication with compute are not modelled.
 
-    python benchmarks/perf_model.py --measure-nccl --nproc 2 --out benchmarks/results
+    python -m benchmarks.perf_model --measure-nccl --nproc 2 --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -23,12 +23,9 @@ import argparse
 import json
 import math
 import os
-import sys
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_ALPHA_S = 10e-6
 DEFAULT_BUSBW = 300e9
@@ -105,7 +102,7 @@ def kernel_breakdown(model, context: int, top: int = 15, inputs: dict | None = N
 
 
 def _measure(rank: int, world: int, args):
-    import bench_common as bc
+    from benchmarks import bench_common as bc
 
     bc.set_nccl_env()
     torch.cuda.set_device(rank)
@@ -128,7 +125,7 @@ def _measure(rank: int, world: int, args):
         large = max(rows, key=lambda r: r["bytes"])
         alpha = small["all_reduce_us"] * 1e-6
         busbw = 2 * (world - 1) / world * large["bytes"] / (large["all_reduce_us"] * 1e-6 - alpha)
-        meta = bc.run_meta("python benchmarks/perf_model.py --measure-nccl --nproc %d" % world, {"world": world})
+        meta = bc.run_meta("python -m benchmarks.perf_model --measure-nccl --nproc %d" % world, {"world": world})
         fit = {"alpha_s": alpha, "busbw_Bps": busbw, "from": "smallest all_reduce (alpha), 64 MiB all_reduce (busbw)"}
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "nccl_collectives.json"), "w") as f:

@@ -7,7 +7,7 @@
   summary.md              : the best configuration per regime (batch 1 latency, cheapest
                             output token at >= 50 tok/s per user, cheapest input token)
 
-    pip install -e '.[bench]' && python benchmarks/plot_results.py --results benchmarks/results
+    pip install -e '.[bench]' && python -m benchmarks.plot_results --results benchmarks/results
 """
 
 from __future__ import annotations
@@ -173,10 +173,15 @@ def main():
     decode = dedupe(raw_decode, ("model", "config", "context", "batch"))
     prefill = dedupe(raw_prefill, ("model", "config", "length"))
     written = []
-    if decode:
-        written += plot_decode(decode, args.results)
-    if prefill:
-        written += plot_prefill(prefill, args.results)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the GPU image has none: the summary still follows the results, the PNGs wait
+        print("matplotlib absent (pip install -e '.[bench]'): PNGs not redrawn")
+    else:
+        if decode:
+            written += plot_decode(decode, args.results)
+        if prefill:
+            written += plot_prefill(prefill, args.results)
     path = os.path.join(args.results, "summary.md")
     with open(path, "w") as f:
         f.write(summary(decode, prefill, raw_decode, raw_prefill))

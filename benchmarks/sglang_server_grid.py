@@ -20,7 +20,7 @@ prefill chunk), with the requested label beside it where they differ. A batch th
 skips (above the server's KV capacity or running-request limit) is a `does_not_fit` row, not a gap.
 Results are rewritten after every configuration: `<stem>.json/.md` (every row and error) and
 `bench_decode_<stem>.json` / `bench_prefill_<stem>.json`, so that
-`python benchmarks/plot_results.py --results <out>` draws the same plots and summary for them (keep
+`python -m benchmarks.plot_results --results <out>` draws the same plots and summary for them (keep
 --out its own folder: mixed with the harness's files, the two kinds of rows would be deduplicated
 against each other).
 
@@ -32,9 +32,9 @@ Prompts are SGLang's "random-ids" dataset (token ids of exactly the asked length
 "random" one fetches ShareGPT from the Hugging Face hub). --device auto runs the server on the CPU where
 no CUDA driver loads (the demo's recipe): that is how the tests run this script, on the tiny checkpoint.
 
-    python benchmarks/sglang_server_grid.py --model-path /models/gpt-oss-120b-fp8 --model-name gpt-oss-120b \
+    python -m benchmarks.sglang_server_grid --model-path /models/gpt-oss-120b-fp8 --model-name gpt-oss-120b \
         --configs 1:1:1,4:4:1,8:8:8 --probe-ckpt /models/gpt-oss-120b-singprobe --out results/servers
-    python benchmarks/sglang_server_grid.py --model-path X --device cuda --dry-run   # print the commands
+    python -m benchmarks.sglang_server_grid --model-path X --device cuda --dry-run   # print the commands
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ import tempfile
 
 import requests
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402
-from bench_decode import parse_configs  # noqa: E402
+if __package__ in (None, ""):  # run as a file (benchmarks/served/run_full_size.sh does): the checkout root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import bench_common as bc  # noqa: E402
+from benchmarks.bench_decode import parse_configs  # noqa: E402
 
 
 def server_args(args, tp: int, ep: int, dp: int) -> list[str]:

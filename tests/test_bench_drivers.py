@@ -16,13 +16,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCH))
+if str(ROOT) not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a package of the checkout
+    sys.path.insert(0, str(ROOT))
 
 H200_BYTES = 141e9
 
 
-def _run(script: str, *args):
-    p = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=600)
+def _run(module: str, *args):
+    p = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
 
 
@@ -30,9 +32,9 @@ def _run(script: str, *args):
 def grid(tmp_path_factory):
     """One decode and one prefill grid of the tiny model on this CPU: TP1 measured, TP2 / EP2 modelled."""
     out = tmp_path_factory.mktemp("grid")
-    _run("bench_decode.py", "--cpu", "--models", "tiny", "--configs", "1:1:1,2:1:1,2:2:1", "--batches", "1,2",
+    _run("bench_decode", "--cpu", "--models", "tiny", "--configs", "1:1:1,2:1:1,2:2:1", "--batches", "1,2",
          "--contexts", "32", "--probe-configs", "1:1:1", "--probe-rounds", "2", "--out", str(out))
-    _run("bench_prefill.py", "--cpu", "--models", "tiny", "--configs", "1:1:1,2:1:1", "--lengths", "16,32",
+    _run("bench_prefill", "--cpu", "--models", "tiny", "--configs", "1:1:1,2:1:1", "--lengths", "16,32",
          "--out", str(out))
     return out
 
@@ -43,9 +45,9 @@ def _rows(path: Path) -> tuple[dict, list]:
 
 
 def test_decode_rows_follow_from_their_times(grid):
-    import bench_common as bc
-    import perf_model
-    from model_step import MODELS, Sharding
+    from benchmarks import bench_common as bc
+    from benchmarks import perf_model
+    from benchmarks.model_step import MODELS, Sharding
 
     meta, rows = _rows(grid / "bench_decode.json")
     model = perf_model.CollectiveModel.load(str(BENCH / "results" / "nccl_collectives.json"))
@@ -71,7 +73,7 @@ def test_decode_rows_follow_from_their_times(grid):
 
 
 def test_prefill_rows_follow_from_their_times(grid):
-    import bench_common as bc
+    from benchmarks import bench_common as bc
 
     _, rows = _rows(grid / "bench_prefill.json")
     timed = [r for r in rows if "latency_ms" in r]
@@ -86,7 +88,7 @@ def test_prefill_rows_follow_from_their_times(grid):
 
 
 def test_summary_names_the_best_configuration_per_regime(grid):
-    import plot_results as pr
+    from benchmarks import plot_results as pr
 
     raw_decode = [r for r in pr.load_rows(str(grid), "bench_decode") if "step_ms" in r]
     raw_prefill = [r for r in pr.load_rows(str(grid), "bench_prefill") if "latency_ms" in r]
@@ -106,7 +108,7 @@ def test_summary_names_the_best_configuration_per_regime(grid):
 def test_collective_model_reproduces_its_calibration():
     """The fit behind every modelled row against the 2-GPU NCCL times it was fitted to (H200 pair, CUDA graphs):
     within 25 % at every measured size (the model's own error, which the README states), and its formulae."""
-    import perf_model
+    from benchmarks import perf_model
 
     path = BENCH / "results" / "nccl_collectives.json"
     model = perf_model.CollectiveModel.load(str(path))
@@ -123,8 +125,8 @@ def test_collective_model_reproduces_its_calibration():
 def test_120b_batch128_at_32k_needs_more_than_one_h200():
     """The memory check's arithmetic on the issue's example: 120b at batch 128 x 32k needs more than an H200 holds
     (its KV alone > 100 GB), batch 1 at 8k and TP8 EP8 at batch 128 x 32k fit (the next test: how a row says so)."""
-    from bench_decode import MEMORY_MARGIN
-    from model_step import MODELS, ModelStep, Sharding
+    from benchmarks.bench_decode import MEMORY_MARGIN
+    from benchmarks.model_step import MODELS, ModelStep, Sharding
 
     need = ModelStep.bytes_needed(MODELS["120b"], Sharding(), 128, 32768)
     assert need["total"] + MEMORY_MARGIN > H200_BYTES and need["kv"] > 100e9
@@ -135,7 +137,7 @@ def test_120b_batch128_at_32k_needs_more_than_one_h200():
 
 def test_a_row_that_does_not_fit_is_named_not_skipped(tmp_path, monkeypatch):
     """A batch whose KV cache exceeds the memory left is a row saying so, listed under "Not timed"."""
-    import bench_decode
+    from benchmarks import bench_decode
 
     real = bench_decode.ModelStep.bytes_needed
 
@@ -154,22 +156,3 @@ def test_a_row_that_does_not_fit_is_named_not_skipped(tmp_path, monkeypatch):
     md = (tmp_path / "bench_decode.md").read_text()
     assert "Not timed:" in md and "gpt-oss-tiny EP1 DP1 TP1 batch 2 context 32: KV 2199.0 GB" in md
 
-
-def test_gemv_step_candidates_leave_out_the_tables_own_config():
-    """diag_pdl.py --gemv-ab takes each shape's fastest configs that are not the table's (an A/B of the table
-    against itself would measure nothing), each alone, then both shapes' fastest together."""
-    import diag_pdl
-
-    from sglang_ext.kernels import fp8_gemm
-
-    G = fp8_gemm.Fp8GemvConfig
-    qkv_table = fp8_gemm.gemm_config(8, 5120, 2880, None, x_prequantized=True)
-    o_table = fp8_gemm.gemm_config(8, 2880, 4096, None)
-    fast, slow = G(64, 4, x_once=True), G(32, 0, num_stages=4)
-    ranked = {"qkv": [(5.0, qkv_table), (6.0, fast), (7.0, slow)], "o": [(4.0, slow), (4.5, o_table)]}
-    got = diag_pdl.gemv_candidates(8, ranked, top=2)
-    assert [override for _, override in got] == [
-        {(5120, 2880): fast}, {(5120, 2880): slow}, {(2880, 4096): slow},
-        {(5120, 2880): fast, (2880, 4096): slow}]
-    assert all(qkv_table not in o.values() and o_table not in o.values() for _, o in got)
-    assert diag_pdl.gemv_candidates(8, {"qkv": [(5.0, qkv_table)]}, top=2) == []

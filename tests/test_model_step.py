@@ -15,9 +15,11 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a package of the checkout
+    sys.path.insert(0, ROOT)
 
-from model_step import GPT_OSS_TINY, ModelStep, Sharding, decode_step_bytes, GPT_OSS_120B  # noqa: E402
+from benchmarks.model_step import GPT_OSS_TINY, ModelStep, Sharding, decode_step_bytes, GPT_OSS_120B  # noqa: E402
 
 from sglang_ext.layers.fp8 import dequantize_weight_block128, fp8_linear_torch  # noqa: E402
 from sglang_ext.layers.moe import experts_torch, route  # noqa: E402
@@ -85,7 +87,7 @@ def test_decode_bytes_match_the_issue_budget():
 def test_harness_probe_makes_its_request_rows_once(model):
     """The probe-on step's request rows come from one tensor made once (a server passes its batch's
     req_pool_indices): an arange at each step's start and end was harness time charged to the probe."""
-    from model_step import HarnessProbe
+    from benchmarks.model_step import HarnessProbe
 
     probe = HarnessProbe(model)
     inputs = model.decode_inputs(40)
@@ -98,9 +100,9 @@ def test_harness_probe_makes_its_request_rows_once(model):
 
 
 def test_head_carveout_sets_and_restores_the_matmul_settings():
-    """The harness's carveout experiment (diag_pdl.py --probe-variants carve*) sets torch's SM carveout, and
+    """The harness's carveout experiment (head_carveout) sets torch's SM carveout, and
     with `lt` cuBLASLt, only inside its block, and leaves both as it found them; 0 SMs changes nothing."""
-    from model_step import head_carveout
+    from benchmarks.model_step import head_carveout
 
     library = torch.backends.cuda.preferred_blas_library()
     seen = []

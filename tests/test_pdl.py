@@ -17,7 +17,9 @@ import torch
 
 from sglang_ext.kernels import pdl
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a package of the checkout
+    sys.path.insert(0, ROOT)
 
 
 def test_pdl_is_off_on_cpu_and_under_the_interpreter(monkeypatch):
@@ -74,8 +76,8 @@ def test_pdl_only_up_to_its_row_limit():
 def test_decode_step_bits_equal_with_and_without_pdl(batch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm90+")
-    import bench_common as bc
-    from model_step import GPT_OSS_20B, ModelStep, Sharding
+    from benchmarks import bench_common as bc
+    from benchmarks.model_step import GPT_OSS_20B, ModelStep, Sharding
 
     torch.manual_seed(0)
     # three layers: sliding and full attention, the MoE, the norms' quantisation, all at real width

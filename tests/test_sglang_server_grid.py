@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sglang_server_grid.py"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+if str(ROOT) not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a package of the checkout
+    sys.path.insert(0, str(ROOT))
 
 
 def _run(*args, timeout=900):
@@ -45,7 +46,7 @@ def test_every_flag_the_grid_passes_is_one_sglang_parses():
     flag it defines (not a prefix argparse happens to expand), resolving to the asked layout."""
     import argparse
 
-    import sglang_server_grid as grid
+    from benchmarks import sglang_server_grid as grid
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(allow_abbrev=False)  # a prefix would be an error, not a guess
@@ -57,7 +58,7 @@ def test_every_flag_the_grid_passes_is_one_sglang_parses():
 
 
 def test_the_label_and_gpus_are_what_the_server_resolved():
-    import sglang_server_grid as grid
+    from benchmarks import sglang_server_grid as grid
 
     layout = grid.resolved_layout({"tp_size": 8, "ep_size": 8, "attn_dp_size": 8, "dp_size": 1, "pp_size": 1,
                                    "chunked_prefill_size": 1024, "device": "cuda"})
@@ -70,7 +71,7 @@ def test_the_label_and_gpus_are_what_the_server_resolved():
 
 
 def test_prefill_is_the_median_of_its_runs():
-    import sglang_server_grid as grid
+    from benchmarks import sglang_server_grid as grid
 
     base = {"model": "m", "config": "EP1 DP1 TP1", "gpus": 1, "kind": "sglang-server"}
     row = grid.prefill_row(base, [{"last_ttft": 0.9}, {"last_ttft": 0.1}, {"last_ttft": 0.2}], 1024, 1)
@@ -80,7 +81,7 @@ def test_prefill_is_the_median_of_its_runs():
 
 def test_a_batch_one_batch_server_skips_is_a_row_that_says_so(capsys):
     """The skip lines come from SGLang's own guards (printed to stdout, exit 0, no result)."""
-    import sglang_server_grid as grid
+    from benchmarks import sglang_server_grid as grid
     from sglang.benchmark import one_batch_server as obs
 
     assert obs.should_skip_due_to_token_capacity(128, 32768, 64, 1_000_000)
@@ -96,8 +97,8 @@ def test_a_batch_one_batch_server_skips_is_a_row_that_says_so(capsys):
 
 
 def test_decode_row_counts_the_tokens_after_the_first():
-    import bench_common as bc
-    import sglang_server_grid as grid
+    from benchmarks import bench_common as bc
+    from benchmarks import sglang_server_grid as grid
 
     base = {"model": "m", "config": "EP1 DP1 TP2", "gpus": 2, "kind": "sglang-server"}
     row = grid.decode_row(base, {"batch_size": 4, "latency": 1.5, "last_ttft": 0.5, "output_throughput": 29.3},
@@ -117,7 +118,7 @@ def test_decode_row_counts_the_tokens_after_the_first():
 
 
 def test_grid_against_a_cpu_server(tiny_checkpoints, vocab_dir, tmp_path):
-    import plot_results
+    from benchmarks import plot_results
 
     out = tmp_path / "grid"
     # batch 2000 x 28 tokens is past the CPU server's 16384-token KV pool: one_batch_server skips it
@@ -168,7 +169,7 @@ def test_one_bad_batch_result_costs_its_row_only(monkeypatch, tmp_path):
     an error row beside the others (it used to end the configuration); the label is what the server resolved."""
     import argparse
 
-    import sglang_server_grid as grid
+    from benchmarks import sglang_server_grid as grid
 
     from sglang_ext.launch import server as launch_server
 

@@ -1,8 +1,8 @@
 """Where a batch-1 decode step's time goes on one GPU: launch floor, fixed cost per GEMV, and the
 per-kernel device time of the whole gpt-oss step replayed as a CUDA graph.
 
-    python benchmarks/diag_decode_b1.py --out benchmarks/results           # all parts
-    python benchmarks/diag_decode_b1.py --ncu-kernels                     # for `ncu`: one launch each
+    python -m benchmarks.diagnostics.diag_decode_b1                  # all parts, into benchmarks/results
+    python -m benchmarks.diagnostics.diag_decode_b1 --ncu-kernels    # for `ncu`: one launch each
 
 Parts (JSON + Markdown `diag_decode_b1.*`):
   floor   an empty Triton kernel and a 2880-element torch add, 200 back to back in one graph:
@@ -31,8 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402
+from benchmarks import bench_common as bc
 
 
 @triton.jit
@@ -150,7 +149,7 @@ def _parts(kernels: list[dict]) -> dict[str, float]:
 def part_step(model_name: str, context: int = 8192) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from model_step import MODELS, ModelStep, Sharding
+    from benchmarks.model_step import MODELS, ModelStep, Sharding
 
     model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=1, context=context)
     inputs = model.decode_inputs(context)
@@ -175,7 +174,7 @@ def part_step(model_name: str, context: int = 8192) -> dict:
     kernel_sum = sum(r["us_per_step"] for r in kernels)
     graph = None
     # The probe's side-stream launch point, paired probe-off/on graphs as bench_decode times it.
-    from bench_decode import time_decode_probe_pair
+    from benchmarks.bench_decode import time_decode_probe_pair
 
     probe = {}
     for point in ("tap", "head"):
@@ -236,7 +235,7 @@ def ncu_kernels():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results"))
     ap.add_argument("--models", default="120b,20b")
     ap.add_argument("--ncu-kernels", action="store_true")
     ap.add_argument("--rebuild", action="store_true",
@@ -253,7 +252,7 @@ def main():
     if args.ncu_kernels:
         ncu_kernels()
         return
-    meta = bc.run_meta("python benchmarks/diag_decode_b1.py " + " ".join(sys.argv[1:]),
+    meta = bc.run_meta("python -m benchmarks.diagnostics.diag_decode_b1 " + " ".join(sys.argv[1:]),
                        {"ceilings": bc.measure_ceilings()})
     floor = part_floor()
     print(floor, flush=True)

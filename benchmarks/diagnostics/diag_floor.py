@@ -1,6 +1,6 @@
 """How fast can one H200 kernel read N bytes, and how close does a one-shot FP8 GEMV get?
 
-Every batch-1 decode kernel reads 1-70 MB. Session 4 fitted the FP8 GEMV as 6.2 us fixed per call
+Every batch-1 decode kernel reads 1-70 MB. diag_decode_b1 fits the FP8 GEMV as 6.2 us fixed per call
 + bytes at 4.18 TB/s (diag_decode_b1.md), and the MoE and sink kernels show the same few-us
 surplus. This asks whether that surplus is the hardware's or ours:
 
@@ -12,22 +12,20 @@ surplus. This asks whether that surplus is the hardware's or ours:
    arithmetic (no K loop, no split-K, so no partial sums and no last-arriver tail), beside the
    shipped `fp8_linear` in the same process, and a read-only twin of the same grid.
 
-    python benchmarks/diag_floor.py --out benchmarks/results
+    python -m benchmarks.diagnostics.diag_floor               # into benchmarks/results
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.bench_common import copy_bandwidth, graph_time_calls, import_project, md_table, run_meta  # noqa: E402
+from benchmarks.bench_common import copy_bandwidth, graph_time_calls, import_project, md_table, run_meta
 
 import_project()
 from sglang_ext.kernels.fp8_gemm import _quantize_tile, fp8_linear, gemv_config, quantize_activation_group128  # noqa: E402
@@ -203,7 +201,7 @@ def gemv_oneshot(bw: float, rows: list):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results"))
     ap.add_argument("--sizes-mb", default="0.7,2.9,5.9,11.8,14.7,16.8,33.2,66.4,132.7,1160")
     ap.add_argument("--parts", default="read,gemv")
     args = ap.parse_args()
@@ -214,7 +212,7 @@ def main():
         read_floor(bw, [float(s) for s in args.sizes_mb.split(",")], rows)
     if "gemv" in args.parts:
         gemv_oneshot(bw, rows)
-    meta = run_meta(f"python benchmarks/diag_floor.py --parts {args.parts} --out {args.out}",
+    meta = run_meta(f"python -m benchmarks.diagnostics.diag_floor --parts {args.parts} --out {args.out}",
                     {"copy_bandwidth_Bps": bw, "seconds": time.time() - t0, "gpu": torch.cuda.get_device_name()})
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "diag_floor.json"), "w") as f:
