@@ -23,19 +23,18 @@ its error vs `moe_ref` and a bit-reproducibility check; a summary lists the fast
 and recorded. SGLang 0.5.23's own Triton fused MoE runs as a peer where `.peers/sglang_src` was
 carried (benchmarks/fetch_sglang_peers.sh), timed without its routing and alignment.
 
-    python benchmarks/bench_moe.py --out benchmarks/results   # < 200 s: no sweep candidate starts after --budget-s 165
-    python benchmarks/bench_moe.py --out /tmp/moe --sweep-only   # the sweep alone
+    python -m benchmarks.bench_moe --out benchmarks/results   # < 200 s: no sweep candidate starts after --budget-s 165
+    python -m benchmarks.bench_moe --out /tmp/moe --sweep-only   # the sweep alone
     # prefill candidates only (mlp1's one-dot variant among them), 120b, more time
-    python benchmarks/bench_moe.py --out /tmp/moe --sweep-only --sweep-kinds prefill --models 120b --budget-s 400
+    python -m benchmarks.bench_moe --out /tmp/moe --sweep-only --sweep-kinds prefill --models 120b --budget-s 400
     # decode GEMV variants vs the table's pick at batch 1, 2, 4, 8, both models, kernels compiled in
     # 12 processes first (< 150 s)
-    python benchmarks/bench_moe.py --out /tmp/moe --gemv-sweep --compile-workers 12
+    python -m benchmarks.bench_moe --out /tmp/moe --gemv-sweep --compile-workers 12
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import traceback
@@ -43,14 +42,10 @@ from dataclasses import replace
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402
+from benchmarks import bench_common as bc  # noqa: E402
 
 bc.import_project()
-from bench_common import md_table, run_meta, write_results  # noqa: E402
+from benchmarks.bench_common import md_table, run_meta, write_results  # noqa: E402
 from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
 from sglang_ext.layers.fp8 import dequantize_weight_block128  # noqa: E402
 from sglang_ext.layers.moe import experts_torch, route, swiglu_oai  # noqa: E402
@@ -181,8 +176,7 @@ def _grouped_mm_pipeline(ctx, gemms_only=False):
 def _sglang_fused_experts(ctx):
     """SGLang 0.5.23's Triton fused MoE on our routing (benchmarks/sglang_peers.py: the carried
     wheel source; H and I zero-padded to 2944 once, alignment and config untimed)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import sglang_peers
+    from benchmarks import sglang_peers
 
     make = sglang_peers.load_sglang_kernels().get("make_fused_experts")
     if not callable(make):
@@ -385,8 +379,7 @@ def _precompile_worker(tasks, device="cuda") -> int:
     """Spawned worker: the GEMV sweep's launches with empty full-size tensors (the specialisations
     the timed calls get), compiled, none run: ("front", experts, tokens, block_m) runs the decode
     front's launcher, ("experts", experts, tokens, config) mlp1/mlp2/combine's on a stand-in front."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import bench_common as common
+    from benchmarks import bench_common as common
 
     common.import_project()
     from sglang_ext.kernels import moe as mod
@@ -514,7 +507,7 @@ def decode_tma_candidates() -> dict:
     of its 32 experts, and a block of 16 rows reads each of them once. Session 17 took two of them into the
     table (the many-pairs row at 5..8 tokens, the 64-wide mlp2 at 9..32), session 18 the same rows without their
     x gather launch (`_xptr`); also here the rows they replaced, and the 33..128 row with and without the gather,
-    for A/Bs. Labels are `--moe-row-ab`'s (diag_pdl.py)."""
+    for A/Bs. Labels name the rows for --decode-candidates tma."""
     t32 = moe_kernels.TMA_DECODE_ROW
     return {
         "tma32": t32,                      # the many-pairs row as session 17 took it (x gathered; 17..32 before)
@@ -650,7 +643,7 @@ def main():
     errors = []
 
     def save():  # after every section: a run cut short by a timeout still leaves its numbers
-        meta = run_meta("python " + " ".join(sys.argv), {
+        meta = run_meta("python -m benchmarks.bench_moe " + " ".join(sys.argv[1:]), {
             "ceilings": ceil, "elapsed_s": round(time.time() - t_start, 1), "errors": errors, "device": DEVICE,
             "table": {str(b): c.short() for b, c in moe_kernels.H200_HIDDEN_2880_CONFIGS},
             "many_pairs_rows": {f"{lo}..{hi}": c.short() for lo, hi, c in moe_kernels.H200_MANY_PAIRS_CONFIGS}})
