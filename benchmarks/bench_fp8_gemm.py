@@ -355,7 +355,7 @@ def sweep_candidates(mod, m: int, n: int = 5120, k: int = 2880, device=None, dec
         if m > 4:  # 5+ FMAs per weight byte: CUDA cores fall behind HBM; keep two for the record
             fma = fma[:2]
             # the 8-warp 128-wide blocks the heuristic takes from 5 rows (tuned at 16) with fewer / more K
-            # splits and deeper stages (added in session 18, whose sweep timed them at 8 rows)
+            # splits and deeper stages, timed at 8 rows
             dot += [G(128, s, num_warps=8, num_stages=st) for s, st in ((4, 4), (6, 4), (12, 3), (0, 4), (0, 5))]
         entries = []
         if decode_set == "oneshot":

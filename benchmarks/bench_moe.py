@@ -502,25 +502,23 @@ def sweep_candidates():
 def decode_tma_candidates() -> dict:
     """The grouped TMA rows (two one-dot mlp1 passes, h requantised by mlp1, operand tiles by TMA) at
     decode's 5..16 tokens, where the table ran the GEMV path (5..8: one pair a program, so an expert is
-    read once per pair) and pointer-loaded split-K rows (9..16) until session 17. Why: the TMA rows were
-    tuned at 17..128 tokens (session 8) and never timed below; at 8 tokens 20b's 32 pairs fall on ~20-22
-    of its 32 experts, and a block of 16 rows reads each of them once. Session 17 took two of them into the
-    table (the many-pairs row at 5..8 tokens, the 64-wide mlp2 at 9..32), session 18 the same rows without their
-    x gather launch (`_xptr`); also here the rows they replaced, and the 33..128 row with and without the gather,
-    for A/Bs. Labels name the rows for --decode-candidates tma."""
+    read once per pair) and pointer-loaded split-K rows (9..16) before. Why: the TMA rows were tuned at
+    17..128 tokens; at 8 tokens 20b's 32 pairs fall on ~20-22 of its 32 experts, and a block of 16 rows reads
+    each of them once. The table took two of them (the many-pairs row at 5..8 tokens, the 64-wide mlp2 at
+    9..32), then the same rows without their x gather launch (`_xptr`); also here the rows with the gather,
+    and the 33..128 row with and without it, for A/Bs. Labels name the rows for --decode-candidates tma."""
     t32 = moe_kernels.TMA_DECODE_ROW
     return {
-        "tma32": t32,                      # the many-pairs row as session 17 took it (x gathered; 17..32 before)
-        # the 33..128 row (mlp1 3 stages, mlp2 n64) with its x gather launch, as before session 18; and without it,
-        # the table's row since then
+        "tma32": t32,                      # the many-pairs row with x gathered
+        # the 33..128 row (mlp1 3 stages, mlp2 n64) with its x gather launch; and without it, the table's row
         "tma128": replace(moe_kernels.select_config(128), tma_x=True),
         "tma128_xptr": moe_kernels.select_config(128),
         "tma32_s3": replace(t32, mlp1_stages=3),  # 54 KB a program: 4 an SM, one wave at ~20 experts
-        "tma32_n64": moe_kernels.TMA_DECODE_ROW_WIDE_MLP2,     # the 9..32 rows of session 17 (x gathered)
+        "tma32_n64": moe_kernels.TMA_DECODE_ROW_WIDE_MLP2,     # the 9..32 rows with x gathered
         "tma32_n16": replace(t32, mlp2_block_n=16),
         "tma32_s3_n64": replace(t32, mlp1_stages=3, mlp2_block_n=64, mlp2_stages=3),
         # x's rows by pointers in mlp1, no gather launch (MoeConfig.tma_x off): the table's 5..8 (many pairs)
-        # and 9..32 rows since session 18
+        # and 9..32 rows
         "tma32_xptr": moe_kernels.TMA_DECODE_ROW_XPTR,
         "tma32_n64_xptr": moe_kernels.TMA_DECODE_ROW_WIDE_MLP2_XPTR,
         # the rows these replaced (session 17), for A/Bs against the table as it is now

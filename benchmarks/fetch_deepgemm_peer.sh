@@ -8,8 +8,8 @@
 # torch extension (its kernels are JIT-compiled by nvcc at run time and launched through cuda-bindings, so
 # nothing is built against the local torch), with the CUTLASS headers of its submodule pin (NVIDIA/cutlass
 # eefa171, v3.8.0-1) placed where DeepGEMM's setup.py would put them (deep_gemm/include/{cute,cutlass}).
-# ~25 MiB. Session 12 built the same tree with the library's fetch tool (this machine reaches only package
-# registries); SOURCE.txt in the folder records the commits.
+# ~25 MiB. The same tree can be built with the library's fetch tool (where only package registries are
+# reachable); SOURCE.txt in the folder records the commits.
 set -euo pipefail
 
 DEEPGEMM_COMMIT=03d0be3d2d03b6eed3c99d683c0620949a13a826

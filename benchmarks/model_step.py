@@ -483,8 +483,8 @@ class HarnessProbe:
 
     def _batch(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
         # Request rows 0..B-1, made once (a capture's warm-up runs first): a server passes its batch's own
-        # req_pool_indices, so an arange launched here at the step's start and end (until session 20) was
-        # ~2-3 us that the harness, not the probe, added to the probe-on step.
+        # req_pool_indices, so an arange launched here at the step's start and end would be ~2-3 us that the
+        # harness, not the probe, adds to the probe-on step.
         n = seq_lens.shape[0]
         req = self._request_rows.get(n)
         if req is None or req.device != seq_lens.device:
