@@ -139,7 +139,6 @@ def _backend():
     """The project's DeepGEMM adapter (`sglang_ext/layers/fp8_backend.py`: the scale layout, our quantiser,
     the bias after), imported lazily: the same code path the served layers take with
     SGLANG_EXT_FP8_GEMM=deepgemm."""
-    here = str(Path(__file__).resolve().parent)
     from benchmarks import bench_common
 
     bench_common.import_project()
