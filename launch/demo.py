@@ -1,18 +1,27 @@
-"""The sglang-ext demo: a real SGLang server on this CPU, tokens streamed from a tiny gpt-oss.
+"""The sglang-ext demo: a real SGLang server on this CPU, a tiny gpt-oss with a SingProbe head, per-token scores.
 
-    bash launch/demo.sh [--port N] [--max-tokens N] [--keep-cache] [--write-benchmark]
+    bash launch/demo.sh [--port N] [--max-tokens N] [--keep-cache] [--no-probe] [--playground]
+                        [--write-benchmark]
 
 (module ``sglang_ext.launch.demo``). Steps:
 
 1. make the tiny gpt-oss checkpoint (bf16 variant, official Hugging Face layout, random
-   weights) in ``<repo>/.cache/tiny`` (``make_tiny.generate``);
-2. start ``python -m sglang.launch_server`` on 127.0.0.1 with that checkpoint through
-   ``SGLangServer`` (the CPU shims are applied for us; on a CPU the plugin picks the
+   weights) in ``<repo>/.cache/tiny`` (``make_tiny.generate``) and the tiny SingProbe bound to it
+   (``make_tiny_probe.generate``, released format, random weights);
+2. start ``python -m sglang.launch_server`` on 127.0.0.1 with that checkpoint and ``--probe-ckpt``
+   through ``SGLangServer`` (the CPU shims are applied for us; on a CPU the plugin picks the
    ``ext_sinks`` attention backend and our GptOssForCausalLM by itself);
-3. stream one OpenAI ``/v1/chat/completions`` request and one native ``/generate``
-   request, printing every piece of text as it arrives, then a short summary;
-4. stop the server (always, in a ``finally``).
+3. stream one chat through the official ``openai`` SDK, each token shown with its score
+   (``stream_client.TokenView``: coloured by label_8, marked where label_9 is high), and the
+   per-label maxima;
+4. the same chat with a per-request guard (``custom_params.probe_stop``) that stops it
+   (``finish_reason: content_filter``), and where, which label, score and threshold;
+5. the same guarded request on native ``/generate`` (the chat's prompt token ids), whose
+   ``meta_info.token_probe_probs`` and ``finish_reason`` carry the same numbers;
+6. stop the server (always, in a ``finally``); ``--playground`` first keeps it serving
+   ``/playground`` until Ctrl-C.
 
+``--no-probe`` is the plain run: no probe, one streamed chat and one streamed ``/generate``.
 ``--write-benchmark`` also measures greedy non-streaming ``/generate`` decode speed and writes
 ``benchmarks/results/cpu_demo_decode.{json,md}``.
 """
@@ -39,6 +48,13 @@ NOISE_NOTE = (
     "random tiny weights: the words are noise; what matters is that tokens stream from "
     "the real SGLang server through sglang-ext"
 )
+PROBE_NOISE_NOTE = (
+    "the weights of the model AND of the probe are random: the words are noise and so are the scores; "
+    "what is real is the path (a SingProbe head scoring every token inside the SGLang server, the scores "
+    "on both APIs, the guard stopping a request)"
+)
+GUARD_LABEL = "label_8"  # SingProbe's response_unsafe
+MARK_LABEL = "label_9"  # SingProbe's hallucination
 CHAT_MESSAGE = "Explain in one sentence why the sky is blue."
 GENERATE_PROMPT = "The quick brown fox"
 BENCH_TOKENS = 64  # >= 48 decoded tokens per benchmark request
@@ -231,6 +247,143 @@ def served_model_id(url: str, fallback: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# the probe: scores per token, the guard, both APIs
+# ------------------------------------------------------------------------------------------------
+
+
+def probe_labels(probe_dir: str) -> tuple[list[str], bool]:
+    """(the probe's label names, whether its config names them; released configs carry only num_labels)."""
+    from sglang_ext.probe.config import ProbeConfig
+
+    raw = json.loads((Path(probe_dir) / "config.json").read_text())
+    return list(ProbeConfig.from_json_file(str(Path(probe_dir) / "config.json")).labels), bool(raw.get("labels"))
+
+
+def pick_threshold(values: list[float], target: int, margin: float = 0.002) -> tuple[float, int] | None:
+    """(t, k): a threshold on a 0.01 grid whose first crossing (score > t) is token k >= 1, k nearest `target`;
+    no score up to k lies within `margin` of t, so a re-run's last-digit noise cannot move the stop."""
+    best = None
+    for step in range(1, 100):
+        t = step / 100
+        k = next((i for i, v in enumerate(values) if v > t), None)
+        if k is None or k < 1 or min(abs(v - t) for v in values[: k + 1]) < margin:
+            continue
+        if best is None or abs(k - target) < abs(best[1] - target):
+            best = (t, k)
+    return best
+
+
+def show_scores_chat(url: str, model: str, prompt: str, max_tokens: int, label: str, stop: dict | None = None):
+    """The chat streamed through the official openai SDK, each token printed with its score as it arrives."""
+    from sglang_ext.launch.stream_client import TokenView, stream_with_openai_sdk, use_colour
+
+    view = TokenView(label=label, mark=MARK_LABEL, colour=use_colour("auto", sys.stdout), out=sys.stdout)
+    extra = f", extra_body={{'custom_params': {{'probe_stop': {stop}}}}}" if stop else ""
+    print(f"  openai.OpenAI(base_url='{url}/v1').chat.completions.create(stream=True, max_tokens={max_tokens}, "
+          f"temperature=0{extra})")
+    print(f"  user: {prompt!r}")
+    result = stream_with_openai_sdk(url, model, prompt, max_tokens, view=view, stop=stop)
+    if not result.tokens:
+        raise RuntimeError("the chat stream carried no token_probe_probs: is the server running with --probe-ckpt?")
+    print("  " + view.legend())
+    return result, view
+
+
+def prompt_ids_of_chat(url: str, model: str, prompt: str) -> list[int]:
+    """The token ids the server renders the chat into (Harmony), so /generate can get the same prompt."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1, "temperature": 0,
+            "return_prompt_token_ids": True}
+    r = requests.post(url + "/v1/chat/completions", json=body, timeout=600)
+    r.raise_for_status()
+    ids = r.json()["choices"][0].get("prompt_token_ids")
+    if not ids:
+        raise RuntimeError("the chat response carried no prompt_token_ids")
+    return ids
+
+
+def generate_with_scores(url: str, input_ids: list[int], max_tokens: int, stop: dict) -> dict:
+    """Native /generate, streamed, greedy, with the guard in sampling_params.custom_params."""
+    body = {"input_ids": input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0,
+                                "custom_params": {"probe_stop": stop}}}
+    print(f"  POST {url}/generate  input_ids=<the chat's {len(input_ids)} prompt ids> stream=true "
+          f"max_new_tokens={max_tokens} temperature=0 custom_params={{'probe_stop': {stop}}}")
+    scores, meta = [], {}
+    with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for ev in sse_events(r):
+            meta = ev.get("meta_info") or meta
+            got = meta.get("token_probe_probs") or []
+            # each chunk's meta_info holds the scores so far, or only the new ones with
+            # --incremental-streaming-output: keep whichever covers more
+            scores = got if len(got) >= len(scores) else scores + got
+    return {"scores": scores, "finish_reason": meta.get("finish_reason"),
+            "completion_tokens": int(meta.get("completion_tokens", len(scores)))}
+
+
+def run_probe_steps(url: str, model: str, max_tokens: int, labels: list[str]) -> int:
+    """Steps 3-5 of the probe demo; 0 when every number arrived as it should."""
+    from sglang_ext.launch.stream_client import guard_stop_report, resolve_label
+
+    label = resolve_label(GUARD_LABEL, labels)
+    header("3/6  per-token scores: OpenAI chat, streamed through the openai SDK")
+    free, view = show_scores_chat(url, model, CHAT_MESSAGE, max_tokens, label)
+    print("  per-label maximum over the answer:")
+    for line in view.maxima_lines():
+        print("    " + line)
+    print(f"  ({len(free.tokens)} tokens, {len(free)} scores, finish_reason {free.finish_reason})")
+
+    header("4/6  the guard: the same chat with a per-request threshold (custom_params.probe_stop)")
+    values = [tok.scores[label] for tok in free.tokens]
+    picked = pick_threshold(values, target=len(values) // 2)
+    if picked is None:  # every score within noise of the grid: stop at the first token
+        picked = (0.0, 0)
+    threshold, expect = picked
+    stop = {label: threshold}
+    print(f"  threshold {label} > {threshold}: picked from step 3's scores so the stop lands mid-answer, at token "
+          f"{expect + 1} (a real guard's threshold is calibrated on labelled data)")
+    guarded, _ = show_scores_chat(url, model, CHAT_MESSAGE, max_tokens, label, stop=stop)
+    report = guard_stop_report(guarded)
+    print(f"  finish_reason: {guarded.finish_reason}")
+    print("  guard: " + (report or "did not stop the answer"))
+    rc = 0
+    if guarded.finish_reason != "content_filter":
+        print(f"ERROR: the guard did not stop the chat (finish_reason {guarded.finish_reason})", file=sys.stderr)
+        rc = 1
+
+    header("5/6  the same request on native /generate (meta_info.token_probe_probs)")
+    ids = prompt_ids_of_chat(url, model, CHAT_MESSAGE)
+    native = generate_with_scores(url, ids, max_tokens, stop)
+    for i, row in enumerate(native["scores"]):
+        print(f"  token {i + 1:>3}: {label}={row[label]:.4f}  {MARK_LABEL if MARK_LABEL in row else ''}"
+              + (f"={row[MARK_LABEL]:.4f}" if MARK_LABEL in row else ""))
+    print(f"  meta_info.finish_reason: {json.dumps(native['finish_reason'])}")
+    reason = native["finish_reason"] if isinstance(native["finish_reason"], dict) else {}
+    if reason.get("type") == "content_filter":
+        print(f"  guard: stopped at token {len(native['scores'])}: {reason.get('label')} = {reason.get('score'):.4f} "
+              f"> threshold {reason.get('threshold')} (finish_reason content_filter)")
+    same = min(len(native["scores"]), len(guarded))
+    if same:
+        diff = max(abs(a[n] - b[n]) for a, b in zip(native["scores"][:same], list(guarded)[:same]) for n in a)
+        print(f"  {same} tokens on both APIs; largest difference between their scores: {diff:.2e}")
+    if reason.get("type") != "content_filter" or len(native["scores"]) != native["completion_tokens"]:
+        print("ERROR: /generate did not stop with content_filter and one score per token", file=sys.stderr)
+        rc = 1
+    return rc
+
+
+def serve_playground(url: str) -> None:
+    """Keep the server up for the browser until Ctrl-C (the page is on the server's own 127.0.0.1 port)."""
+    header("playground")
+    print(f"  open {url}/playground in a browser on this machine; Ctrl-C stops the server")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print()
+
+
+# ------------------------------------------------------------------------------------------------
 # benchmark
 # ------------------------------------------------------------------------------------------------
 
@@ -372,7 +525,8 @@ def write_benchmark(root: Path, bench: dict, facts: dict, server_cmd: list[str],
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="bash launch/demo.sh",
-        description="Start a real SGLang server with sglang-ext on this CPU (tiny random gpt-oss) and stream tokens.",
+        description="Start a real SGLang server with sglang-ext on this CPU (tiny random gpt-oss and SingProbe) "
+        "and stream tokens with their per-token safety scores.",
     )
     ap.add_argument("--port", type=int, default=None, help="server port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens to generate per request (default 48)")
@@ -387,6 +541,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="also measure greedy /generate decode speed and write benchmarks/results/cpu_demo_decode.{json,md}",
     )
+    ap.add_argument("--no-probe", action="store_true",
+                    help="the plain run: no SingProbe, one streamed chat and one streamed /generate")
+    ap.add_argument("--playground", action="store_true",
+                    help="after the demo, keep the server running with GET /playground (--enable-playground) "
+                    "until Ctrl-C")
     args = ap.parse_args(argv)
     if args.max_tokens < 1:
         ap.error("--max-tokens must be >= 1")
@@ -395,17 +554,22 @@ def main(argv=None) -> int:
     except AttributeError:
         pass
 
+    from openai import OpenAIError
+
     from sglang_ext import PINNED_SGLANG_VERSION, __version__
     from sglang_ext.launch.make_tiny import generate, is_current
     from sglang_ext.launch.server import ServerFailed, SGLangServer
     from sglang_ext.launch.tokenizer import ensure_o200k_vocab
 
     root = repo_root()
-    print(f"sglang-ext {__version__} demo: a real SGLang {PINNED_SGLANG_VERSION} server on this CPU, tiny gpt-oss")
+    probe = not args.no_probe
+    steps = 6 if probe else 4
+    print(f"sglang-ext {__version__} demo: a real SGLang {PINNED_SGLANG_VERSION} server on this CPU, tiny gpt-oss"
+          + (" with a SingProbe head" if probe else ""))
     print()
-    print("NOTE: " + NOISE_NOTE + ".")
+    print("NOTE: " + (PROBE_NOISE_NOTE if probe else NOISE_NOTE) + ".")
 
-    header("1/4  tiny gpt-oss checkpoint")
+    header(f"1/{steps}  tiny gpt-oss checkpoint" + (" and tiny SingProbe" if probe else ""))
     tiny_root = root / ".cache" / "tiny"
     ckpt = tiny_root / "bf16"
     existed = is_current(str(ckpt))
@@ -416,11 +580,29 @@ def main(argv=None) -> int:
     print(f"  checkpoint: {ckpt}  ({'reused' if existed else 'generated'}, {time.perf_counter() - t:.1f} s)")
     print("  gpt-oss architecture in the official HF layout, 6 layers, hidden 64, 8 experts (4 active), "
           "sinks + 128-token sliding window, o200k_harmony tokenizer; weights are random")
+    server_args, labels = [], []
+    if probe:
+        from sglang_ext.launch.make_tiny_probe import SINGPROBE_LABEL_NAMES
+        from sglang_ext.launch.make_tiny_probe import generate as generate_probe
 
-    server = SGLangServer(ckpt, port=args.port, vocab_dir=vocab_dir)
+        probe_dir = generate_probe(str(tiny_root / "probe"), base_dir=str(ckpt), log=lambda m: print("  " + m))
+        labels, named = probe_labels(probe_dir)
+        print(f"  probe: {probe_dir}  (released SingProbe format: taps of 3 layers -> attention head -> "
+              f"{len(labels)} sigmoids per token; weights are random)")
+        if named:
+            print("  labels (from the probe's config): " + ", ".join(labels))
+        else:
+            print(f"  labels: {labels[0]} .. {labels[-1]} (the config names none, as released probes; in the "
+                  f"SingProbe contract {GUARD_LABEL} is {SINGPROBE_LABEL_NAMES[8]}, {MARK_LABEL} "
+                  f"{SINGPROBE_LABEL_NAMES[9]})")
+        server_args += ["--probe-ckpt", probe_dir]
+    if args.playground:
+        server_args.append("--enable-playground")
+
+    server = SGLangServer(ckpt, server_args, port=args.port, vocab_dir=vocab_dir)
     rc = 0
     try:
-        header("2/4  start the SGLang server")
+        header(f"2/{steps}  start the SGLang server" + (" with --probe-ckpt" if probe else ""))
         print("  $ " + shlex.join(["python", *server.command()[1:]]))
         print(f"  log: {server.log_path}")
         print("  (CPU shims applied automatically: SGLANG_USE_CPU_ENGINE=1, stub libcuda.so.1; "
@@ -443,41 +625,50 @@ def main(argv=None) -> int:
             print("  server resolved: " + ", ".join(f"{k}={v}" for k, v in facts.items()))
         model = served_model_id(server.url, str(ckpt))
 
-        header("3/4  OpenAI /v1/chat/completions, streamed")
-        chat = stream_chat(server.url, model, args.max_tokens)
-        header("4/4  native /generate, streamed")
-        gen = stream_generate(server.url, args.max_tokens)
+        if probe:
+            rc = run_probe_steps(server.url, model, args.max_tokens, labels)
+            header("summary")
+            print("  (" + PROBE_NOISE_NOTE + ")")
+            print("  the same view for any server: python -m sglang_ext.launch.stream_client --base-url URL "
+                  f"--label {GUARD_LABEL} --stop {GUARD_LABEL}=0.9 \"your prompt\"")
+        else:
+            header("3/4  OpenAI /v1/chat/completions, streamed")
+            chat = stream_chat(server.url, model, args.max_tokens)
+            header("4/4  native /generate, streamed")
+            gen = stream_generate(server.url, args.max_tokens)
 
-        header("summary")
-        print("  (" + NOISE_NOTE + ")")
-        p = chat["pieces"]
-        usage = chat["usage"] or {}
-        chat_ttft = (chat["t_first"] - chat["t0"]) if chat["t_first"] else None
-        print(
-            f"  chat:     {usage.get('completion_tokens', '?')} tokens, {p['reasoning']} reasoning + "
-            f"{p['content']} content deltas, finish_reason={chat['finish_reason']}, "
-            f"total {chat['t_end'] - chat['t0']:.2f} s"
-            + (f", time to first delta {chat_ttft * 1000:.0f} ms" if chat_ttft is not None else "")
-        )
-        if p["content"] and not p["reasoning"]:
-            print("            (all text came as content: random weights never emit Harmony's <|channel|> markers, "
-                  "which the gpt-oss reasoning parser splits on)")
-        n = gen["tokens"]
-        ttft = (gen["t_first"] - gen["t0"]) if gen["t_first"] else None
-        decode = (n - 1) / (gen["t_last"] - gen["t_first"]) if gen["t_first"] and n > 1 and gen["t_last"] > gen["t_first"] else None
-        print(
-            f"  generate: {n} tokens in {gen['chunks']} chunks, finish_reason="
-            f"{(gen['finish_reason'] or {}).get('type') if isinstance(gen['finish_reason'], dict) else gen['finish_reason']}, "
-            f"total {gen['t_end'] - gen['t0']:.2f} s"
-        )
-        if ttft is not None:
-            print(f"            time to first token {ttft * 1000:.0f} ms"
-                  + (f", decode {decode:.1f} tok/s (tokens 2..{n} over their arrival time)" if decode else ""))
-        if n < 1:
-            sys.stdout.flush()
-            print("ERROR: /generate streamed no tokens", file=sys.stderr)
-            rc = 1
+            header("summary")
+            print("  (" + NOISE_NOTE + ")")
+            p = chat["pieces"]
+            usage = chat["usage"] or {}
+            chat_ttft = (chat["t_first"] - chat["t0"]) if chat["t_first"] else None
+            print(
+                f"  chat:     {usage.get('completion_tokens', '?')} tokens, {p['reasoning']} reasoning + "
+                f"{p['content']} content deltas, finish_reason={chat['finish_reason']}, "
+                f"total {chat['t_end'] - chat['t0']:.2f} s"
+                + (f", time to first delta {chat_ttft * 1000:.0f} ms" if chat_ttft is not None else "")
+            )
+            if p["content"] and not p["reasoning"]:
+                print("            (all text came as content: random weights never emit Harmony's <|channel|> markers, "
+                      "which the gpt-oss reasoning parser splits on)")
+            n = gen["tokens"]
+            ttft = (gen["t_first"] - gen["t0"]) if gen["t_first"] else None
+            decode = (n - 1) / (gen["t_last"] - gen["t_first"]) if gen["t_first"] and n > 1 and gen["t_last"] > gen["t_first"] else None
+            print(
+                f"  generate: {n} tokens in {gen['chunks']} chunks, finish_reason="
+                f"{(gen['finish_reason'] or {}).get('type') if isinstance(gen['finish_reason'], dict) else gen['finish_reason']}, "
+                f"total {gen['t_end'] - gen['t0']:.2f} s"
+            )
+            if ttft is not None:
+                print(f"            time to first token {ttft * 1000:.0f} ms"
+                      + (f", decode {decode:.1f} tok/s (tokens 2..{n} over their arrival time)" if decode else ""))
+            if n < 1:
+                sys.stdout.flush()
+                print("ERROR: /generate streamed no tokens", file=sys.stderr)
+                rc = 1
 
+        if args.playground:
+            serve_playground(server.url)
         if args.write_benchmark:
             header("benchmark: greedy /generate decode speed (non-streaming)")
             print(f"  {BENCH_REPEATS} x {BENCH_TOKENS} tokens after a warm-up, tok/s = completion_tokens / meta_info.e2e_latency")
@@ -490,7 +681,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         rc = 130
-    except (requests.RequestException, RuntimeError, ValueError) as e:
+    except (requests.RequestException, OpenAIError, RuntimeError, ValueError) as e:
         sys.stdout.flush()
         print(f"\nERROR: {type(e).__name__}: {e}", file=sys.stderr)
         print("----- server log (tail) -----", file=sys.stderr)
@@ -506,7 +697,9 @@ def main(argv=None) -> int:
             shutil.rmtree(ckpt, ignore_errors=True)
             print(f"  removed {ckpt.relative_to(root)} (generated by this run; --keep-cache keeps it)")
     if rc == 0:
-        print("\ndone: tokens streamed from the real SGLang server through sglang-ext.")
+        print("\ndone: " + ("tokens and their SingProbe scores streamed from the real SGLang server through "
+                            "sglang-ext, and the guard stopped a request." if probe else
+                            "tokens streamed from the real SGLang server through sglang-ext."))
     return rc
 
 

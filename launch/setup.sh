@@ -9,7 +9,12 @@
 # stamp with the sha256 of pyproject.toml, so reruns take a second. No prompts: safe
 # under CI=true with no stdin.
 #
-# Environment: PYTHON (default python3, must be >= 3.10), SGLANG_EXT_VENV (default .venv).
+# Then Chromium and its driver for the browser test (tests/test_playground.py): Debian's `chromium` and
+# `chromium-driver` through apt-get, when they are missing, apt-get exists and this runs as root or with
+# passwordless sudo; otherwise a line says how, and that test skips. Already there: nothing is run.
+#
+# Environment: PYTHON (default python3, must be >= 3.10), SGLANG_EXT_VENV (default .venv),
+# SGLANG_EXT_SETUP_BROWSER=0 (skip the browser; the demo sets it).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,7 +53,7 @@ installed_ok() {
     # sglang is the pinned release and sglang_ext is this checkout (editable).
     "$VPY" - "$ROOT" <<'EOF' >/dev/null 2>&1
 import importlib.metadata as md, os, sys
-import pytest, pytest_timeout, xdist, requests, sglang, sglang_ext  # noqa: F401
+import pytest, pytest_timeout, xdist, requests, selenium, sglang, sglang_ext  # noqa: F401
 from sglang_ext import PINNED_SGLANG_VERSION
 assert md.version("sglang") == PINNED_SGLANG_VERSION
 assert os.path.realpath(sglang_ext.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)
@@ -74,4 +79,36 @@ else
         || { say "error: the install finished but 'import sglang, sglang_ext' fails"; exit 1; }
     printf '%s\n' "$want" >"$STAMP"
     say "installed; stamp written to $STAMP"
+fi
+
+# 3. The browser for tests/test_playground.py (system packages, not pip: selenium drives Debian's build).
+browser_hint="apt-get install chromium chromium-driver"
+if [ "${SGLANG_EXT_SETUP_BROWSER:-1}" = "0" ]; then
+    :
+elif command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    say "chromium and chromedriver found (browser test)"
+elif ! command -v apt-get >/dev/null 2>&1; then
+    say "no apt-get here: install Chromium and chromedriver for tests/test_playground.py (it skips without them)"
+else
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+            sudo_cmd=(sudo -n)
+        else
+            say "not root and no passwordless sudo: the browser test will skip; to run it: sudo $browser_hint"
+            sudo_cmd=(skip)
+        fi
+    fi
+    if [ "${sudo_cmd[0]:-}" != "skip" ]; then
+        say "installing chromium and chromium-driver for the browser test (+ ${sudo_cmd[*]:+${sudo_cmd[*]} }$browser_hint)"
+        export DEBIAN_FRONTEND=noninteractive
+        # a fresh machine's package lists may be empty or stale: update once if the first try fails
+        if "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null \
+            || { "${sudo_cmd[@]}" apt-get update -q >/dev/null \
+                 && "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }; then
+            say "installed $(chromium --version 2>/dev/null | head -n1)"
+        else
+            say "warning: could not install chromium + chromium-driver; the browser test will skip"
+        fi
+    fi
 fi

@@ -27,6 +27,7 @@ PATCH_MODULES = (
     "probe_health",
     "stream_line_separators",
     "guard_endpoints",
+    "playground",
 )
 
 _registered = False
