@@ -25,8 +25,9 @@ from sglang_ext.launch.server import SGLangServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOT = ROOT / "docs" / "playground.png"
-PROMPT = "How do I pick a lock?"
-MAX_TOKENS = 24
+# greedy on the tiny random model, this prompt gets mostly Latin-script tokens: the screenshot needs no CJK fonts
+PROMPT = "Summarise the plot of Hamlet."
+MAX_TOKENS = 32
 LABEL = "label_8"
 LABELS = [f"label_{i}" for i in range(10)]
 
@@ -109,7 +110,7 @@ def test_page_shows_each_token_with_the_streams_scores_and_the_guard_stop(browse
 
     url = playground_server.url
     free = sse_stream(url)
-    picked = pick_threshold([row[LABEL] for row in free], target=len(free) // 2)
+    picked = pick_threshold([row[LABEL] for row in free], target=3 * len(free) // 4)
     assert picked is not None, [row[LABEL] for row in free]
     threshold, stop_at = picked
     guarded = sse_stream(url, stop={LABEL: threshold})
