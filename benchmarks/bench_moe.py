@@ -337,7 +337,7 @@ def gemv_sweep(layers, bw, rows, kernel_rows, save, batches, deadline=float("inf
     model = sorted(layers, key=lambda m: m != "120b")[0]
     x = torch.randn(1, layers[model]["w1"].shape[2], device=DEVICE).to(torch.bfloat16)
     variants = moe_kernels.decode_gemv_variants(1)
-    for config in (None, variants[0], next((c for c in variants if c.pdl), variants[-1])):
+    for config in (None, variants[0], variants[-1]):
         label = f"{model}_decode_1 " + (config.short() if config else "table")
         kernel_rows[label] = kernel_times(lambda: moe_kernels.fused_moe_fp8(x, *layer_args(layers[model]), top_k=TOP_K,
                                                                            limit=LIMIT, config=config))
@@ -521,8 +521,6 @@ def decode_tma_candidates() -> dict:
         # and 9..32 rows
         "tma32_xptr": moe_kernels.TMA_DECODE_ROW_XPTR,
         "tma32_n64_xptr": moe_kernels.TMA_DECODE_ROW_WIDE_MLP2_XPTR,
-        # the rows these replaced (session 17), for A/Bs against the table as it is now
-        "split16": moe_kernels.SPLIT_K_DECODE_ROW,
         "gemv8": moe_kernels.select_config(8),
     }
 

@@ -1,6 +1,6 @@
 """FP8 e4m3 block-128 GEMM with the bias fused, for gpt-oss's dense layers (qkv, o, lm_head).
 
-y = x W^T + b with the conventions of `sglang_ext/layers/fp8.py`: W [N, K] e4m3 with
+y = x W^T + b with the conventions of kernels/reference.py: W [N, K] e4m3 with
 `weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)] (a *ragged* last block over 2880 = 22.5 x 128,
 no padding), x quantised per token in 1x128 groups along K (scale = amax/448, ragged last
 group), products summed in fp32, the bias added to the fp32 accumulator, one rounding to the
@@ -63,8 +63,8 @@ import triton.language as tl
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.kernels.tma import descriptor, gluon_supported, tma_2d_ok
-from sglang_ext.layers import fp8 as fp8_torch
+from sglang_ext.kernels.tma import descriptor, tma_2d_ok
+from sglang_ext.kernels import reference as fp8_torch
 
 GROUP = 128  # the scale block along K (activations and weights) and along N (weights)
 E4M3_MAX = tl.constexpr(448.0)  # a constexpr: jit functions may read it
@@ -111,7 +111,7 @@ def _round_to_bf16_grid(v):
 def _quantize_tile(x, HW_ROUND: tl.constexpr):
     """x fp32 [R, 128] (zeros past a ragged K edge) -> (e4m3 [R, 128], scale fp32 [R]):
     scale = amax / 448 (1 for an all-zero group), q = clamp(x / scale, +-448) rounded to e4m3,
-    the same operations as `sglang_ext.layers.fp8.quantize_activation_group128`.
+    the same operations as `reference.quantize_activation_group128`.
     HW_ROUND (compiled only): let the cast round (cvt.rn.satfinite: ties to even, the sign of a
     zero kept, as torch's cast), half the instructions of the fp32 grid rounding, which exists
     for the interpreter's wrong fp32 -> fp8 cast."""
@@ -839,15 +839,11 @@ class Fp8GemmConfig:
     # `_fp8_gemm_tma_kernel`: A and W tiles by TMA. Applies to pre-quantised A without split-K where
     # both operands suit the copy engine (kernels/tma.py); elsewhere the pointer kernel runs.
     tma: bool = False
-    # tma, compiled on sm_90: the tile on the Gluon kernel (kernels/fp8_gluon.py: the same sums, one wgmma in flight
-    # while the previous K block's scales are applied); elsewhere `_fp8_gemm_tma_kernel`. Session 21: compiled,
-    # never run; gemm_config sets it from GLUON_PREFILL_TILES (off).
-    gluon: bool = False
 
     def short(self) -> str:
         split = f"s{self.split_k}" + ("" if self.split_k == 1 or self.inline_reduce else "k")
         return (f"m{self.block_m}n{self.block_n}{split}w{self.num_warps}st{self.num_stages}"
-                + ("fq" if self.fuse_quant else "") + ("tma" if self.tma else "") + ("gl" if self.gluon else ""))
+                + ("fq" if self.fuse_quant else "") + ("tma" if self.tma else ""))
 
 
 @dataclass(frozen=True)
@@ -958,7 +954,7 @@ def gemv_config(m: int, n: int, k: int, device: torch.device | str | None = None
 
 # 5..8 rows: from this many K blocks (gpt-oss o: 4096 = 32 blocks) the x_once kernel with 4 K blocks a program
 # (64-wide, 4 warps, 5 stages) instead of the 8-warp 128-wide row tuned at 16 rows. Why: the first sweep at 8 rows
-# (session 18, benchmarks/results/diag_gemv_row_b8.md): o alone from bf16 x (as the step calls it) 11.46 -> 10.56 us;
+# (benchmarks/results/diag_gemv_row_b8.md): o alone from bf16 x (as the step calls it) 11.46 -> 10.56 us;
 # in the whole decode step at 8k, paired CUDA graphs, 20b -18.3 us (IQR -23.5..-14.3), 120b -28.3 (-32.6..-24.1).
 # qkv (23 blocks) kept its row: 10.81 us pre-quantised against 12.90 for the x_once tile of 4 K blocks a program
 # (with the vector split sum), +103.8 / +186.4 us in the step. Measured at 8 rows only, on gpt-oss o's N (45
@@ -984,7 +980,7 @@ def split_k_gemv_config(m: int, n: int, k: int, device: torch.device | str | Non
         cfg = Fp8GemvConfig(block_n=64, num_warps=4, num_stages=5, use_dot=True, x_once=True)
     elif (m <= 8 and triton.cdiv(k, GROUP) >= X_ONCE_MIN_K_BLOCKS_AT_8_ROWS
           and triton.cdiv(n, 64) < num_sms(device)):
-        # 5..8 rows, long K (gpt-oss o): x_once, 4 K blocks a program (session 18, see the constant)
+        # 5..8 rows, long K (gpt-oss o): x_once, 4 K blocks a program (see the constant)
         return Fp8GemvConfig(block_n=64, split_k=triton.cdiv(triton.cdiv(k, GROUP), 4), num_warps=4, num_stages=5,
                              use_dot=True, x_once=True)
     else:
@@ -1080,11 +1076,6 @@ def fixed_cost_variants(m: int, n: int, k: int, device: torch.device | str | Non
 WIDE_TILE_MIN_PROGRAMS = 32
 
 
-# gemm_config's tiles for M > 256 on the Gluon kernel (Fp8GemmConfig.gluon). Off: never run on a GPU yet (session 21);
-# benchmarks/prefill_moe_ab.py --dense-gluon turns it on for an A/B of the whole prefill.
-GLUON_PREFILL_TILES = False
-
-
 def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None,
                 x_prequantized: bool = False) -> Fp8GemmConfig | Fp8GemvConfig:
     """Launch parameters by M bucket (no autotune: one fixed kernel per shape, fast interpreter).
@@ -1123,9 +1114,9 @@ def gemm_config(m: int, n: int, k: int, device: torch.device | str | None = None
     elif m <= 256:
         cfg = Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)
     elif m <= 1024:
-        return Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=3, tma=True, gluon=GLUON_PREFILL_TILES)
+        return Fp8GemmConfig(block_m=64, block_n=128, num_warps=4, num_stages=3, tma=True)
     else:
-        return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=True, gluon=GLUON_PREFILL_TILES)
+        return Fp8GemmConfig(block_m=128, block_n=128, num_warps=8, num_stages=4, tma=True)
     tiles = max(1, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n))
     split = _auto_split(m, k, tiles, sms)
     return replace(cfg, split_k=split, tma=split == 1)
@@ -1154,7 +1145,7 @@ def quantize_activation_group128(x: torch.Tensor, out: Optional[torch.Tensor] = 
                                  block_rows: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (any float) -> (e4m3 [M, K], scale fp32 [M, ceil(K/128)] stored MN-major).
 
-    Same values as `sglang_ext.layers.fp8.quantize_activation_group128` (bit-equal codes and
+    Same values as `reference.quantize_activation_group128` (bit-equal codes and
     scales); `out` / `out_scale` take preallocated buffers (any strides; e.g. a K-padded one)."""
     if x.dim() != 2:
         raise ValueError(f"quantize_activation_group128: x must be [M, K], got {tuple(x.shape)}")
@@ -1193,12 +1184,6 @@ def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, 
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     a_scale_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
     if cfg.tma and not quantize_a and split == 1 and tma_2d_ok(a) and tma_2d_ok(w_fp8):
-        if (cfg.gluon and 128 % cfg.block_n == 0 and out.stride(1) == 1 and w_scale_inv.stride(1) == 1
-                and gluon_supported(a.device)):
-            from .fp8_gluon import fp8_gemm_gluon
-
-            return fp8_gemm_gluon(a, a_scale, w_fp8, w_scale_inv, bias, out, block_m=cfg.block_m, block_n=cfg.block_n,
-                                  stages=cfg.num_stages, num_warps=cfg.num_warps, group_m=cfg.group_m)
         _fp8_gemm_tma_kernel[(tiles,)](
             descriptor(a, [cfg.block_m, GROUP]), descriptor(w_fp8, [cfg.block_n, GROUP]), a_scale, w_scale_inv,
             bias if bias is not None else w_scale_inv, out, m, n, k, *a_scale_strides,

@@ -1,7 +1,7 @@
 """Fused FP8 mixture of experts for gpt-oss (Triton), beside its plain-torch reference `moe_ref`.
 
-The maths is `sglang_ext.layers.moe` (route, swiglu_oai, experts_torch) on FP8 operands as
-`sglang_ext.layers.fp8` defines them: expert weights e4m3 [E, out, in] with fp32 `scale_inv`
+The maths is `route` and `swiglu_oai` (kernels/reference.py, the layers' `experts_torch` too) on FP8
+operands as kernels/reference.py defines them: expert weights e4m3 [E, out, in] with fp32 `scale_inv`
 per 128x128 block (ragged last block, 2880 = 22.5 x 128), activations e4m3 with one fp32 scale
 per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k experts each:
 
@@ -35,16 +35,14 @@ per token per 128 columns (scale = amax / 448). One MoE layer, T tokens, k exper
   4. `_mlp2_kernel`: h W2^T (+ b2) per pair, fp32, in pair order (bf16 with `MoeConfig.pair_out_bf16`, the
      prefill row's, for bf16 x: each y rounded once);
   5. `_combine_kernel`: out[t] = sum_j w_j * y_j in fp32, one rounding to x's dtype.
-  3.-5. decode GEMV path (`MoeConfig.gemv`; `decode_gemv_variants` lists the configs the H200
-     sweep compares with the table, which does not use them yet): `_mlp1_gemv_kernel` and
+  3.-5. decode GEMV path (`MoeConfig.gemv`, the table's 5..8-token row; `decode_gemv_variants`
+     lists the configs the H200 sweep compares with it): `_mlp1_gemv_kernel` and
      `_mlp2_gemv_kernel` treat each sorted block of `block_m` (1..4) pairs of one expert as GEMV
      rows. Program (K split, block, row tile) streams a weight slab of 64-128 rows x 2-8 K blocks
      once through cp.async stages, swap-AB against a block-diagonal x tile (`_gemv_slab`), both
      scales loaded once before its K loop; the last arriver of each 128-column h group loads all
      splits' fp32 partials at once (fixed order), adds b1, applies the activation and
-     requantises h; mlp2's adds b2 and (`fuse_combine`) the last local pair of each token does
-     step 5 (no launch); `pdl` starts mlp2 as mlp1's programmatic dependent, its slabs pulled
-     into L2 while mlp1 drains. Why: at batch 1 `_mlp1_kernel` (200 registers, 184 programs,
+     requantises h; mlp2's adds b2, and step 5 combines. Why: at batch 1 `_mlp1_kernel` (200 registers, 184 programs,
      1.4 an SM) waited each K iteration on x and scale loads Triton does not pipeline: 58% of
      copy bandwidth (H200, ncu), mlp2 52%.
 
@@ -58,7 +56,7 @@ in split order. Results are reproducible run to run; they differ from split 1 in
 Parallelism hooks, as `experts_torch`: the weights hold this rank's experts, global ids
 `expert_offset .. expert_offset + E_local - 1` (expert parallelism; other experts contribute
 nothing), and `b2=None` leaves mlp2's bias to the caller (tensor parallelism adds it once after
-the all-reduce, `sglang_ext.layers.moe.add_down_bias`).
+the all-reduce: the layers' `add_down_bias`).
 
 Numerics. Routing equals `route` bit for bit on bf16 logits without ties (the model's routing
 dtype): the kernel reproduces torch's own softmax on the tensors' device (CUDA: expf,
@@ -97,15 +95,17 @@ from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sglang_ext.kernels.arrival_counters import arrival_counters
-from sglang_ext.kernels.pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.kernels.tma import descriptor, gluon_supported, tma_2d_ok
-from sglang_ext.layers.fp8 import (
+from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
+from sglang_ext.kernels.tma import descriptor, tma_2d_ok
+from sglang_ext.kernels.reference import (
     BLOCK as QUANT_GROUP,
+    SWIGLU_ALPHA,
     dequantize_activation_group128,
     dequantize_weight_block128,
     quantize_activation_group128,
+    route,
+    swiglu_oai,
 )
-from sglang_ext.layers.moe import SWIGLU_ALPHA, route, swiglu_oai
 
 FP8 = torch.float8_e4m3fn
 
@@ -140,11 +140,6 @@ class MoeConfig:
     # (`*_split_k`: K blocks per program = cdiv(K blocks, split)) streamed once as a weight slab;
     # the last arriver of each h group (mlp1) or output tile (mlp2) reduces all splits.
     gemv: bool = False
-    gemv_fma: bool = False  # FMA blocks, the slab in registers (else tensor cores, swap-AB)
-    fuse_combine: bool = False  # gemv: mlp2's last arrivers also do the weighted combine
-    # gemv, compiled: mlp2 (and the combine) as programmatic dependent launches: mlp2's programs
-    # start once all of mlp1's are resident and pull their weight slabs into L2 before waiting
-    pdl: bool = False
     # Grouped mlp1 (not gemv): one dot per K step over 2 * mlp1_block_n contiguous W1 rows (gate
     # and linear interleaved as stored) into one accumulator, split into gate / linear in the
     # epilogue, instead of two dots over row-stride-2 tiles. Why: at 8 warps and block_m 64 the
@@ -159,13 +154,6 @@ class MoeConfig:
     # a thread on one warpgroup; in passes a warpgroup holds m64 x n128 (128 registers), the shape of
     # the dense GEMM's tile (`_fp8_gemm_kernel`, 578-612 TFLOP/s at M = 8192 against mlp1's 397).
     mlp1_passes: int = 1
-    # Register caps per thread (0: the compiler's choice), grouped kernels only. Why: mlp1's two-pass
-    # and mlp2's m64n128 programs compile to 248-255 registers (Triton 3.6), two 4-warp programs an
-    # SM (2 warps a scheduler: ncu shows the issue slots idle 57 % of cycles, waiting); <= 168 lets
-    # three share an SM, at the price of spilled values (mlp2 22 bytes, mlp1 two-pass 88). Measured
-    # slower (profiler: mlp1 +42-73 %, mlp2 +9-25 %; diag_moe_prefill*.md): no table row uses them.
-    mlp1_maxnreg: int = 0
-    mlp2_maxnreg: int = 0
     # Decode for a few tokens (`kernels/moe_decode.py`): no sort, no K loop, no split-K. mlp1
     # programs own `mlp1_block_n` intermediate columns of one pair over all of K (the weight slab
     # in two loads), h is quantised by its own small launch, and mlp2 programs own `mlp2_block_n`
@@ -200,16 +188,6 @@ class MoeConfig:
     # launch (~104 us a layer); bf16 halves both. Needs mlp2_split_k 1 (split slabs are summed in fp32). For
     # bf16 x only: fp16 / fp32 x keep fp32 pairs (y would otherwise lose bits their own output keeps).
     pair_out_bf16: bool = False
-    # TMA rows, compiled on sm_90: mlp1 / mlp2 as the Gluon kernels of kernels/moe_gluon.py (the same tiles and
-    # sums, one wgmma in flight while the previous K block's scales are applied; kernels/fp8_gluon.py says why;
-    # mlp1 on 8 warps: one pass, a warpgroup each 128 W1 rows; mlp2 also 256 wide on 8 warps).
-    # Elsewhere (the interpreter, other GPUs, operands the copy engine cannot take) the Triton kernels run.
-    # Session 21: compiled only, never run; no table row takes them.
-    mlp1_gluon: bool = False
-    mlp2_gluon: bool = False
-    # the Gluon kernels persistent: as many programs as fit on the SMs at once, each running tiles pid, pid + grid,
-    # ... and requesting its next tile's first copies before the current tile's epilogue (1 program an SM on 8 warps)
-    gluon_persistent: bool = False
 
     @property
     def fused_requant(self) -> bool:
@@ -221,20 +199,16 @@ class MoeConfig:
             return (f"oneshot mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps} mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}"
                     + (" per-pair" if self.mlp2_per_pair else ""))
         if self.gemv:
-            return (f"gemv{'-fma' if self.gemv_fma else ''} m{self.block_m} "
+            return (f"gemv m{self.block_m} "
                     f"mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}/k{self.mlp1_split_k} "
-                    f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}/k{self.mlp2_split_k}"
-                    + (" fc" if self.fuse_combine else "") + (" pdl" if self.pdl else ""))
+                    f"mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}/k{self.mlp2_split_k}")
         text = (f"m{self.block_m} mlp1 n{self.mlp1_block_n}/w{self.mlp1_warps}/s{self.mlp1_stages}"
                 + ("/1dot" if self.mlp1_one_dot else "")
                 + (f"/p{self.mlp1_passes}" if self.mlp1_passes > 1 else "")
-                + (f"/r{self.mlp1_maxnreg}" if self.mlp1_maxnreg else "")
                 + f" mlp2 n{self.mlp2_block_n}/w{self.mlp2_warps}/s{self.mlp2_stages}"
-                + (f"/r{self.mlp2_maxnreg}" if self.mlp2_maxnreg else "") + f" g{self.group_m}"
+                + f" g{self.group_m}"
                 + (" tma" if self.tma else "") + (" xptr" if self.tma and not self.tma_x else "")
-                + (" y16" if self.pair_out_bf16 else "")
-                + (" gluon" + "1" * self.mlp1_gluon + "2" * self.mlp2_gluon if self.mlp1_gluon or self.mlp2_gluon
-                   else "") + ("p" if self.gluon_persistent else ""))
+                + (" y16" if self.pair_out_bf16 else ""))
         if self.mlp1_split_k > 1 or self.mlp2_split_k > 1:
             text += f" k{self.mlp1_split_k}/{self.mlp2_split_k}"
         if self.align_chunk != 128:
@@ -242,144 +216,45 @@ class MoeConfig:
         return text
 
 
-# By token count (upper bound inclusive), for hidden 2880 / intermediate 2880 on an H200.
-# mlp1 always spans whole 128-column groups of h (256 W1 rows), so h is requantised once, in its
-# epilogue: quantising fp32 h inside mlp2's K loop instead costs ~30 instructions per element
-# per N tile (an IEEE division among them) and would make decode's mlp2 compute bound.
-# Decode (T <= 128) streams each touched expert's 25 MB once: at T=1, 4 experts x 23 mlp1 tiles
-# of 737 KB, and 4 x 90 mlp2 programs of 92 KB; mlp1 split 2 ways along K (184 programs) fills
-# the 132 SMs, of which 92 programs leave 40 idle.
-# Prefill is compute bound: 64-row blocks, each program's 128 h columns (256 W1 rows) in two
-# passes of 128 contiguous rows on one warpgroup (m64n128, as the dense GEMM's tile), 128-wide
-# mlp2 tiles, grouped for L2 reuse (see T > 128 below).
-#
-# Measured: H200 sweep, benchmarks/results/sweeps/moe.md (+ .json), "Sweep: fastest
-# bit-reproducible config per shape vs the table's" and the full sweep below it (every candidate
-# there ran without error and bit-reproducibly: none had to be excluded), us per layer,
-# 120b / 20b, old table -> new:
-# - T <= 2, split-K 2/1: T=1 63.7 -> 61.4 / 59.1 -> 57.3, T=2 94.5 -> 94.2 / 89.0 -> 87.4.
-#   (20b's T=1 best is 2/2 at 56.5; 120b's, 2/1, is taken.)
-# - T 3..16, split-K 2/2: T=4 156.1 -> 150.0 / 142.1 -> 138.2, T=8 250.1 -> 244.0 /
-#   179.1 -> 177.8, T=16 401.5 -> 385.8 / 239.6 -> 252.3. The models disagree where 120b is
-#   taken: T=16 (20b's best is 2/1 at 231.8: 2/2 costs 20b 5 % vs the old table), T=4 (20b's
-#   best, mlp1 s2 / mlp2 n64 s3 split 4/4 at 136.7, is 165.2 on 120b). At T=8 120b's 2/1 (243.8)
-#   is within noise of 2/2 and 8 % slower on 20b (193.6), so 2/2. T=3 and 9..15 not measured.
-# - T 17..32: unchanged, the sweep's best at T=32 (618.6 / 259.4; every split-K was slower).
-# - T 33..1024: unchanged, not measured by the sweep.
-# - T > 1024: mlp2 4 warps / 3 stages, group 4 (was 8 warps / 4 stages, group 8), measured at
-#   T=8192 only: 5027.8 -> 4677.3 / 4432.3 -> 4047.8 us (1.07x / 1.09x; max rel err vs moe_ref
-#   1.2e-2 / 7.1e-3 at 512 tokens). The 1024 boundary is kept (nothing measured near it); the
-#   new row equals the 129..1024 row except mlp2_stages 3 (that row not re-measured).
-# - T > 128 (session 7): mlp1 in two passes of 128 W1 rows on 4 warps (`mlp1_passes`, one-dot),
-#   mlp2 as the T > 1024 row above, one row for both old buckets. Per layer, the whole layer /
-#   mlp1 alone (profiler), old row -> new, same scalar-scale mlp2 in both (H200,
-#   benchmarks/results/diag_moe_prefill*.md): 120b 8192 tokens 4248 -> 3758 us / 2775 -> 2104;
-#   20b 8192: 3649 -> 2969 / 2449 -> 1758; 1024 tokens: 120b 1392 -> 1360 / 824 -> 727, 20b
-#   861 -> 784 / 410 -> 331. Output bits equal to the old row's on the same tokens (8192). Register
-#   caps (3 programs an SM) made the capped kernels slower (profiler: mlp1 +42-73 %, mlp2
-#   +9-25 %). The 129..1024 row's mlp2 had 4 stages, never measured against 3; the new row takes
-#   the measured 3.
-# - T 17..128 (session 8): the rows' tiles with mlp1 in two one-dot passes and TMA operand tiles.
-#   Kernels alone (profiler, benchmarks/results/sweeps/diag_moe_decode_tma_*.md), same bits, mlp1 / mlp2 us,
-#   row -> TMA: 120b T=32 368 -> 355 / 179 -> 173, T=64 497 -> 470 / 244 -> 228, T=128 585 -> 562 /
-#   290 -> 271; 20b 157 -> 152 / 78 -> 76, 159 -> 158 / 81 -> 74, 173 -> 157 / 90 -> 84. The two
-#   passes on pointer loads alone were no faster. The host spends 50-390 us more a layer (the x
-#   gather, descriptors), which a decode step's CUDA graph does not replay; eager calls of these
-#   sizes (short prefills, batches above the captured sizes) pay it every layer.
-# - T > 128 (session 8): operand tiles by TMA (MoeConfig.tma), mlp1 4 stages. Kernels alone, 8192
-#   tokens, same bits (benchmarks/results/diag_tma.md), shipped -> TMA: 120b mlp1 2105 -> 1879 us
-#   (3 stages 2031, 2 stages 3025), mlp2 1013 -> 904 (4 stages 997, 8 warps 1085); 20b 1862 ->
-#   1716, 862 -> 785; 120b TP4 (I 720, against its two-dot row) 797 -> 578, 450 -> 451.
-# - T > 128 (session 14): the pair sort (count + align) in chunks of 256 pairs, not 128: 8192 tokens, 120b's
-#   128 experts, 64-row blocks, same bits (benchmarks/results/diag_prefill_small.md): 53.5 -> 29.7 us a layer;
-#   512 needs 256 KB of shared memory (does not compile on an H200). Not measured below 8192 tokens.
-# - T > 128 (session 20): each pair's output stored as bf16 for the combine (MoeConfig.pair_out_bf16). 8192 tokens
-#   (benchmarks/results/diag_moe_prefill_y16.md): the combine 102.8 -> 56.7 us a 120b layer (103.9 -> 57.4 on 20b),
-#   mlp2 unchanged (802 -> 805); the whole 8k prefill, table / bf16 pairs / table again, ms
-#   (results/sweeps/bench_prefill_ab_*_s20.md): 120b 164.4 / 162.3 / 165.0, 20b 104.9 / 102.2. The output moves by
-#   y's rounding (Hugging Face's bf16 experts round y too): max rel vs moe_ref 7.1e-3 -> 8.1e-3 at full size.
-#   Not measured at 129..1024 tokens, which the row also covers.
-#
-# T <= 8: the GEMV path (`gemv=True`: one pair per program, 32 W1 / 64 W2 rows, K in 3 splits of 8
-# blocks, 5 stages), from the H200 GEMV sweep (benchmarks/results/sweeps/moe_gemv.md, fastest
-# bit-reproducible variant vs the split-K rows it replaces), us per layer, 120b / 20b: T=1 51.0 ->
-# 47.2 / 51.2 -> 46.7, T=2 84.6 -> 72.6 / 80.2 -> 70.4, T=4 139.9 -> 118.2 / 130.2 -> 111.4, T=8
-# 236.8 -> 210.4 / 175.3 -> 180.0 (20b 3 % slower at T=8: 120b's 13 % taken, as at T=16 above).
-# T 5..7 not measured. Its split-K sums h in another order than moe_ref: 3e-3 relative (fro)
-# against moe_ref on the kernel's routing, where the split-K rows are 3e-5 (h's e4m3 requantisation
-# rounds a few elements the other way).
-#
-# T <= 4: the one-shot path (`oneshot=True`, kernels/moe_decode.py), from the H200 sweep
-# (benchmarks/results/bench_moe_decode.md, 120b layer, whole layer incl. the front, vs the GEMV
-# rows above): T=1 47.1 -> 40.0 us (mlp1 n4/w4, mlp2 n1/w2), T=2 71.6 -> 65.8, T=4 118.8 -> 115.5
-# (mlp2 n2/w4). T=3 not measured (between two wins). Its mlp1 sums each 128-block in one pass
-# and adds the blocks in order; max rel err vs moe_ref 1.1e-3 / 1.7e-3 / 1.8e-4 (T = 1 / 2 / 4).
-# mlp2 is the per-pair kernel (8 W2 rows of one pair's expert, 4 warps): in the whole 120b decode
-# step with PDL, paired graphs (benchmarks/results/diag_pdl_pair.md), batch 1 -17 us (IQR
-# -20..-16) and batch 4 -56 us against n1/w2 / n2/w4 per token, logits bit-equal; n4/w2 and
-# n16/w8 per pair were slower. At T = 8 the one-shot path ties the GEMV row on 120b (216 vs 217
-# us) and loses on 20b (207 vs 181: 32 pairs on 32 experts, each pair re-reads its expert)
-# (results/sweeps/moe_decode_t8_*.md), so 5..8 tokens keep the GEMV row (where pairs are many for the
-# experts, session 17 takes blocks of sorted pairs instead: H200_MANY_PAIRS_CONFIGS below).
-#
-# T 9..16 (session 17): the 17..32 row's kernels (TMA_DECODE_ROW: blocks of 16 sorted pairs, two one-dot mlp1
-# passes, TMA tiles), never timed below 17 tokens before, with 64-wide mlp2 tiles, instead of the pointer-loaded
-# split-K row. The MoE layer alone, CUDA graphs over the same token batches (benchmarks/results/
-# bench_moe_tma_rows.md), us, split-K row -> TMA_DECODE_ROW / with 64-wide mlp2: T=16 120b 390.2 -> 358.2 / 356.1,
-# 20b 235.0 -> 231.7 / 227.7. In the whole decode step at 8k, paired CUDA graphs (diag_moe_row_b16.md, against
-# TMA_DECODE_ROW):
-# the split-K row +893.4 us on 120b (+5.71 %), +32.2 on 20b; the 64-wide mlp2 -112.6 / -95.0 us, bits equal.
-# T 17..32 (session 17): the same 64-wide mlp2 (was 32): 32 tokens, paired graphs (diag_moe_row_b32.md) 20b
-# -95.9 us (IQR -107.2..-88.0), 120b -107.4 (-120.6..-91.9), bits equal. Measured at 16 and 32 tokens only
-# (9..15 and 17..31 not), on the full experts (not TP shards).
-# Session 18: 5..128 tokens run these rows without the x gather launch (MoeConfig.tma_x off, see its comment).
-# The 9..16 row until session 17 (pointer loads, split-K 2/2), kept as the benchmarks' point of comparison.
-SPLIT_K_DECODE_ROW = MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3, mlp2_block_n=32,
-                               mlp2_warps=4, mlp2_stages=4, mlp1_split_k=2, mlp2_split_k=2)
-TMA_DECODE_ROW = MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4, mlp2_block_n=32, mlp2_warps=4,
-                           mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True)
-TMA_DECODE_ROW_WIDE_MLP2 = replace(TMA_DECODE_ROW, mlp2_block_n=64)
-# The table's rows: the same kernels with x's rows by pointers, no gather launch (MoeConfig.tma_x, session 18)
-TMA_DECODE_ROW_XPTR = replace(TMA_DECODE_ROW, tma_x=False)
-TMA_DECODE_ROW_WIDE_MLP2_XPTR = replace(TMA_DECODE_ROW_WIDE_MLP2, tma_x=False)
+# The 16-row TMA blocks of 9..128 tokens (and of 5..8 with many pairs): mlp1 in two one-dot passes of 128
+# W1 rows, operand tiles by TMA, x's rows loaded by pointers from the front's codes (no gather launch).
+TMA_DECODE_ROW_XPTR = MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4, mlp2_block_n=32,
+                                mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True, tma_x=False)
+TMA_DECODE_ROW_WIDE_MLP2_XPTR = replace(TMA_DECODE_ROW_XPTR, mlp2_block_n=64)
+# The same rows with x gathered into the sorted order by its own launch (tma_x): the benchmarks' comparison.
+TMA_DECODE_ROW = replace(TMA_DECODE_ROW_XPTR, tma_x=True)
+TMA_DECODE_ROW_WIDE_MLP2 = replace(TMA_DECODE_ROW_WIDE_MLP2_XPTR, tma_x=True)
+
+# By token count (upper bound inclusive), for hidden 2880 / intermediate 2880 on an H200; nothing is tuned
+# at run time. Every row requantises h once, in mlp1's epilogue (quantising fp32 h in mlp2's K loop would make
+# decode's mlp2 compute bound). The measurements behind each row: docs/decisions.md and this table's history.
 H200_HIDDEN_2880_CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
+    # 1 token: the one-shot kernels (moe_decode.py), no sort, mlp2 per pair, its combine by the last arriver
     (1, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
+    # 2..4 tokens: the same; each pair re-reads its expert, cheaper than a sort while pairs are few
     (4, MoeConfig(1, 4, 4, 1, 8, 4, 1, oneshot=True, mlp2_per_pair=True)),
+    # 5..8 tokens: the GEMV path, one pair a program, each expert's slab streamed once through 5 stages, K in 3
     (8, MoeConfig(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=3, mlp2_split_k=3, gemv=True)),
+    # 9..16 tokens: 16-row sorted blocks, so an expert picked by several tokens is read once; 64-wide mlp2 tiles
     (16, TMA_DECODE_ROW_WIDE_MLP2_XPTR),
+    # 17..32 tokens: the same row
     (32, TMA_DECODE_ROW_WIDE_MLP2_XPTR),
+    # 33..128 tokens: the same blocks, mlp1 in 3 stages (more programs an SM as the touched experts grow)
     (128, MoeConfig(block_m=16, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=3,
                     mlp2_block_n=64, mlp2_warps=4, mlp2_stages=4, mlp1_one_dot=True, mlp1_passes=2, tma=True,
                     tma_x=False)),
+    # prefill (compute bound): 64-row blocks, m64n128 passes on one warpgroup as the dense GEMM's tile, x gathered
+    # for TMA, grouped for L2 reuse, the sort in 256-pair chunks, bf16 pair outputs (half the combine's bytes)
     (1 << 62, MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=4, mlp1_stages=4,
                         mlp2_block_n=128, mlp2_warps=4, mlp2_stages=3, group_m=4, mlp1_one_dot=True, mlp1_passes=2,
                         tma=True, align_chunk=256, pair_out_bf16=True)),
 )
 
 
-# The prefill row before session 7 (two dots over gate / linear rows on 8 warps): the tests' and the
-# diagnosis's point of comparison, no longer in the table. Session 7's table kept it for shards
-# narrower than 1440 (120b TP4: the pointer-loaded two-pass row was 10-17 % slower on the model
-# step, benchmarks/results/sweeps/bench_prefill_ab_*.md); with TMA tiles the two-pass row is the
-# faster at 720 too (mlp1 797 -> 578 us, diag_tma.md), so one row serves every width. Not measured:
-# 120b TP8 (I 360), where h's 360-byte rows keep mlp2 on pointer loads (mlp1 still loads by TMA),
-# with 3 mlp2 stages at 129..1024 tokens where the old narrow row had 4.
-TWO_DOT_PREFILL_CONFIG = MoeConfig(block_m=64, mlp1_block_n=128, mlp1_warps=8, mlp1_stages=3, mlp2_block_n=128,
-                                   mlp2_warps=4, mlp2_stages=3, group_m=4)
-
-
 # (min tokens, max tokens, config) taken before H200_HIDDEN_2880_CONFIGS where the pairs are at least 7/8 of the
-# router's experts (8 * tokens * top_k >= 7 * E), so many touched experts carry more than one pair. The GEMV
-# row (one pair a program) then streams such an expert from HBM once per pair; a block of 16 sorted pairs reads
-# it once. Session 17, paired CUDA graphs of the whole decode step at 8k context, 8 tokens
-# (benchmarks/results/diag_moe_row_b8.md): 20b (32 pairs on 32 experts) 5908.5 -> 5596.9 us (-312.3, IQR
-# -316.9..-306.2; the MoE layer alone 180.7 -> 168.8 us, ~20 experts touched, bench_moe_tma_rows.md); on 120b
-# (32 pairs on 128 experts, ~27.5 touched) the same row is +919.2 us (layer 207.1 -> 230.6), so it keeps the
-# GEMV row. The bound is where the 20b layer alone crossed over (bench_moe_tma_rows_t5_7.md, GEMV -> this row,
-# us): 7 tokens (28 pairs) 164.1 -> 157.4, 6 tokens (24 pairs) 151.1 -> 157.6. At 5 tokens (20 pairs, below the
-# bound) this row took 133.4 against the GEMV row's 129.5, but three 64-wide-mlp2 variants 124.9-127.0: a
-# possible win below the bound, from one run of one token count, not taken. Not measured: 7 tokens in the
-# step, and the experts' tensor-parallel shards (I 1440 / 720), which the rule also covers.
+# router's experts (8 * tokens * top_k >= 7 * E), so many touched experts carry more than one pair: the GEMV row
+# (one pair a program) would stream such an expert from HBM once per pair, a block of 16 sorted pairs reads it
+# once (20b at 7..8 tokens; 120b's 128 experts keep the GEMV row).
 H200_MANY_PAIRS_CONFIGS: tuple[tuple[int, int, MoeConfig], ...] = ((5, 8, TMA_DECODE_ROW_XPTR),)
 
 
@@ -406,8 +281,7 @@ def decode_gemv_variants(num_tokens: int) -> list[MoeConfig]:
     (32 KB of weight), 5 stages (the whole slab in flight from the start): 46 / 48 registers,
     50 KB (4 programs an SM: ~128 KB in flight per SM, ~4x what HBM's latency needs at 4.2 TB/s);
     2 K blocks, 3 stages: 71 / 40, 30 KB; 8 blocks, 5 or 9 stages: 40 / 40 or 57, 50 or 90 KB;
-    128-row tiles: 64 / 97 (4 warps), 40 / 40 (8 warps), 90 KB; fused combine (+ PDL): mlp2 84;
-    FMA (slab in registers): 95 / 95, no shared memory. 2 rows: mlp1 64; 4 rows: mlp1 110 (its
+    128-row tiles: 64 / 97 (4 warps), 40 / 40 (8 warps), 90 KB. 2 rows: mlp1 64; 4 rows: mlp1 110 (its
     last arriver's loads), mlp2 40. No spills. Not listed: 8 rows (mlp1 128-254 registers)."""
     C = MoeConfig
     base = C(1, 32, 4, 5, 64, 4, 5, mlp1_split_k=6, mlp2_split_k=6, gemv=True)
@@ -418,11 +292,6 @@ def decode_gemv_variants(num_tokens: int) -> list[MoeConfig]:
         replace(base, mlp1_stages=9, mlp2_stages=9, mlp1_split_k=3, mlp2_split_k=3),  # all in flight
         replace(base, mlp1_block_n=64, mlp2_block_n=128),  # 128-row tiles
         replace(base, mlp1_block_n=64, mlp2_block_n=128, mlp1_warps=8, mlp2_warps=8),
-        replace(base, fuse_combine=True),
-        replace(base, fuse_combine=True, pdl=True),
-        replace(base, gemv_fma=True, mlp1_stages=1, mlp2_stages=1),
-        replace(base, gemv_fma=True, mlp1_stages=1, mlp2_stages=1, mlp1_block_n=16, mlp2_block_n=32,
-                mlp1_split_k=3, mlp2_split_k=3),
     ]
     # rows of one expert per program: worth it only where an expert is picked by several tokens
     out += [replace(base, block_m=bm) for bm in (2, 4) if bm <= num_tokens]
@@ -435,11 +304,9 @@ def _check_config(config: MoeConfig) -> None:
         if value < 1 or value & (value - 1):
             raise ValueError(f"MoeConfig.{name} must be a power of two, got {value}")
     if config.oneshot:
-        if (config.gemv or config.mlp1_one_dot or config.fuse_combine or config.pdl or config.mlp1_passes != 1
-                or config.mlp1_maxnreg or config.mlp2_maxnreg or config.tma or config.pair_out_bf16
-                or config.mlp1_gluon or config.mlp2_gluon or config.gluon_persistent):
-            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, maxnreg, "
-                             "fuse_combine, pdl, tma, pair_out_bf16, mlp*_gluon do not apply")
+        if config.gemv or config.mlp1_one_dot or config.mlp1_passes != 1 or config.tma or config.pair_out_bf16:
+            raise ValueError("MoeConfig.oneshot: its own kernels; gemv, mlp1_one_dot, mlp1_passes, tma, "
+                             "pair_out_bf16 do not apply")
         return
     if config.gemv:
         # W rows per program within one 128-row scale block; >= 16 for tl.dot (64 feeds wgmma)
@@ -447,44 +314,18 @@ def _check_config(config: MoeConfig) -> None:
             raise ValueError("MoeConfig.gemv: block_m <= 16, mlp1_block_n 8..64, mlp2_block_n 16..128")
         if not (1 <= config.mlp1_split_k <= 64 and 1 <= config.mlp2_split_k <= 64):
             raise ValueError("MoeConfig.gemv: split_k must be in 1..64")
-        if config.gemv_fma and config.block_m != 1:
-            raise ValueError("MoeConfig.gemv_fma: one row per program (block_m 1)")
-        if (config.mlp1_one_dot or config.mlp1_passes != 1 or config.mlp1_maxnreg or config.mlp2_maxnreg
-                or config.tma or config.pair_out_bf16 or config.mlp1_gluon or config.mlp2_gluon
-                or config.gluon_persistent):
-            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, maxnreg, tma, pair_out_bf16, mlp*_gluon: the "
-                             "grouped kernels only, not gemv")
+        if config.mlp1_one_dot or config.mlp1_passes != 1 or config.tma or config.pair_out_bf16:
+            raise ValueError("MoeConfig.mlp1_one_dot, mlp1_passes, tma, pair_out_bf16: the grouped kernels only, "
+                             "not gemv")
         return
     if config.mlp2_per_pair:
         raise ValueError("MoeConfig.mlp2_per_pair: the one-shot path only")
-    for name in ("mlp1_maxnreg", "mlp2_maxnreg"):
-        value = getattr(config, name)
-        if value and not (24 <= value <= 255 and value % 8 == 0):
-            raise ValueError(f"MoeConfig.{name}: 0 or a multiple of 8 in 24..255, got {value}")
     if config.mlp1_passes != 1:
         if config.mlp1_passes != 2 or not config.mlp1_one_dot or config.mlp1_split_k != 1:
             raise ValueError(f"MoeConfig.mlp1_passes: 1, or 2 with mlp1_one_dot and no mlp1 split-K, "
                              f"got {config.mlp1_passes}")
         if not 16 <= config.mlp1_block_n <= 128:
             raise ValueError("MoeConfig.mlp1_passes: 16..128 W1 rows a pass (mlp1_block_n, two passes)")
-    if config.mlp1_gluon and not (config.tma and config.tma_x and config.mlp1_block_n == 128):
-        raise ValueError("MoeConfig.mlp1_gluon: the TMA rows with x gathered (tma, tma_x) and two passes of 128 W1 "
-                         "rows (mlp1_block_n 128)")
-    if config.mlp2_gluon and not config.tma:
-        raise ValueError("MoeConfig.mlp2_gluon: the TMA rows (tma)")
-    if config.gluon_persistent and not (config.mlp1_gluon or config.mlp2_gluon):
-        raise ValueError("MoeConfig.gluon_persistent: the Gluon kernels' option (mlp1_gluon / mlp2_gluon)")
-    if config.mlp1_gluon or config.mlp2_gluon:
-        from .fp8_gluon import gluon_tile_error  # here, not at import: Gluon only where a config asks for it
-
-        # checked here, on any machine, not first at a launch on the GPU; mlp1 on 8 warps runs its 256 W1 rows
-        # in one pass (a warpgroup each half), on 4 in two passes of 128
-        mlp1_rows = 256 if config.mlp1_warps == 8 else 128
-        for used, n, warps, stages in ((config.mlp1_gluon, mlp1_rows, config.mlp1_warps, config.mlp1_stages),
-                                       (config.mlp2_gluon, config.mlp2_block_n, config.mlp2_warps, config.mlp2_stages)):
-            error = used and gluon_tile_error(config.block_m, n, warps, stages)
-            if error:
-                raise ValueError(f"MoeConfig.mlp*_gluon: {error}")
     if config.tma and (config.mlp1_passes != 2 or config.mlp2_split_k != 1 or not config.fused_requant
                        or max(config.block_m, config.mlp2_block_n) > 256):
         raise ValueError("MoeConfig.tma: two mlp1 passes, h requantised by mlp1, no mlp2 split-K, tiles of "
@@ -493,8 +334,6 @@ def _check_config(config: MoeConfig) -> None:
         raise ValueError("MoeConfig.pair_out_bf16: mlp2's K splits are summed in fp32 (mlp2_split_k 1)")
     if not config.tma_x and not config.tma:
         raise ValueError("MoeConfig.tma_x: x's loads with TMA or by pointers apply to the TMA rows only (tma)")
-    if config.fuse_combine or config.gemv_fma or config.pdl:
-        raise ValueError("MoeConfig: fuse_combine, gemv_fma and pdl need gemv")
     if config.block_m < 16 or config.mlp1_block_n < 16 or config.mlp2_block_n < 16:
         raise ValueError("MoeConfig: block_m and block_n must be >= 16 (tensor-core tile)")
     if not (1 <= config.mlp1_split_k <= 8 and 1 <= config.mlp2_split_k <= 8):
@@ -1370,8 +1209,7 @@ def _mlp2_kernel(
 
 @triton.jit
 def _gemv_slab(W_ROWS, w_row_ok, X_COLS, x_col_ok, col_kb, sc, k_len, kb_count,
-               ROWS: tl.constexpr, BLOCK_W: tl.constexpr, NCOL: tl.constexpr,
-               USE_DOT: tl.constexpr, DOT_FP32: tl.constexpr):
+               ROWS: tl.constexpr, BLOCK_W: tl.constexpr, NCOL: tl.constexpr, DOT_FP32: tl.constexpr):
     """One program's weight slab (BLOCK_W rows x kb_count <= NCOL // ROWS K blocks) times its ROWS
     activation rows -> [ROWS, BLOCK_W] fp32: per 128-block sums, each scaled by a_scale * w_scale.
 
@@ -1380,50 +1218,30 @@ def _gemv_slab(W_ROWS, w_row_ok, X_COLS, x_col_ok, col_kb, sc, k_len, kb_count,
     a padding column); x_col_ok false for padding and for rows past the pairs; sc [NCOL] the
     column's a_scale * w_scale (0 where not ok); k_len: valid K from the slab's start.
 
-    USE_DOT (swap-AB, as fp8_gemm's decode GEMV: the weight is the MMA's 64+-row side, x the
-    NCOL >= 16 side): iteration i loads x only into block i's columns (the rest are masked, so
+    Swap-AB, as fp8_gemm's decode GEMV: the weight is the MMA's 64+-row side, x the
+    NCOL >= 16 side: iteration i loads x only into block i's columns (the rest are masked, so
     the copy writes zeros without reading), so column (i, r) of dot_i is block i's sum for row r
     and every other column an exact 0. Each column thus collects its one block, scaled by a
     loop-invariant factor, and one sum over the block axis after the loop gives the rows. The x
     tile rides the weight's cp.async stages: nothing in the loop waits on any other load (in
-    `_mlp1_kernel` each iteration waited for its x and weight scales, never pipelined).
-    FMA (not USE_DOT, ROWS == 1: two rows take 255 registers and spill): the slab [BLOCK_W,
-    blocks, 128] and x in one load each (registers), exact e4m3 products, fp32 sums per block."""
+    `_mlp1_kernel` each iteration waited for its x and weight scales, never pipelined)."""
     offs_k = tl.arange(0, 128)
     CB: tl.constexpr = NCOL // ROWS  # column blocks: >= the slab's K blocks
-    if USE_DOT:
-        acc_c = tl.zeros([BLOCK_W, NCOL], dtype=tl.float32)
-        w_ptrs = W_ROWS[:, None] + offs_k[None, :]
-        x_ptrs = X_COLS[:, None] + offs_k[None, :]
-        for i in range(0, kb_count):
-            k_ok = offs_k < k_len - i * 128
-            w = tl.load(w_ptrs, mask=w_row_ok[:, None] & k_ok[None, :], other=0.0)
-            xt = tl.load(x_ptrs, mask=(x_col_ok & (col_kb == i))[:, None] & k_ok[None, :], other=0.0)
-            if DOT_FP32:  # interpreter: exact products, fp32 sums (its tl.dot is a slow numpy loop)
-                d = tl.sum(w.to(tl.float32)[:, None, :] * xt.to(tl.float32)[None, :, :], axis=2)
-            else:
-                d = tl.dot(w, tl.trans(xt))  # [BLOCK_W, NCOL]
-            acc_c += d * sc[None, :]
-            w_ptrs += 128
-            x_ptrs += 128
-        return tl.trans(tl.sum(tl.reshape(acc_c, [BLOCK_W, CB, ROWS]), axis=1))
-    else:
-        offs_b = tl.arange(0, CB)
-        kk = offs_b[:, None] * 128 + offs_k[None, :]  # [CB, 128] from the slab's first K
-        k_ok = (offs_b < kb_count)[:, None] & (kk < k_len)
-        wf = tl.load(W_ROWS[:, None, None] + kk[None, :, :], mask=w_row_ok[:, None, None] & k_ok[None, :, :],
-                     other=0.0).to(tl.float32)  # [BLOCK_W, CB, 128]
-        xf = tl.load(X_COLS[:, None] + kk, mask=(x_col_ok & (col_kb >= 0))[:, None] & k_ok,
-                     other=0.0).to(tl.float32)  # [CB, 128]
-        d = tl.sum(wf * tl.reshape(xf, [CB, 128])[None, :, :], axis=2)  # [BLOCK_W, CB] (ROWS == 1)
-        return tl.sum(d * sc[None, :], axis=1)[None, :]
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """One `prefetch.global.L2` per element (compiled only)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
+    acc_c = tl.zeros([BLOCK_W, NCOL], dtype=tl.float32)
+    w_ptrs = W_ROWS[:, None] + offs_k[None, :]
+    x_ptrs = X_COLS[:, None] + offs_k[None, :]
+    for i in range(0, kb_count):
+        k_ok = offs_k < k_len - i * 128
+        w = tl.load(w_ptrs, mask=w_row_ok[:, None] & k_ok[None, :], other=0.0)
+        xt = tl.load(x_ptrs, mask=(x_col_ok & (col_kb == i))[:, None] & k_ok[None, :], other=0.0)
+        if DOT_FP32:  # interpreter: exact products, fp32 sums (its tl.dot is a slow numpy loop)
+            d = tl.sum(w.to(tl.float32)[:, None, :] * xt.to(tl.float32)[None, :, :], axis=2)
+        else:
+            d = tl.dot(w, tl.trans(xt))  # [BLOCK_W, NCOL]
+        acc_c += d * sc[None, :]
+        w_ptrs += 128
+        x_ptrs += 128
+    return tl.trans(tl.sum(tl.reshape(acc_c, [BLOCK_W, CB, ROWS]), axis=1))
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
@@ -1442,10 +1260,8 @@ def _mlp1_gemv_kernel(
     NCOL: tl.constexpr,  # x-side MMA columns: max(16, next_pow2(KBP * ROWS))
     SPLITS: tl.constexpr,  # cdiv(cdiv(H, 128), KBP)
     RED_CHUNK: tl.constexpr,  # splits per load in the last arriver's sum
-    USE_DOT: tl.constexpr,
     HAS_B1: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    PDL: tl.constexpr,  # mlp2 is launched as our programmatic dependent
     USE_PDL: tl.constexpr = False,  # kernels/pdl.py: wait before anything (the routing is the previous launch's)
 ):
     """Decode mlp1: program (split, block, tile) streams BLOCK_W rows of its block's expert over
@@ -1453,9 +1269,8 @@ def _mlp1_gemv_kernel(
     (splits) programs to arrive sums their partials (all splits per load, in fixed order: bits
     independent of arrival order), adds b1, applies the gpt-oss activation and requantises the
     group; then resets its counter (no memset per call)."""
-    if USE_PDL:  # kernels/pdl.py: the routing is the previous launch's
+    if USE_PDL:  # kernels/pdl.py: the routing is the previous launch's (inline: no nested call to interpret)
         gdc_wait()
-    if PDL or USE_PDL:  # mlp2's programs may start once all of ours are resident (they wait for h themselves)
         gdc_launch_dependents()
     # Program -> (split, block, tile), the split fastest: an h group's programs run close together,
     # so its last arriver's epilogue overlaps other programs' streaming rather than all of them
@@ -1491,7 +1306,7 @@ def _mlp1_gemv_kernel(
     w_rows = W1 + expert * stride_w1_e + wrows.to(tl.int64) * stride_w1_n + k_first * 128
     x_cols = XQ + col_token * hidden + k_first * 128
     acc = _gemv_slab(w_rows, w_row_ok, x_cols, col_ok, col_kb, x_scale * w_scale, hidden - k_first * 128,
-                     kb_count, ROWS, BLOCK_W, NCOL, USE_DOT, DOT_FP32)  # [ROWS, BLOCK_W]
+                     kb_count, ROWS, BLOCK_W, NCOL, DOT_FP32)  # [ROWS, BLOCK_W]
 
     offs_r = tl.arange(0, ROWS)
     rows = (block * ROWS + offs_r).to(tl.int64)
@@ -1536,15 +1351,14 @@ def _mlp1_gemv_kernel(
     tl.store(HS + rows * tl.cdiv(inter, 128) + group, scale, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "num_tokens"])
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _mlp2_gemv_kernel(
     HQ, HS,  # h as `_mlp1_gemv_kernel` left it
     W2, W2S, B2,  # [E, H, I] e4m3, [E, cdiv(H, 128), cdiv(I, 128)] fp32, [E, H]
     SORTED_PAIRS, BLOCK_EXPERT,
     PAIR_OUT,  # fp32 [T * TOP_K, H]: y per pair (b2 included)
-    PART, COUNTERS,  # fp32 [SPLITS, rows, H]; int32 per (block, n tile), then (FUSE_COMBINE) per (token, n tile)
-    TOPK_W, TOPK_IDS, OUT,  # FUSE_COMBINE: the combine's operands and output
-    num_pairs, hidden, inter, num_blocks, num_tokens, stride_out, expert_offset, num_local,
+    PART, COUNTERS,  # fp32 [SPLITS, rows, H]; int32 per (block, n tile)
+    num_pairs, hidden, inter, num_blocks,
     stride_w2_e, stride_w2_n, stride_w2s_e, stride_w2s_n, stride_b2_e,
     TOP_K: tl.constexpr,
     ROWS: tl.constexpr,
@@ -1553,29 +1367,14 @@ def _mlp2_gemv_kernel(
     NCOL: tl.constexpr,
     SPLITS: tl.constexpr,
     RED_CHUNK: tl.constexpr,
-    USE_DOT: tl.constexpr,
     HAS_B2: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    FUSE_COMBINE: tl.constexpr,
-    K_PAD: tl.constexpr,  # next_pow2(TOP_K)
-    ZERO_BLOCK_T: tl.constexpr,  # FUSE_COMBINE: tokens per zero-fill program (the grid's last ones)
-    PDL: tl.constexpr,  # launched as mlp1's programmatic dependent (see below)
-    KBP_P2: tl.constexpr,  # next_pow2(KBP): the prefetch's K blocks
-    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: wait and release where PDL does (without PDL: no prefetch)
+    USE_PDL: tl.constexpr = False,  # kernels/pdl.py: wait and release once the slab's addresses are known
 ):
     """Decode mlp2: as `_mlp1_gemv_kernel`, over W2; the last of a (block, n tile)'s splits sums
-    their partials in fixed order and adds b2 (no split: the program itself). FUSE_COMBINE: then
-    each token's last local pair to finish an n tile (a second counter per (token, n tile))
-    writes out = sum_j w_j y_j over its k slots in slot order (`_combine_kernel`'s maths, no
-    launch); the grid's last programs write zeros for tokens with no local pair (EP)."""
+    their partials in fixed order and adds b2 (no split: the program itself)."""
     num_n = tl.cdiv(hidden, BLOCK_N)
     pid = tl.program_id(0)
-    if FUSE_COMBINE:
-        main = SPLITS * num_blocks * num_n
-        if pid >= main:  # (reads only the routing: no wait for mlp1 under PDL)
-            _combine_zero_rows(pid - main, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
-                               TOP_K, K_PAD, ZERO_BLOCK_T)
-            return
     split = pid % SPLITS  # as in `_mlp1_gemv_kernel`
     block = (pid // SPLITS) % num_blocks
     tile = pid // SPLITS // num_blocks
@@ -1584,8 +1383,8 @@ def _mlp2_gemv_kernel(
     col_pair = tl.load(SORTED_PAIRS + col_row)
     expert = tl.load(BLOCK_EXPERT + block)
     # An unused block exits before any wait and stores nothing. If every block is unused (no local pair), the
-    # launch ends without waiting for mlp1 and its dependents may start while mlp1 runs: harmless, since
-    # mlp1's blocks are all unused then too and it stores nothing.
+    # launch ends without waiting for mlp1: harmless, since mlp1's blocks are all unused then too and it
+    # stores nothing.
     if expert < 0:
         return
     expert = expert.to(tl.int64)
@@ -1600,19 +1399,13 @@ def _mlp2_gemv_kernel(
     w_scale = tl.load(W2S + expert * stride_w2s_e + (tile * BLOCK_N // 128) * stride_w2s_n + k_first + col_kb,
                       mask=col_ok, other=0.0)
     w_rows = W2 + expert * stride_w2_e + cols.to(tl.int64) * stride_w2_n + k_first * 128
-    if PDL or USE_PDL:
-        if PDL:
-            # Started while mlp1 still runs (its programs all resident): the slab depends on the routing
-            # only, so pull it into L2 now, one prefetch per 128-byte line, then wait for h.
-            offs_b = tl.arange(0, KBP_P2)
-            lines = tl.where(n_ok, w_rows, W2)[:, None] + (tl.minimum(offs_b, kb_count - 1) * 128)[None, :]
-            _prefetch_l2(lines)
+    if USE_PDL:  # kernels/pdl.py: h is the previous launch's
         gdc_wait()
         gdc_launch_dependents()
     x_scale = tl.load(HS + col_row * num_kb + k_first + col_kb, mask=col_ok, other=0.0)  # h's: after the wait
     x_cols = HQ + col_row * inter + k_first * 128
     acc = _gemv_slab(w_rows, n_ok, x_cols, col_ok, col_kb, x_scale * w_scale, inter - k_first * 128,
-                     kb_count, ROWS, BLOCK_N, NCOL, USE_DOT, DOT_FP32)  # [ROWS, BLOCK_N]
+                     kb_count, ROWS, BLOCK_N, NCOL, DOT_FP32)  # [ROWS, BLOCK_N]
 
     offs_r = tl.arange(0, ROWS)
     rows = (block * ROWS + offs_r).to(tl.int64)
@@ -1641,52 +1434,8 @@ def _mlp2_gemv_kernel(
         acc += tl.load(B2 + expert * stride_b2_e + cols, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y_ptrs = PAIR_OUT + pairs.to(tl.int64)[:, None] * hidden + cols[None, :]
     tl.store(y_ptrs, acc, mask=ok)
-    if FUSE_COMBINE:
-        # rows of one block are distinct tokens (an expert appears once in a token's top-k)
-        tokens = (pairs // TOP_K).to(tl.int64)
-        offs_k = tl.arange(0, K_PAD)
-        ids = tl.load(TOPK_IDS + tokens[:, None] * TOP_K + offs_k[None, :],
-                      mask=row_ok[:, None] & (offs_k < TOP_K)[None, :], other=-1).to(tl.int32) - expert_offset
-        local = (ids >= 0) & (ids < num_local)
-        needed = tl.sum(local.to(tl.int32), axis=1)
-        counter2 = COUNTERS + num_blocks * num_n + tokens * num_n + tile
-        tl.debug_barrier()
-        arrived2 = tl.atomic_add(counter2, 1, mask=row_ok, sem="acq_rel", scope="gpu")
-        last = row_ok & (arrived2 == needed - 1)
-        if tl.max(last.to(tl.int32), axis=0) == 0:
-            return
-        tl.store(counter2, 0, mask=last)
-        tl.debug_barrier()
-        out = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        for j in tl.static_range(TOP_K):  # slot order, as `_combine_kernel`
-            mine = last & (tl.sum(tl.where(offs_k[None, :] == j, local.to(tl.int32), 0), axis=1) > 0)
-            w = tl.load(TOPK_W + tokens * TOP_K + j, mask=mine, other=0.0).to(tl.float32)
-            y = tl.load(PAIR_OUT + (tokens * TOP_K + j)[:, None] * hidden + cols[None, :],
-                        mask=mine[:, None] & n_ok[None, :], other=0.0, cache_modifier=".cg")
-            out += w[:, None] * y
-        if OUT.dtype.element_ty == tl.bfloat16:
-            out = _round_to_bf16(out)
-        tl.store(OUT + tokens[:, None] * stride_out + cols[None, :], out.to(OUT.dtype.element_ty),
-                 mask=last[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _combine_zero_rows(q, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
-                       TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Fused combine's other half: zeros for BLOCK_T tokens' rows that no local pair writes (EP)."""
-    tokens = q * BLOCK_T + tl.arange(0, BLOCK_T)
-    token_ok = tokens < num_tokens
-    tokens = tokens.to(tl.int64)
-    offs_k = tl.arange(0, K_PAD)
-    ok2 = token_ok[:, None] & (offs_k < TOP_K)[None, :]
-    ids = tl.load(TOPK_IDS + tokens[:, None] * TOP_K + offs_k[None, :], mask=ok2, other=0).to(tl.int32) - expert_offset
-    local = ok2 & (ids >= 0) & (ids < num_local)
-    empty = token_ok & (tl.sum(local.to(tl.int32), axis=1) == 0)
-    offs_h = tl.arange(0, 1024)
-    for c0 in range(0, hidden, 1024):
-        cols = c0 + offs_h
-        tl.store(OUT + tokens[:, None] * stride_out + cols[None, :],
-                 tl.zeros([BLOCK_T, 1024], dtype=OUT.dtype.element_ty), mask=empty[:, None] & (cols < hidden)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1697,10 +1446,9 @@ def _combine_zero_rows(q, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_
 @triton.jit(do_not_specialize=["num_tokens"])
 def _combine_kernel(PAIR_OUT, TOPK_W, TOPK_IDS, OUT, num_tokens, hidden, stride_out, expert_offset, num_local,
                     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT_K: tl.constexpr,
-                    PDL: tl.constexpr = False, USE_PDL: tl.constexpr = False):
-    if PDL or USE_PDL:  # launched before mlp2 finished (programmatic dependent launch): wait for all of it
+                    USE_PDL: tl.constexpr = False):
+    if USE_PDL:  # kernels/pdl.py: mlp2's pairs, then the next layer's kernels may start
         gdc_wait()
-    if USE_PDL:  # kernels/pdl.py: the next layer's kernels may start
         gdc_launch_dependents()
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     token_ok = tokens < num_tokens
@@ -1740,7 +1488,7 @@ COMBINE_BLOCK_T = 4
 # with the experts: H200, routing + x groups + sort, us, fused / chunked (benchmarks/results/
 # diag_front_sort.md, same outputs): 128 experts 14.3 / 20.4 at 17 tokens, 29.5 / 32.1 at 64, 79.6 / 41.4
 # at 96, 101.5 / 50.3 at 128; 32 experts 11.2 / 8.6 at 17, 19.4 / 11.3 at 64, 89.1 / 17.1 at 128. In the
-# decode step (session 15, separate runs, not paired; results/bench_decode_tp1_*chunked_sort.md): 20b ctx 8192
+# decode step (separate runs, not paired; results/bench_decode_tp1_*chunked_sort.md): 20b ctx 8192
 # batch 128 17.09 -> 15.61 ms (66 -> 72 % of copy bandwidth), batch 64 11.34 -> 11.06; 120b batch 128 at ctx
 # 4096 42.26 -> 39.82 ms. 64 local experts (120b EP2) not measured.
 FUSED_SORT_MAX_TOKENS = 64
@@ -2052,13 +1800,6 @@ def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out, num_
     num_local, inter = _check_weights(x.shape[1], w1, w1_scale_inv, b1, w2, w2_scale_inv, b2)
     config = config or select_config(x.shape[0], num_experts, top_k)
     _check_config(config)
-    if config.gemv_fma:
-        for rows, k_dim, split, warps in ((2 * config.mlp1_block_n, x.shape[1], config.mlp1_split_k, config.mlp1_warps),
-                                          (config.mlp2_block_n, inter, config.mlp2_split_k, config.mlp2_warps)):
-            blocks = gemv_shape(k_dim, config.block_m, split, False)[2] // config.block_m
-            if rows * blocks * QUANT_GROUP > GEMV_FMA_MAX_SLAB * 32 * warps:
-                raise ValueError(f"MoeConfig {config.short()}: an FMA slab of {rows} rows x {blocks} K blocks "
-                                 f"exceeds {GEMV_FMA_MAX_SLAB} bytes a thread: more splits or fewer rows")
     if out is None:
         out = torch.empty_like(x)
     elif out.shape != x.shape or out.stride(-1) != 1:
@@ -2069,19 +1810,16 @@ def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out, num_
 GEMV_COUNTERS_OWNER = "moe_gemv"  # mlp1's and mlp2's GEMV kernels: one stream, each leaves zeros
 # The last arriver's sum loads at most this many fp32 partials per thread at once.
 GEMV_REDUCE_MAX_REGS = 64
-# FMA GEMV programs hold their slab in registers: at most this many bytes per thread.
-GEMV_FMA_MAX_SLAB = 256
-COMBINE_ZERO_BLOCK_T = 16
 
 
-def gemv_shape(k_dim: int, rows: int, split_k: int, use_dot: bool) -> tuple[int, int, int]:
+def gemv_shape(k_dim: int, rows: int, split_k: int) -> tuple[int, int, int]:
     """(K blocks per program, splits, x-side columns) of a GEMV launch over K = k_dim: the
     config's split, no empty trailing split; NCOL = (K blocks, rows) columns as a power of two,
     at least 16 for the MMA."""
     num_kb = _cdiv(k_dim, QUANT_GROUP)
     kbp = _cdiv(num_kb, min(split_k, num_kb))
     ncol = _next_pow2(kbp * rows)
-    return kbp, _cdiv(num_kb, kbp), max(16, ncol) if use_dot else ncol
+    return kbp, _cdiv(num_kb, kbp), max(16, ncol)
 
 
 def _gemv_red_chunk(splits: int, per_split_values: int, warps: int) -> int:
@@ -2096,32 +1834,25 @@ def _counters(owner: str, n: int, dev: torch.device) -> torch.Tensor:
 
 def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert, max_blocks, w1, w1_scale_inv, b1,
                   w2, w2_scale_inv, b2, limit, expert_offset, num_local, inter, config, out):
-    """The decode GEMV path: `_mlp1_gemv_kernel`, `_mlp2_gemv_kernel` (+ `_combine_kernel` unless
-    the combine is fused into mlp2)."""
+    """The decode GEMV path: `_mlp1_gemv_kernel`, `_mlp2_gemv_kernel`, `_combine_kernel`."""
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     dev = x.device
     bm = config.block_m
     rows = max_blocks * bm
-    use_dot = not config.gemv_fma
     interpreted = dev.type == "cpu"
-    pdl = config.pdl and pdl_enabled(dev)  # griddepcontrol is sm90 PTX (not interpreted; SGLANG_EXT_PDL=0 too)
     chain = pdl_launch_kwargs(dev, num_tokens, "moe")  # kernels/pdl.py: each launch a dependent of the one before
-    tail = pdl_launch_kwargs(dev, num_tokens, "moe_combine")
-    launch = dict(launch_pdl=pdl or chain["launch_pdl"], USE_PDL=chain["USE_PDL"])
-    launch_combine = dict(launch_pdl=pdl or tail["launch_pdl"], USE_PDL=tail["USE_PDL"])
     block_w = 2 * config.mlp1_block_n
-    kbp1, splits1, ncol1 = gemv_shape(hidden, bm, config.mlp1_split_k, use_dot)
-    kbp2, splits2, ncol2 = gemv_shape(inter, bm, config.mlp2_split_k, use_dot)
+    kbp1, splits1, ncol1 = gemv_shape(hidden, bm, config.mlp1_split_k)
+    kbp2, splits2, ncol2 = gemv_shape(inter, bm, config.mlp2_split_k)
     hq = torch.empty((rows, inter), dtype=FP8, device=dev)
     hs = torch.empty((rows, _cdiv(inter, QUANT_GROUP)), dtype=torch.float32, device=dev)
     part1 = torch.empty((splits1, rows, 2 * inter), dtype=torch.float32, device=dev)
     block_n = config.mlp2_block_n
     n2 = _cdiv(hidden, block_n)
-    # mlp1: one per (block, h group); mlp2: per (block, n tile), then per (token, n tile)
-    counters = _counters(GEMV_COUNTERS_OWNER, max(max_blocks * _cdiv(inter, QUANT_GROUP),
-                                                  (max_blocks + num_tokens) * n2), dev)
+    # mlp1: one per (block, h group); mlp2: per (block, n tile)
+    counters = _counters(GEMV_COUNTERS_OWNER, max(max_blocks * _cdiv(inter, QUANT_GROUP), max_blocks * n2), dev)
     _mlp1_gemv_kernel[(splits1 * max_blocks * _cdiv(2 * inter, block_w),)](
         xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv, sorted_pairs, block_expert,
         hq, hs, part1, counters,
@@ -2130,31 +1861,28 @@ def _experts_gemv(x, topk_weights, topk_ids, xq, xs, sorted_pairs, block_expert,
         b1.stride(0) if b1 is not None else 0,
         TOP_K=top_k, ROWS=bm, BLOCK_W=block_w, KBP=kbp1, NCOL=ncol1, SPLITS=splits1,
         RED_CHUNK=_gemv_red_chunk(splits1, 2 * bm * QUANT_GROUP, config.mlp1_warps),
-        USE_DOT=use_dot, HAS_B1=b1 is not None, DOT_FP32=interpreted, PDL=pdl,
+        HAS_B1=b1 is not None, DOT_FP32=interpreted,
         num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
     )
     pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=dev)
     part2 = torch.empty((splits2, rows, hidden), dtype=torch.float32, device=dev) if splits2 > 1 else pair_out
-    fuse = config.fuse_combine
-    grid2 = splits2 * max_blocks * n2 + (_cdiv(num_tokens, COMBINE_ZERO_BLOCK_T) if fuse else 0)
-    _mlp2_gemv_kernel[(grid2,)](
+    _mlp2_gemv_kernel[(splits2 * max_blocks * n2,)](
         hq, hs, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv, sorted_pairs, block_expert,
-        pair_out, part2, counters, topk_weights, topk_ids, out,
-        num_pairs, hidden, inter, max_blocks, num_tokens, out.stride(0), expert_offset, num_local,
+        pair_out, part2, counters,
+        num_pairs, hidden, inter, max_blocks,
         w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
         b2.stride(0) if b2 is not None else 0,
         TOP_K=top_k, ROWS=bm, BLOCK_N=block_n, KBP=kbp2, NCOL=ncol2, SPLITS=splits2,
         RED_CHUNK=_gemv_red_chunk(splits2, bm * block_n, config.mlp2_warps),
-        USE_DOT=use_dot, HAS_B2=b2 is not None, DOT_FP32=interpreted, FUSE_COMBINE=fuse,
-        K_PAD=_next_pow2(top_k), ZERO_BLOCK_T=COMBINE_ZERO_BLOCK_T, PDL=launch["launch_pdl"], KBP_P2=_next_pow2(kbp2),
-        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **launch,
+        HAS_B2=b2 is not None, DOT_FP32=interpreted,
+        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **chain,
     )
-    if not fuse:
-        block_h = min(1024, _next_pow2(hidden))
-        _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
-            pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,
-            TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, SPLIT_K=1, PDL=pdl, num_warps=4, **launch_combine,
-        )
+    block_h = min(1024, _next_pow2(hidden))
+    _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
+        pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,
+        TOP_K=top_k, BLOCK_T=COMBINE_BLOCK_T, BLOCK_H=block_h, SPLIT_K=1, num_warps=4,
+        **pdl_launch_kwargs(dev, num_tokens, "moe_combine"),
+    )
     return out
 
 
@@ -2214,8 +1942,6 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
         part = torch.empty((split1, 2, rows, inter), dtype=torch.float32, device=dev)
         counters = _split_counters(max_blocks * n1, dev)
     x_desc = w1_desc = h_desc = w2_desc = None
-    gluon = (config.mlp1_gluon or config.mlp2_gluon) and gluon_supported(dev)
-    gluon1 = gluon2 = False  # the Gluon kernels run (they make their own descriptors: none built here for them)
     if config.tma:
         w1_rows = w1.view(-1, hidden) if w1.is_contiguous() else None  # [E * 2I, H]
         if w1_rows is not None and tma_2d_ok(xq) and tma_2d_ok(w1_rows):
@@ -2224,59 +1950,39 @@ def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
                 _gather_rows_kernel[(rows // GATHER_BLOCK_R,)](
                     xq, xg, sorted_pairs, block_expert, num_pairs, hidden, TOP_K=top_k, BLOCK_M=bm,
                     BLOCK_R=GATHER_BLOCK_R, BLOCK_H=min(1024, _next_pow2(hidden)), num_warps=4)
-            gluon1 = gluon and config.mlp1_gluon  # _check_config: only with tma_x
-            if not gluon1:
-                x_desc = descriptor(xg, [bm, QUANT_GROUP]) if config.tma_x else None
-                w1_desc = descriptor(w1_rows, [config.mlp1_block_n, QUANT_GROUP])
+            x_desc = descriptor(xg, [bm, QUANT_GROUP]) if config.tma_x else None
+            w1_desc = descriptor(w1_rows, [config.mlp1_block_n, QUANT_GROUP])
         w2_rows = w2.view(-1, inter) if w2.is_contiguous() else None  # [E * H, I]
         if w2_rows is not None and tma_2d_ok(hq) and tma_2d_ok(w2_rows):
-            gluon2 = gluon and config.mlp2_gluon
-            if not gluon2:
-                h_desc = descriptor(hq, [bm, QUANT_GROUP])
-                w2_desc = descriptor(w2_rows, [config.mlp2_block_n, QUANT_GROUP])
-    if gluon1:
-        from .moe_gluon import mlp1_gluon
-
-        mlp1_gluon(xg, xs, w1, w1_scale_inv, b1, sorted_pairs, block_expert, hq, hs, num_pairs, max_blocks, limit,
-                   SWIGLU_ALPHA, top_k, bm, config.mlp1_warps, config.mlp1_stages, config.group_m,
-                   persistent=config.gluon_persistent)
-    else:
-        _mlp1_kernel[(split1 * max_blocks * n1,)](
-            xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv,
-            sorted_pairs, block_expert, hq, hs, hf, part, counters,
-            num_pairs, hidden, inter, max_blocks, float(limit), SWIGLU_ALPHA,
-            w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
-            b1.stride(0) if b1 is not None else 0,
-            TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
-            HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
-            ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
-            x_desc=x_desc, w1_desc=w1_desc, TMA=w1_desc is not None, X_TMA=x_desc is not None,
-            num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
-            **({"maxnreg": config.mlp1_maxnreg} if config.mlp1_maxnreg and not interpreted else {}),
-        )
+            h_desc = descriptor(hq, [bm, QUANT_GROUP])
+            w2_desc = descriptor(w2_rows, [config.mlp2_block_n, QUANT_GROUP])
+    _mlp1_kernel[(split1 * max_blocks * n1,)](
+        xq, xs, w1, w1_scale_inv, b1 if b1 is not None else w1_scale_inv,
+        sorted_pairs, block_expert, hq, hs, hf, part, counters,
+        num_pairs, hidden, inter, max_blocks, float(limit), SWIGLU_ALPHA,
+        w1.stride(0), w1.stride(1), w1_scale_inv.stride(0), w1_scale_inv.stride(1),
+        b1.stride(0) if b1 is not None else 0,
+        TOP_K=top_k, BLOCK_M=bm, BLOCK_N=config.mlp1_block_n, GROUP_M=config.group_m,
+        HAS_B1=b1 is not None, FUSED_REQUANT=fused, DOT_FP32=interpreted, SPLIT_K=split1,
+        ONE_DOT=config.mlp1_one_dot, PASSES=config.mlp1_passes,
+        x_desc=x_desc, w1_desc=w1_desc, TMA=w1_desc is not None, X_TMA=x_desc is not None,
+        num_warps=config.mlp1_warps, num_stages=config.mlp1_stages, **chain,
+    )
     pair_bf16 = config.pair_out_bf16 and x.dtype == torch.bfloat16  # the kernels follow the buffer's dtype
     pair_out = torch.empty((split2, num_pairs, hidden), dtype=torch.bfloat16 if pair_bf16 else torch.float32,
                            device=dev)
     n2 = _cdiv(hidden, config.mlp2_block_n)
-    if gluon2:
-        from .moe_gluon import mlp2_gluon
-
-        mlp2_gluon(hq, hs, w2, w2_scale_inv, b2, sorted_pairs, block_expert, pair_out[0], num_pairs, max_blocks, bm,
-                   config.mlp2_block_n, config.mlp2_warps, config.mlp2_stages, config.group_m,
-                   persistent=config.gluon_persistent)
-    else:
-        _mlp2_kernel[(split2 * max_blocks * n2,)](
-            hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
-            sorted_pairs, block_expert, pair_out,
-            num_pairs, hidden, inter, max_blocks,
-            w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
-            b2.stride(0) if b2 is not None else 0,
-            BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
-            HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted, SPLIT_K=split2,
-            h_desc=h_desc, w2_desc=w2_desc, TMA=h_desc is not None,
-            num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **chain,
-            **({"maxnreg": config.mlp2_maxnreg} if config.mlp2_maxnreg and not interpreted else {}),
-        )
+    _mlp2_kernel[(split2 * max_blocks * n2,)](
+        hq, hs, hf, w2, w2_scale_inv, b2 if b2 is not None else w2_scale_inv,
+        sorted_pairs, block_expert, pair_out,
+        num_pairs, hidden, inter, max_blocks,
+        w2.stride(0), w2.stride(1), w2_scale_inv.stride(0), w2_scale_inv.stride(1),
+        b2.stride(0) if b2 is not None else 0,
+        BLOCK_M=bm, BLOCK_N=config.mlp2_block_n, GROUP_M=config.group_m,
+        HAS_B2=b2 is not None, A_IS_FP8=fused, DOT_FP32=interpreted, SPLIT_K=split2,
+        h_desc=h_desc, w2_desc=w2_desc, TMA=h_desc is not None,
+        num_warps=config.mlp2_warps, num_stages=config.mlp2_stages, **chain,
+    )
     block_h = min(1024, _next_pow2(hidden))
     _combine_kernel[(_cdiv(num_tokens, COMBINE_BLOCK_T), _cdiv(hidden, block_h))](
         pair_out, topk_weights, topk_ids, out, num_tokens, hidden, out.stride(0), expert_offset, num_local,

@@ -33,7 +33,7 @@ P = T * top_k (token, slot) pairs, pair p = t * top_k + j:
      widened to fp32, foreign pairs' y = 0, the same `acc += w * y` expression, so the same FMA
      contraction where the compiler contracts), so `out` is what `_combine_kernel` makes of the
      same per-pair outputs (`pair_out` exposes them for that check).
-     Or, with `OneshotConfig.mlp2_per_pair` (the table's choice since session 6),
+     Or, with `OneshotConfig.mlp2_per_pair` (the table's choice),
      `_mlp2_pair_oneshot_kernel`, grid (P, cdiv(H, mlp2_block_n)): program (p, n) holds one pair's
      W2 rows and that pair's h row only (mlp1's shape of work: h costs I bytes a program, not
      top_k x I), stores y_p, and the last of the token's top_k programs for the tile to reach an
@@ -83,7 +83,7 @@ from sglang_ext.kernels.moe import (
 )
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.layers.moe import SWIGLU_ALPHA
+from sglang_ext.kernels.reference import SWIGLU_ALPHA
 
 __all__ = ["OneshotConfig", "DEFAULT_ONESHOT", "oneshot_variants", "fused_moe_decode_oneshot",
            "fused_moe_fp8_oneshot", "quantize_h", "launch_mlp1", "launch_mlp2_combine", "moe_ref"]

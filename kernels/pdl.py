@@ -18,7 +18,7 @@ The rule every kernel here keeps (the correctness argument rests on it):
 All stores follow the wait, so no kernel writes while its predecessor may still read.
 
 `gdc_*` are inline PTX, which the interpreter cannot run: under TRITON_INTERPRET, or on a GPU
-older than sm90, or with SGLANG_EXT_PDL=0, `pdl_enabled` is False and the kernels compile without
+older than sm90 (or after `set_pdl(False)`), `pdl_enabled` is False and the kernels compile without
 them (USE_PDL is a constexpr).
 """
 
@@ -39,7 +39,7 @@ _override: bool | None = None  # set_pdl(): benchmarks compare both in one proce
 
 
 def set_pdl(enabled: bool | None) -> None:
-    """Force PDL on or off for launches from now on (None: back to the environment's choice).
+    """Force PDL on or off for launches from now on (None: back to the default, on where the GPU has it).
     CUDA graphs keep what they captured."""
     global _override
     _override = enabled
@@ -50,18 +50,13 @@ def pdl_enabled(device: torch.device) -> bool:
         return False
     if torch.cuda.get_device_capability(device)[0] < 9:
         return False
-    if _override is not None:
-        return _override
-    return os.environ.get("SGLANG_EXT_PDL", "1") != "0"
+    return _override is not False
 
 
-# Up to this many token rows a launch is a programmatic dependent. Batch 1-4 (the one-shot decode
-# kernels, session 6), H200, paired graphs: batch 1 120b 2773 -> 2600 us, batch 4 -1.4 %
-# (benchmarks/results/diag_pdl.md). At 5..16 rows the split-K GEMVs, the split-loop decode attention
-# and the MoE's GEMV / TMA rows had no wait of their own, so only the norms, the front and the merge
-# could start early: +0.2 % at batch 8 (results/history/diag_pdl_session6_every_row_count.md).
-# Session 19 gave each of them the wait (at its top: nothing but a request's length and row first),
-# so the 2..16-row chain runs as dependents too, but for the families PDL_PLAIN_FROM_ROWS names.
+# Up to this many token rows a launch is a programmatic dependent: every kernel of the 1..16-row decode chain
+# waits at its top (before it, nothing but a request's length and row), so the chain runs as dependents, but
+# for the families PDL_PLAIN_FROM_ROWS names. H200, paired graphs, batch 1 120b 2773 -> 2600 us
+# (benchmarks/results/diag_pdl.md).
 PDL_MAX_ROWS = 16
 
 
@@ -75,7 +70,7 @@ PDL_MAX_ROWS = 16
 #   every kernel a dependent        batch 4 -106.8 / -162.9, batch 8 -43.3 / +142.0, batch 16 +136.5 / +182.7
 #   moe plain                       batch 8  -75.0 / -93.4,  batch 16 +153.9 / +231.8
 #   moe and both GEMV kernels plain batch 8  -56.2 / -74.7,  batch 16  -68.5 / -100.3
-#   both GEMV kernels, attention, moe, moe_combine plain (at batch 4 near session 18's step, whose GEMVs and
+#   both GEMV kernels, attention, moe, moe_combine plain (at batch 4 near a step whose GEMVs and
 #   split-loop attention had no wait or release): batch 4 -78.2 / -124.5, batch 8 -24.4 / +1.2, 16 -33.2 / -68.4
 # (that run's "gemv" family held the x_once kernel too; "gemv_xonce" is its own family since)
 # so the MoE's mlp1 / mlp2 (GEMV and TMA rows) always, and the dense GEMV's K-loop kernel ("gemv": qkv at 5..16

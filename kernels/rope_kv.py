@@ -6,7 +6,7 @@ a gpt-oss-120b batch-1 layer on the H200, benchmarks/results/diag_decode_b1.md);
 reads q, k, v once from the GEMM output (any row stride), writes roped q for attention, and
 roped k and v straight into their cache slots.
 
-RoPE is gpt-oss's (`sglang_ext.layers.rope.apply_rope`): halves, not interleaved pairs;
+RoPE is gpt-oss's (the torch layer `apply_rope`, layers/rope.py): halves, not interleaved pairs;
 cos_sin rows hold cos in the first half and sin in the second (fp32); maths in fp32 with one
 explicit FMA per element (`rope_first_half` / `rope_second_half`, shared with the one-shot decode
 attention, which can do this work in its own launch), one rounding to the output dtype.

@@ -1,6 +1,6 @@
 """Paged attention with per-head sinks and an inclusive sliding window (gpt-oss), for extend and decode.
 
-Semantics are those of ``sglang_ext.layers.sink_attention.sink_attention_torch`` (SPEC §1):
+Semantics are those of the torch layer ``sink_attention_torch`` (layers/sink_attention.py; SPEC §1):
 ``window_left`` is the number of *earlier* keys a query sees (127 for gpt-oss's sliding layers: key j is
 visible to query i iff i - 127 <= j <= i), negative means full causal; every query head has one sink
 logit that joins the softmax denominator once and carries no value. GQA: q head h reads kv head
@@ -1244,7 +1244,7 @@ ONESHOT_MAX_BATCH = 4
 # programs still wait three memory latencies in a row (length -> slot ids -> K/V), which the merge
 # launch adds to: the read floor of 16.8 MB is 5.6 us (diag_floor.md).
 #
-# Session 10 (benchmarks/results/diag_sink_decode.md, ncu in logs/h200_session10_ncu_sink_decode.log): at 135
+# Why the register cap (benchmarks/results/diag_sink_decode.md, ncu): at 135
 # registers that pick ran 3 programs an SM, so its 512 programs took two waves (1.29 waves a launch); with
 # RoPE + the KV write in the launch (RopeKV) it held 192-242. Capped at 128 (4 spills) the 8k grid fits one
 # wave: fused 11.6 us vs 14.7 uncapped (unfused chain 15.1); in the whole step, paired graphs, 120b batch 1
@@ -1271,13 +1271,6 @@ def oneshot_config(batch: int, num_kv_heads: int, window_left: int, max_context:
     splits = max(1, min(max_splits, triton.cdiv(keys, chunk)))
     return DecodeConfig(num_splits=splits, block_n=chunk, min_split_blocks=1, num_warps=num_warps, num_stages=1,
                         fused_merge=False, prefetch=False, oneshot=True, v_late=v_late, max_regs=max_regs)
-
-
-def _old_config(splits: int) -> DecodeConfig:
-    """The previous launcher's choice: ~2 programs per SM (at most 32 splits), one key block at least
-    per split, the plain key loop, the merge as a second kernel."""
-    return DecodeConfig(num_splits=splits, block_n=64, min_split_blocks=1, num_warps=4, num_stages=3,
-                        fused_merge=False, prefetch=False)
 
 
 def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: int,
@@ -1332,7 +1325,9 @@ def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: 
 
     long = keys > LONG_KEYS
     if batch >= 16 or (batch == 1 and not long):
-        return _old_config(splits(2, 1, cap=32))
+        # ~2 programs per SM (at most 32 splits), one key block at least per split, the plain key loop
+        return DecodeConfig(num_splits=splits(2, 1, cap=32), block_n=64, min_split_blocks=1, num_warps=4,
+                            num_stages=3, fused_merge=False, prefetch=False)
     if batch <= 2 or (batch <= 4 and not long):
         return DecodeConfig(num_splits=splits(4, 2), block_n=64, min_split_blocks=2, num_warps=2, num_stages=3,
                             fused_merge=False, prefetch=True)
@@ -1396,16 +1391,14 @@ _rope_fusion_override: Optional[bool] = None  # set_rope_fusion(): benchmarks co
 
 def set_rope_fusion(enabled: Optional[bool]) -> None:
     """Force the decode's RoPE + KV write (RopeKV) inside its own launch (one-shot and split loop) on or off
-    from now on (None: back to SGLANG_EXT_ROPE_FUSION, default on). Off, rope_store_kv runs first.
-    CUDA graphs keep what they captured."""
+    from now on (None: back to the default, on: measured faster, see ONESHOT_PICKS' comment). Off,
+    rope_store_kv runs first. CUDA graphs keep what they captured."""
     global _rope_fusion_override
     _rope_fusion_override = enabled
 
 
 def rope_fusion_enabled() -> bool:
-    if _rope_fusion_override is not None:
-        return _rope_fusion_override
-    return os.environ.get("SGLANG_EXT_ROPE_FUSION", "1") != "0"
+    return _rope_fusion_override is not False
 
 
 COUNTERS_OWNER = "sink_attention_merge"
@@ -1451,7 +1444,7 @@ def sink_attention_decode(
     unrotated and this step's k / v are not in the cache yet: they are rotated and stored as
     ``rope_store_kv`` would, inside the decode's launch (``_sink_decode_oneshot_kernel``'s or
     ``_sink_decode_kernel``'s ROPE), or by rope_store_kv before it with the fusion off
-    (SGLANG_EXT_ROPE_FUSION=0); either way k_buffer / v_buffer hold them afterwards."""
+    (set_rope_fusion(False)); either way k_buffer / v_buffer hold them afterwards."""
     hq, hkv, d = _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map)
     _check_scale(scale, "sink_attention_decode")
     batch = q.shape[0]

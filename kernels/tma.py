@@ -37,18 +37,6 @@ def tma_supported(device: torch.device) -> bool:
     return device.type == "cuda" and sm_major(device.index) >= 9
 
 
-def gluon_supported(device: torch.device) -> bool:
-    """The Gluon kernels (kernels/fp8_gluon.py, moe_gluon.py) run here: compiled CUDA on sm_90 (Hopper's wgmma
-    and TMA) with Triton's Gluon; never interpreted (Gluon has no interpreter)."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or sm_major(device.index) != 9:
-        return False
-    try:
-        import triton.experimental.gluon  # noqa: F401
-    except ImportError:  # pragma: no cover - Triton before Gluon
-        return False
-    return True
-
-
 @lru_cache(maxsize=None)
 def sm_major(index: int | None) -> int:
     # cached: a 120b prefill asked ~300 times, ~10 us each under cProfile

@@ -37,7 +37,6 @@ FILE_SECONDS = {  # junit times of full runs (the newer entries from a run on a 
     "test_cli.py": 58,
     "test_probe_serving_bf16.py": 58,
     "test_kernel_moe_decode.py": 32,
-    "test_kernel_gluon.py": 30,
     "test_mxfp4_load.py": 27,
     "test_probe_kernel.py": 25,
     "test_bench_drivers.py": 22,

@@ -19,8 +19,7 @@ configuration once, in one of the two processes.
 
 Asserted: no launch raised; every launcher reached a kernel; every configuration has a non-empty cubin from PTX
 whose `.target` is sm_90a, with griddepcontrol where it waits for PDL and TMA copies where it takes descriptors;
-every `@triton.jit` function of the shipped kernel modules was code-generated into a compiled kernel (except the
-Gluon-only ones, GLUON_ONLY); no configuration of the sweep is an interpreter-only form; and the GPU-only regimes
+every `@triton.jit` function of the shipped kernel modules was code-generated into a compiled kernel; no configuration of the sweep is an interpreter-only form; and the GPU-only regimes
 (GPU_REGIMES) are among the compiled configurations.
 
 To check another Triton (e.g. the GPU image's 3.6), put it first on PYTHONPATH.
@@ -35,15 +34,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# kernels/*.py that this test does not drive: the Gluon GEMMs, rejected variants compiled by
-# tests/test_kernel_gluon.py (their own compile-only check)
-REJECTED_MODULES = {"fp8_gluon": "rejected Gluon dense GEMM (tests/test_kernel_gluon.py compiles it)",
-                    "moe_gluon": "rejected Gluon MoE GEMMs (tests/test_kernel_gluon.py compiles them)"}
-
-# `@triton.jit` functions of the shipped modules reachable only through the rejected Gluon variants: none
-# today (the Gluon kernels call no Triton helper of ours); a name here must exist and stay uncompiled.
-GLUON_ONLY: dict = {}
 
 # Constexprs that only the interpreter's forms set (TRITON_INTERPRET, CPU tensors): a compiled configuration
 # carrying one of them True means a launcher took its CPU branch.
@@ -62,7 +52,6 @@ PTX_MARKERS = ("wgmma.mma_async", "cp.async.bulk.tensor", "griddepcontrol")
 DEVICE_QUESTIONS = {
     ("pdl", "pdl_enabled"): "answered for cuda:0",
     ("tma", "tma_supported"): "answered for cuda:0",
-    ("tma", "gluon_supported"): "meta: no (the Gluon kernels are rejected; no served row asks for them)",
     ("fp8_gemm", "num_sms"): "answered for cuda:0",
     ("sink_attention", "_num_sms"): "answered for cuda:0",
     ("probe_attention", "_num_sms"): "answered for cuda:0",
@@ -191,13 +180,10 @@ def test_every_shipped_kernel_compiles_for_sm90a(tmp_path):
     for launcher, keys in report["launchers"].items():
         assert keys, f"launcher {launcher} reached no kernel"
         assert keys <= compiled, f"launcher {launcher}: {len(keys - compiled)} configurations compiled nowhere"
-    # every @triton.jit function of the shipped modules, compiled at least once (except the Gluon-only ones)
+    # every @triton.jit function of the shipped modules, compiled at least once
     shipped, reached = set(report["jit_functions"]), report["reached"]
     assert shipped, "no @triton.jit function found in the shipped modules"
-    for name, reason in GLUON_ONLY.items():
-        assert name in shipped, f"GLUON_ONLY names {name}, which is not a shipped @triton.jit function"
-        assert name not in reached, f"{name} ({reason}) compiled: it is not Gluon-only, drop it from GLUON_ONLY"
-    missing = sorted(shipped - reached - set(GLUON_ONLY))
+    missing = sorted(shipped - reached)
     assert not missing, f"shipped @triton.jit functions never compiled: {missing}"
     for c in configs:  # the Hopper instructions the configuration asks for are in its PTX
         if c["constexprs"].get("USE_PDL"):
@@ -401,9 +387,7 @@ def _fake_h200_device_answers():
 
 
 def _shipped_module_names() -> list:
-    names = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "kernels"))
-                   if f.endswith(".py") and f != "__init__.py")
-    return [n for n in names if n not in REJECTED_MODULES]
+    return sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "kernels")) if f.endswith(".py") and f != "__init__.py")
 
 
 def _jit_functions() -> list:
@@ -640,12 +624,11 @@ def _drive(out_path: str, shard: int, shards: int) -> None:
 def _drive_alternatives(sweep: _Sweep) -> None:
     """The shipped kernels and helpers that no served row compiles, once each at gpt-oss-120b's TP1 shapes: the
     split-K sums as their own launch (the fallback where the arrival counters cannot be made), the benchmarks'
-    rows that alone call `_mlp2_combine_oneshot_kernel` / `_mlp2_h_side`, `_combine_zero_rows` and `_prefetch_l2`,
-    and the interpreter's form that alone calls `_round_to_bf16_grid`. (Not every benchmark row: those are
-    options, not what the server runs.)"""
+    row that alone calls `_mlp2_combine_oneshot_kernel` / `_mlp2_h_side`, and the interpreter's form that alone
+    calls `_round_to_bf16_grid`. (Not every benchmark row: those are options, not what the server runs.)"""
     from dataclasses import replace
 
-    from sglang_ext.kernels import fp8_gemm, moe, moe_decode
+    from sglang_ext.kernels import fp8_gemm, moe_decode
 
     alt = "alternative: "
     w_qkv, b_qkv = _fp8_weight(5120, HIDDEN), _meta(5120)
@@ -662,11 +645,6 @@ def _drive_alternatives(sweep: _Sweep) -> None:
     router = (_meta(128, HIDDEN), _meta(128))
     experts = (*_fp8_weight(128, 2 * HIDDEN, HIDDEN), _meta(128, 2 * HIDDEN),
                *_fp8_weight(128, HIDDEN, HIDDEN), _meta(128, HIDDEN))
-    # the MoE decode GEMV row with the combine fused into mlp2 and mlp2 a programmatic dependent of mlp1 (bench_moe.py
-    # --gemv-sweep's; the table's GEMV row does neither)
-    gemv = next(c for c in moe.decode_gemv_variants(8) if c.fuse_combine and c.pdl)
-    sweep.launch(alt + "MoE GEMV row, fused combine + PDL", "T=8", moe.fused_moe_fp8, x8, *router, *experts,
-                 top_k=TOP_K, limit=LIMIT, config=gemv)
     # the one-shot MoE decode with mlp2 per token (bench_moe_decode.py's; the table's one-shot row runs it per pair)
     sweep.launch(alt + "one-shot MoE, per-token mlp2", "T=1", moe_decode.fused_moe_fp8_oneshot, x1, *router,
                  *experts, top_k=TOP_K, limit=LIMIT, config=moe_decode.DEFAULT_ONESHOT)

@@ -1,10 +1,9 @@
 """gpt-oss mixture of experts, torch path (SGLang-free).
 
-Routing (SPEC §1): router Linear with bias, top-k logits, softmax over those k only,
-in the model dtype (bf16 for the real model: the seed found it critical). Experts:
-mlp1 with bias, interleaved gate/up (even rows gate, odd rows linear),
-`glu = clamp(g, max=limit); lin = clamp(l, -limit, limit); glu * sigmoid(alpha * glu) * (lin + 1)`,
-mlp2 with bias, weighted sum over the k experts.
+Routing and the activation (`route`, `swiglu_oai`: SPEC §1) live with the kernels that reproduce them
+(`sglang_ext.kernels.reference`); the router's softmax runs in the model dtype (bf16 for the real model:
+the seed found it critical). Experts: mlp1 with bias, interleaved gate/up, the activation, mlp2 with bias,
+weighted sum over the k experts.
 
 Weights are stored as checkpoints' `[E, out, in]` after loading (`gate_up_proj`:
 [E, 2I, H], `down_proj`: [E, H, I]), so each expert is one `F.linear`. With tensor
@@ -17,24 +16,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SWIGLU_ALPHA = 1.702
-
-
-def route(
-    x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor, top_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (weights [T, k] in x.dtype, expert ids [T, k])."""
-    logits = F.linear(x, router_weight, router_bias)
-    top_values, top_ids = torch.topk(logits, top_k, dim=-1)
-    return torch.softmax(top_values, dim=-1, dtype=top_values.dtype), top_ids
-
-
-def swiglu_oai(gate_up: torch.Tensor, limit: float, alpha: float = SWIGLU_ALPHA) -> torch.Tensor:
-    gate, lin = gate_up[..., ::2], gate_up[..., 1::2]
-    gate = gate.clamp(max=limit)
-    lin = lin.clamp(min=-limit, max=limit)
-    return gate * torch.sigmoid(gate * alpha) * (lin + 1)
-
+from sglang_ext.kernel_select import use_triton
+from sglang_ext.kernels.reference import (  # noqa: F401  (re-exported: the layer's maths)
+    SWIGLU_ALPHA,
+    dequantize_activation_group128,
+    dequantize_weight_block128,
+    quantize_activation_group128,
+    route,
+    swiglu_oai,
+)
 
 # Up to this many (token, expert) pairs the experts run as one batched matmul over
 # gathered weights (decode); above it, one matmul per expert over its tokens (prefill).
@@ -108,8 +98,6 @@ def experts_torch(
 
 
 def _fake_quant_fp8(a: torch.Tensor) -> torch.Tensor:
-    from sglang_ext.layers.fp8 import dequantize_activation_group128, quantize_activation_group128
-
     shape = a.shape
     if a.numel() == 0:  # a tensor-parallel rank with no channels of I
         return a
@@ -150,10 +138,10 @@ def moe_forward(
     `return_routing` also returns (topk_weights, topk_ids), the routing the experts ran with
     (tensor parallelism adds mlp2's bias with it after the all-reduce: no second routing).
     """
-    from sglang_ext.kernel_select import use_triton
-
     fp8 = w1.dtype == torch.float8_e4m3fn
     if fp8 and use_triton(x.device):
+        # imported here: @triton.jit reads TRITON_INTERPRET when the kernel module is first imported, which
+        # must not happen before a CPU run sets it
         from sglang_ext.kernels.moe import fused_moe_fp8
 
         # Routing inside: for decode batches (T <= 16) one launch does the router GEMV, top-k, softmax,
@@ -163,8 +151,6 @@ def moe_forward(
                              return_routing=return_routing)
     weights, ids = route(x, router_weight, router_bias, top_k)
     if fp8:
-        from sglang_ext.layers.fp8 import dequantize_weight_block128
-
         w1 = dequantize_weight_block128(w1, w1_scale_inv, x.dtype)
         w2 = dequantize_weight_block128(w2, w2_scale_inv, x.dtype)
     out = experts_torch(x, weights, ids, w1, b1, w2, b2 if with_down_bias else None, limit, expert_offset,
