@@ -19,7 +19,6 @@ after every replay. Buffers a captured graph writes (features, scores) are never
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 import torch
@@ -137,31 +136,6 @@ class ProbeRuntime:
         self._batch = None  # (out_cache_loc, req_pool_indices, seq_lens, sample_rows) of this forward
         self._early: torch.Tensor | None = None
         self._early_inputs = None
-        self._last_tap_layer = max(self.tap_slot)  # taps may be listed in any order
-        # Decode on CUDA: the step runs on a side stream from the last tap on, beside the base
-        # model's remaining layers (its kernels are latency-bound: hidden, they cost ~nothing).
-        self.overlap = os.environ.get("SGLANG_EXT_PROBE_OVERLAP", "1") != "0"
-        # Where the side stream starts: "tap" = right after the deepest tap, beside the remaining
-        # layers; "head" = after the last layer, beside the LM head (one long bandwidth-bound GEMM,
-        # where the probe's bytes are all it takes from the step). Since the decode kernels became
-        # one-shot grids that fill every SM, "head" costs less: H200 batch 1 ctx 8k, 100 paired
-        # rounds, 120b 6.2 vs 9.6 us, 20b 5.5 vs 9.7 us (benchmarks/results/diag_decode_b1.md).
-        self.launch_point = os.environ.get("SGLANG_EXT_PROBE_LAUNCH", "head")
-        if self.launch_point not in ("tap", "head"):
-            raise ValueError(f"SGLANG_EXT_PROBE_LAUNCH={self.launch_point!r}: expected 'tap' or 'head'")
-        # The side stream's priority. PyTorch instantiates CUDA graphs with per-node priorities (the
-        # capturing stream's), so "high" lets the probe's few small launches take SM slots ahead of
-        # the base model's queued programs: they finish inside the step instead of waiting behind
-        # its wide one-shot grids and trailing it (diag_decode_b1.md measures both).
-        self.stream_priority = os.environ.get("SGLANG_EXT_PROBE_PRIORITY", "high")
-        if self.stream_priority not in ("high", "normal"):
-            raise ValueError(f"SGLANG_EXT_PROBE_PRIORITY={self.stream_priority!r}: expected 'high' or 'normal'")
-        # Decode: the step's kernels take seq_lens and subtract the 1 themselves (False: a torch launch
-        # does, as before session 20; benchmarks compare both)
-        self.positions_in_kernel = True
-        self.qkv_splits: int | None = None  # the q|k|v GEMV's K splits (None: probe_step's rule); benchmarks
-        self.attn_splits: int | None = None  # the attention's key-range splits (None: probe_step's rule); benchmarks
-        self.attn_block_n = 64  # the attention's keys per block; benchmarks
 
     def bind_kv_pools(self, req_to_token_pool, token_to_kv_pool) -> None:
         """Allocate the probe's K/V beside the base model's slots (once, before any graph capture)."""
@@ -186,15 +160,21 @@ class ProbeRuntime:
         self._workspace = ProbeStepWorkspace(device) if device.type == "cuda" else None
         self._side_stream = None
         if device.type == "cuda":
+            # Decode on CUDA: the step runs on this side stream beside the LM head (one long bandwidth-bound
+            # GEMM, where the probe's bytes are all it takes from the step), joined before the scores are read.
+            # Highest priority: PyTorch instantiates CUDA graphs with per-node priorities (the capturing
+            # stream's), so the probe's few small launches take SM slots ahead of the base model's queued
+            # programs and finish inside the step instead of trailing it. Starting after the deepest tap
+            # instead, or at normal priority, measured slower (benchmarks/results/diag_decode_b1.md).
             highest = torch.cuda.Stream.priority_range()[1]  # (least, greatest): lower numbers run first
-            self._side_stream = torch.cuda.Stream(device, priority=highest if self.stream_priority == "high" else 0)
+            self._side_stream = torch.cuda.Stream(device, priority=highest)
         logger.info("sglang-ext: probe K/V pool of %d slots x %d values", num_slots, 2 * self.config.head_dim)
 
     # -- taps ---------------------------------------------------------------------
     def expect_batch(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                      sample_rows: torch.Tensor | None) -> None:
         """This forward's batch, known before the layers run (see `step` for the arguments): lets
-        a decode step start right after the last tap instead of after the whole model."""
+        a decode step start on the side stream beside the LM head instead of after it."""
         self._drop_unjoined()
         self._batch = (out_cache_loc, req_pool_indices, seq_lens, sample_rows)
 
@@ -247,18 +227,16 @@ class ProbeRuntime:
         return self._features, slot * self.hidden_size, RMS_EPS
 
     def tapped(self, layer_id: int) -> None:
-        """Layer `layer_id`'s tap is in the features (written through `tap_target`)."""
-        if layer_id == self._last_tap_layer and self.launch_point == "tap":
-            self._launch_early()
+        """Layer `layer_id`'s tap is in the features (written through `tap_target`). Nothing to do: the
+        step starts once every layer ran (`layers_done`)."""
 
     def layers_done(self) -> None:
-        """The base model's last layer ran (the LM head is next): the "head" launch point."""
-        if self.launch_point == "head":
-            self._launch_early()
+        """The base model's last layer ran (the LM head is next): a decode step starts on the side stream."""
+        self._launch_early()
 
     def _launch_early(self) -> None:
         batch, self._batch = self._batch, None
-        if (batch is None or not self.overlap or self._side_stream is None or batch[3] is not None
+        if (batch is None or self._side_stream is None or batch[3] is not None
                 or not self._features.is_cuda):
             return
         main, side = torch.cuda.current_stream(), self._side_stream
@@ -298,8 +276,8 @@ class ProbeRuntime:
 
     def finish(self, out_cache_loc: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                sample_rows: torch.Tensor | None) -> torch.Tensor:
-        """The scores of this forward: the side stream's (joined) if the step started at the last
-        tap, else the step run now."""
+        """The scores of this forward: the side stream's (joined) if the step started beside the LM
+        head, else the step run now."""
         early = self._take_early()
         probs = early if early is not None else self.step(out_cache_loc, req_pool_indices, seq_lens, sample_rows)
         self._tapped = False  # the next forward must tap again before it is scored
@@ -328,13 +306,10 @@ class ProbeRuntime:
             # (seq_lens - 1) taken inside them (two more launches in the chain otherwise, each a gap
             # in which the LM head's programs take the SMs the probe's next launch needs).
             probs = torch.empty(features.shape[0], len(self.labels), dtype=torch.float32, device=features.device)
-            row_pos = None if self.positions_in_kernel else (seq_lens - 1).to(torch.int64)
             return probe_decode_step(features, self.w_qkv, self.kv_pool, out_cache_loc, self.req_to_token,
-                                     req_pool_indices, row_pos, self.window, self.scale,
+                                     req_pool_indices, None, self.window, self.scale,
                                      h.o_proj.weight, h.norm.weight, h.classifier.weight, h.classifier.bias,
-                                     probs, cfg.num_attention_heads, workspace=self._workspace,
-                                     seq_lens=seq_lens if row_pos is None else None, qkv_splits=self.qkv_splits,
-                                     attn_num_splits=self.attn_splits, block_n_attn=self.attn_block_n)
+                                     probs, cfg.num_attention_heads, workspace=self._workspace, seq_lens=seq_lens)
         row_pos = (seq_lens - 1).to(torch.int64)
         qkv = torch.nn.functional.linear(features, self.w_qkv)
         q = qkv[:, : cfg.num_attention_heads * cfg.head_dim].unflatten(-1, (cfg.num_attention_heads, cfg.head_dim))

@@ -144,8 +144,7 @@ def test_runtime_step_captured_in_a_cuda_graph_replays_fresh_batches():
 
     def step():
         # As the model runs it: the batch is announced first, so the step starts on the side
-        # stream at its launch point (after the last tap, or once the layers are done: a fork/join
-        # inside the captured graph) and joins at finish().
+        # stream once the layers are done (a fork/join inside the captured graph) and joins at finish().
         batch = (static.out_cache_loc, static.req_pool_indices, static.seq_lens, None)
         runtime.expect_batch(*batch)
         runtime.begin(padded, device)
@@ -202,25 +201,6 @@ def test_runtime_step_captured_in_a_cuda_graph_replays_fresh_batches():
     assert worst_ref < 2e-2
 
 
-def test_step_starts_after_the_deepest_tap_whatever_the_config_order(monkeypatch):
-    monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", "tap")  # the launch point this rule belongs to
-    cfg = ProbeConfig.from_dict({
-        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
-        "base_model_layer_ids": [5, 1, 3], "num_attention_heads": 2, "head_dim": 8,
-        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
-    head = SingProbeHead(cfg)
-    runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
-    launched_after = []
-    runtime._launch_early = lambda: launched_after.append(sorted(seen))
-    seen = []
-    runtime.begin(2, "cpu")
-    for layer in range(7):
-        runtime.capture(layer, torch.randn(2, 16))
-        if layer in (5, 1, 3):
-            seen.append(layer)
-    assert launched_after == [[1, 3]]  # called inside capture(5): taps 1 and 3 done, 5 being written
-
-
 def test_a_forward_whose_taps_did_not_run_is_refused_not_scored_with_stale_features():
     cfg = ProbeConfig.from_dict({
         "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
@@ -261,54 +241,31 @@ def test_prefill_backend_asked_in_the_json_config_is_refused_with_the_probe():
     assert ok.disable_prefill_cuda_graph is True
 
 
-def test_launch_point_head_starts_the_step_after_the_last_layer_not_at_the_tap(monkeypatch):
+def test_step_starts_after_the_last_layer_not_at_the_tap():
     cfg = ProbeConfig.from_dict({
         "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
         "base_model_layer_ids": [1, 3], "num_attention_heads": 2, "head_dim": 8,
         "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
     head = SingProbeHead(cfg)
     events = []
-    for point, want in (("tap", ["tap 3", "launch", "layers done"]), ("head", ["tap 3", "layers done", "launch"])):
-        monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", point)
-        runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
-        runtime._launch_early = lambda: events.append("launch")
-        events.clear()
-        runtime.begin(2, "cpu")
-        for layer in range(5):
-            target = runtime.tap_target(layer)
-            if target is not None:  # as the fused residual-norm kernel writes it
-                features, col0, _ = target
-                features[:2, col0:col0 + 16] = torch.randn(2, 16)
-                if layer == 3:
-                    events.append("tap 3")
-                runtime.tapped(layer)
-        events.append("layers done")
-        runtime.layers_done()
-        assert events == want, (point, events)
-    monkeypatch.setenv("SGLANG_EXT_PROBE_LAUNCH", "lm_head")
-    with pytest.raises(ValueError, match="SGLANG_EXT_PROBE_LAUNCH"):
-        ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
-
-
-def test_side_stream_priority_is_read_once_and_checked(monkeypatch):
-    """SGLANG_EXT_PROBE_PRIORITY picks the side stream's priority (default high: the probe's launches
-    go ahead of the base model's queued programs); a bad value fails at construction, naming it."""
-    cfg = ProbeConfig.from_dict({
-        "architectures": ["SingProbeAttnModel"], "model_type": "sing_probe_attn", "hidden_size": 16,
-        "base_model_layer_ids": [1, 3], "num_attention_heads": 2, "head_dim": 8,
-        "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
-    head = SingProbeHead(cfg)
-    monkeypatch.delenv("SGLANG_EXT_PROBE_PRIORITY", raising=False)
-    assert ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32).stream_priority == "high"
-    monkeypatch.setenv("SGLANG_EXT_PROBE_PRIORITY", "normal")
-    assert ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32).stream_priority == "normal"
-    monkeypatch.setenv("SGLANG_EXT_PROBE_PRIORITY", "urgent")
-    with pytest.raises(ValueError, match="SGLANG_EXT_PROBE_PRIORITY"):
-        ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
+    runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32)
+    runtime._launch_early = lambda: events.append("launch")
+    runtime.begin(2, "cpu")
+    for layer in range(5):
+        target = runtime.tap_target(layer)
+        if target is not None:  # as the fused residual-norm kernel writes it
+            features, col0, _ = target
+            features[:2, col0:col0 + 16] = torch.randn(2, 16)
+            if layer == 3:
+                events.append("tap 3")
+            runtime.tapped(layer)
+    events.append("layers done")
+    runtime.layers_done()
+    assert events == ["tap 3", "layers done", "launch"], events
 
 
 @pytest.mark.gpu
-def test_side_stream_priority_on_cuda(monkeypatch):
+def test_side_stream_priority_on_cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     cfg = ProbeConfig.from_dict({
@@ -316,9 +273,6 @@ def test_side_stream_priority_on_cuda(monkeypatch):
         "base_model_layer_ids": [1, 3], "num_attention_heads": 2, "head_dim": 8,
         "sliding_window": 4, "num_labels": 10, "torch_dtype": "float32"})
     head = SingProbeHead(cfg)
-    least, greatest = torch.cuda.Stream.priority_range()
-    for value, want in (("high", greatest), ("normal", 0)):
-        monkeypatch.setenv("SGLANG_EXT_PROBE_PRIORITY", value)
-        runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32, "cuda")
-        runtime.bind(torch.zeros(2, 16, dtype=torch.int32, device="cuda"), 40)
-        assert runtime._side_stream.priority == want
+    runtime = ProbeRuntime.from_weights(cfg, head.state_dict(), torch.float32, "cuda")
+    runtime.bind(torch.zeros(2, 16, dtype=torch.int32, device="cuda"), 40)
+    assert runtime._side_stream.priority == torch.cuda.Stream.priority_range()[1]  # the highest

@@ -169,7 +169,8 @@ TOOL_CALL_TURN = [{"role": "user", "content": "hi"},
 ], ids=["call_without_name", "builtin_tools_not_a_list", "model_identity_not_a_string"])
 def test_bad_tool_history_gets_400_naming_the_field(probe_server, change, message):
     """Our Harmony rendering of tool history (patches/harmony_prompt.py) answered these with 500s
-    ("'NoneType' object has no attribute 'split'", "'int' object is not iterable"): session 24's fuzz round."""
+    ("'NoneType' object has no attribute 'split'", "'int' object is not iterable") to malformed input (found by
+    fuzzing the server)."""
     body = {"model": "default", "max_tokens": 4, "messages": TOOL_CALL_TURN, **change}
     r = requests.post(probe_server.url + "/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
@@ -177,7 +178,7 @@ def test_bad_tool_history_gets_400_naming_the_field(probe_server, change, messag
 
 def test_anthropic_messages_answer_with_the_probe_on(probe_server):
     """/v1/messages calls the chat handler; with the probe's scores attached to the chat response it answered
-    every non-streamed request {"type": "error", "message": "Request failed"} (found by session 24's fuzzing)."""
+    every non-streamed request {"type": "error", "message": "Request failed"} (found by fuzzing the server)."""
     body = {"model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     r = requests.post(probe_server.url + "/v1/messages", json=body, timeout=300)
     assert r.status_code == 200, r.text[:300]
