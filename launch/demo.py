@@ -313,10 +313,8 @@ def generate_with_scores(url: str, input_ids: list[int], max_tokens: int, stop: 
         r.raise_for_status()
         for ev in sse_events(r):
             meta = ev.get("meta_info") or meta
-            got = meta.get("token_probe_probs") or []
-            # each chunk's meta_info holds the scores so far, or only the new ones with
-            # --incremental-streaming-output: keep whichever covers more
-            scores = got if len(got) >= len(scores) else scores + got
+            # each chunk's meta_info holds every score so far (the server streams cumulatively by default)
+            scores = meta.get("token_probe_probs") or scores
     return {"scores": scores, "finish_reason": meta.get("finish_reason"),
             "completion_tokens": int(meta.get("completion_tokens", len(scores)))}
 

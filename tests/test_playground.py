@@ -147,21 +147,28 @@ def test_page_shows_each_token_with_the_streams_scores_and_the_guard_stop(browse
     assert browser.save_screenshot(str(SCREENSHOT))
 
 
-# The stream cut and the probe-less server, as the page meets them: fetch answers these for the next calls.
-FAKE_SERVER = """
-const real = window.fetch;
-window.fetch = async (url, options) => {
-  if (url === '/playground/info') {
-    return new Response(JSON.stringify({probe: false, labels: [], operator_probe_stop: {}}),
-                        {headers: {'Content-Type': 'application/json'}});
-  }
-  if (url === '/v1/chat/completions') {
-    const piece = {choices: [{index: 0, delta: {content: 'Hello'}, logprobs: {content: [{token: 'Hello'}]}}]};
-    return new Response('data: ' + JSON.stringify(piece) + '\\n\\n', {headers: {'Content-Type': 'text/event-stream'}});
-  }
-  return real(url, options);
-};
-"""
+def fake_server(browser, info: dict, chunks: list, done: bool) -> None:
+    """The page's next fetches of /playground/info and /v1/chat/completions answer `info` and an SSE body of
+    `chunks` (ending in [DONE] if `done`): a probe-less server, a cut stream, channels the tiny model never uses."""
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + ("data: [DONE]\n\n" if done else "")
+    browser.execute_script("""
+      const [info, body] = [arguments[0], arguments[1]];
+      const real = window.fetch;
+      window.fetch = async (url, options) => {
+        if (url === '/playground/info') return new Response(info, {headers: {'Content-Type': 'application/json'}});
+        if (url === '/v1/chat/completions') return new Response(body, {headers: {'Content-Type': 'text/event-stream'}});
+        return real(url, options);
+      };""", json.dumps(info), body)
+    set_input(browser, "api-key", "")  # a changed key reloads /playground/info
+
+
+def chunk(delta, token=None, scores=None, finish=None):
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    if token is not None:
+        choice["logprobs"] = {"content": [{"token": token}]}
+    if scores is not None:
+        choice["token_probe_probs"] = [scores]
+    return {"choices": [choice]}
 
 
 def test_page_says_what_is_wrong_never_blank(browser, playground_server):
@@ -171,8 +178,8 @@ def test_page_says_what_is_wrong_never_blank(browser, playground_server):
     submit(browser, "   ")
     assert "prompt is empty" in browser.find_element(By.ID, "message").text
 
-    browser.execute_script(FAKE_SERVER)
-    set_input(browser, "api-key", "")  # a changed key reloads /playground/info
+    fake_server(browser, {"probe": False, "labels": [], "operator_probe_stop": {}},
+                [chunk({"content": "Hello"}, token="Hello")], done=False)
     note = browser.find_element(By.ID, "probe-note")
     assert note.is_displayed() and "without a SingProbe" in note.text, note.text
     submit(browser, "hi")
@@ -181,6 +188,27 @@ def test_page_says_what_is_wrong_never_blank(browser, playground_server):
     assert "cut the stream after 1 tokens" in message, message
     token = browser.find_element(By.CSS_SELECTOR, "#answer span.tok")
     assert token.text == "Hello" and token.get_attribute("data-scores") is None  # shown, not coloured
+
+
+def test_page_keeps_reasoning_answer_and_tool_calls_apart(browser, playground_server):
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, playground_server.url)
+    row = {name: i / 10 for i, name in enumerate(LABELS)}
+    fake_server(browser, {"probe": True, "labels": LABELS, "operator_probe_stop": {}}, [
+        chunk({}, token="<|channel|>", scores=row),  # a marker the parser keeps: placed with the next text
+        chunk({"reasoning_content": "Think"}, token="Think", scores=row),
+        chunk({"content": "Hi"}, token="Hi", scores=row),
+        chunk({"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": '{"city"'}}]},
+              token='{"city"', scores=row),
+        chunk({}, finish="tool_calls"),
+    ], done=True)
+    submit(browser, "weather?")
+    assert wait_for_end(browser) == "done", browser.find_element(By.ID, "message").text
+    texts = browser.execute_script("return ['reasoning', 'answer', 'tools'].map(id => [...document.getElementById(id)"
+                                   ".querySelectorAll('span.tok')].map(s => s.dataset.text))")
+    assert texts == [["<|channel|>", "Think"], ["Hi"], ['{"city"']]
+    assert "call get_weather" in browser.find_element(By.ID, "tools").text
 
 
 def test_page_routes_and_their_auth(playground_server, monkeypatch):
