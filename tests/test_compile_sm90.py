@@ -71,7 +71,7 @@ GPU_REGIMES = [
     ("_fp8_gemm_tma_kernel", {"BLOCK_M": 64, "num_stages": 3}),  # 257..1024 rows
     ("_fp8_gemm_kernel", {"SPLIT_K": True}),  # 17..64 rows of o: split-K pointer tiles
     ("_fp8_gemv_oneshot_kernel", {"USE_PDL": True, "launch_pdl": True}),  # batch 1, a programmatic dependent
-    ("_fp8_gemv_oneshot_kernel", {"USE_PDL": False}),  # SGLANG_EXT_PDL=0
+    ("_fp8_gemv_oneshot_kernel", {"USE_PDL": False}),  # PDL off (a GPU before sm90, set_pdl(False))
     ("_fp8_gemv_kernel_xonce", {"USE_PDL": True}),
     ("_fp8_gemv_kernel", {"USE_PDL": True, "launch_pdl": False}),  # PDL_PLAIN_FROM_ROWS: waits, starts plainly
     ("_decode_front_kernel", {"ROW_LOOP": True}),
@@ -80,7 +80,7 @@ GPU_REGIMES = [
     ("_mlp1_kernel", {"TMA": True, "X_TMA": False}),  # 9..128 tokens, x by pointers
     ("_mlp2_kernel", {"TMA": True}),
     ("_mlp1_oneshot_kernel", {"USE_PDL": True}),
-    ("_mlp1_gemv_kernel", {"USE_DOT": True}),
+    ("_mlp1_gemv_kernel", {"DOT_FP32": False}),  # tensor-core slabs, not the interpreter's fp32 sums
     ("_sink_decode_oneshot_kernel", {"ROPE": True, "USE_PDL": True}),  # RoPE + KV write in the decode
     ("_sink_decode_kernel", {"ROPE": True}),
     ("_sink_decode_kernel", {"HAS_SLOT_MAP": True}),  # the hybrid SWA pool's sliding layers
@@ -99,8 +99,7 @@ SHARDS = 2
 
 def _run_driver(tmp_path) -> dict:
     """The merged report of SHARDS driver processes run side by side."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SGLANG_EXT_PDL",
-                                                             "SGLANG_EXT_ROPE_FUSION")}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONDONTWRITEBYTECODE="1", TORCHDYNAMO_DISABLE="1")
     procs = []
     for shard in range(SHARDS):
@@ -462,7 +461,7 @@ def _drive(out_path: str, shard: int, shards: int) -> None:
         """x's e4m3 codes and MN-major scales, as the residual norm's quantize leaves them"""
         return _meta(t, c, dtype=fp8), _meta(cdiv(c, 128), t, dtype=fp32).t()
 
-    for pdl_on in (True, False):  # SGLANG_EXT_PDL=1 (default) / 0; PDL applies to <= 16 rows only
+    for pdl_on in (True, False):  # PDL on (default) / off (GPUs before sm90); it applies to <= 16 rows only
         pdl.set_pdl(None if pdl_on else False)
         tokens = tokens_all if pdl_on else list(range(1, pdl.PDL_MAX_ROWS + 1))
         tag = "" if pdl_on else " (PDL off)"
@@ -537,7 +536,7 @@ def _drive(out_path: str, shard: int, shards: int) -> None:
                     sliding = [(WINDOW_LEFT, None), (WINDOW_LEFT, slot_map)] if max_context == MAX_CONTEXTS[0] else []
                     for window, smap in [(-1, None)] + sliding:
                         case = f"B={b} heads {hq}/{hkv} ctx={max_context} window={window} swa={smap is not None}"
-                        for fused in (True, False):  # SGLANG_EXT_ROPE_FUSION=1 (default) / 0
+                        for fused in (True, False):  # RoPE fused into the decode (default) / set_rope_fusion(False)
                             sink_attention.set_rope_fusion(fused)
                             sweep.launch("sink_attention_decode" + tag, case + f" rope_fusion={fused}",
                                          sink_attention.sink_attention_decode, q, k_cache, v_cache,
