@@ -145,7 +145,7 @@ def check_one_request_scalars(obj) -> None:
     start = getattr(obj, "logprob_start_len", None)
     if start is not None and start < -1:
         # -1 is "the output's logprobs only"; below it, with return_logprob, the scheduler's prefill
-        # logprob bookkeeping asserted and the server ended (session 24's fuzz round).
+        # logprob bookkeeping asserted and the server ended (found by fuzzing).
         raise RequestRejected(f"logprob_start_len must be -1 (output only) or a prompt position >= 0, got {start}")
     overrides = getattr(obj, "positional_embed_overrides", None)
     if overrides is not None:

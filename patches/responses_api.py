@@ -202,7 +202,7 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
         return await original(self, request, *args, **kwargs)
     if getattr(self, "enable_response_store", False) and getattr(request, "store", False):
         # upstream stored the new response over the old one under the same id, so the first was lost to
-        # retrieval and to previous_response_id chains (session 24's fuzz round)
+        # retrieval and to previous_response_id chains (found by fuzzing)
         async with self.response_store_lock:
             taken = rid in self.response_store
         if taken:
@@ -239,7 +239,7 @@ def check_input_items(items) -> None:
     """What upstream's Harmony rendering of `input` (harmony_utils.parse_response_input) reads unchecked and
     raised on, a 500 each: a tool output without the call_id of the call it answers; a message without a
     string role or with content that is neither text nor a list of part objects; a function / custom tool
-    call without a name; an item that is not an object (session 24's fuzz round)."""
+    call without a name; an item that is not an object (found by fuzzing)."""
     from sglang_ext.patches.request_isolation import RequestRejected
 
     if items is None or isinstance(items, str):
@@ -270,7 +270,7 @@ def check_input_items(items) -> None:
             raise RequestRejected(f"input[{position}]: a {kind} item needs the name of the tool it calls")
         if kind in TOOL_OUTPUT_ITEMS:
             # upstream renders text or a list of text parts; anything else reached openai-harmony and came
-            # back as a 400 reading " None" (session 24's fuzz round)
+            # back as a 400 reading " None" (found by fuzzing)
             output = fields.get("output", "")
             if not isinstance(output, str) and not (
                     isinstance(output, list) and all(isinstance(part, dict) for part in output)):

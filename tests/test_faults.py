@@ -329,7 +329,7 @@ def test_custom_logit_processor_that_is_not_one_string_gets_400(unharmed, proces
     assert r.status_code == 400 and "must be a string" in r.json()["error"]["message"], r.text[:300]
 
 
-# Found by fuzzing the CPU server (session 22): each of these ended the scheduler, answered 500, or (the
+# Found by fuzzing the CPU server: each of these ended the scheduler, answered 500, or (the
 # logit bias) served garbage, upstream.
 SCHEDULER_ENDERS = {
     "stop_id_past_vocab_with_min_new_tokens": ("/generate", {"text": "hello", "sampling_params": {
@@ -363,14 +363,14 @@ SCHEDULER_ENDERS = {
         "is not a number within"),
     "stop_regex_repeat_past_re": ("/generate", {"text": "hello", "sampling_params": {
         "max_new_tokens": 4, "stop_regex": "x{0,4294967295}"}}, "stop_regex"),
-    # session 23's fuzz round: operator endpoints whose errors were raised in the scheduler
+    # operator endpoints whose errors were raised in the scheduler
     "update_weights_unknown_load_format": ("/update_weights_from_disk", {"model_path": "/nonexistent",
                                                                          "load_format": "nope"}, "unknown load_format"),
     "release_memory_unknown_tag": ("/release_memory_occupation", {"tags": ["nope"]}, "unknown memory tag"),
     "resume_memory_unknown_tag": ("/resume_memory_occupation", {"tags": ["weights", "nope"]}, "unknown memory tag"),
     "start_profile_output_dir_not_creatable": ("/start_profile", {"output_dir": "/proc/nope", "num_steps": 1},
                                                "cannot be created"),
-    # session 24's fuzz round
+    # found by fuzzing the request bodies
     "negative_logprob_start_len": ("/generate", {"text": "one two three four five six seven", "return_logprob": True,
                                                  "logprob_start_len": -3, "sampling_params": {"max_new_tokens": 2}},
                                    "logprob_start_len must be -1"),
@@ -477,7 +477,7 @@ UPSTREAM_500S = {
         "sampling_params": {"max_new_tokens": "8"}}}, "wrong type"),
     "vertex_temperature_string": ("/vertex_generate", {"instances": [{"text": "a"}], "parameters": {
         "sampling_params": {"max_new_tokens": 2, "temperature": "x"}}}, "wrong type"),
-    # session 23's fuzz round
+    # found by fuzzing the request bodies
     "chat_template_kwargs_messages": ("/v1/chat/completions", {
         "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
         "chat_template_kwargs": {"messages": "x"}}, "chat_template_kwargs may not set ['messages']"),
@@ -503,7 +503,7 @@ UPSTREAM_500S = {
     "completion_logprobs_past_openai_bound": ("/v1/completions", {"model": "default", "prompt": "hi",
                                                                   "max_tokens": 4, "logprobs": 21},
                                               "logprobs must be at most 20"),
-    # session 24: crashes inside the request models' own validators (upstream: AttributeError -> 500)
+    # crashes inside the request models' own validators (upstream: AttributeError -> 500)
     "chat_body_is_an_array": ("/v1/chat/completions", [{"role": "user", "content": "hi"}],
                               "the request body must be a JSON object, got list"),
     "chat_response_format_string": ("/v1/chat/completions", {
@@ -543,7 +543,7 @@ def test_requests_upstream_answered_500_get_400(unharmed, case):
     assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
 
 
-# Upstream 400s whose message named something the client never sent (session 24's fuzz round).
+# Upstream 400s whose message named something the client never sent (found by fuzzing).
 MISLEADING_400S = {
     # was " None" (openai-harmony's NotImplementedError on a dict output)
     "responses_tool_output_object": ("/v1/responses", {"input": [
