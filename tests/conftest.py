@@ -27,6 +27,7 @@ FILE_SECONDS = {  # junit times of full runs (the newer entries from a run on a 
     "test_faults.py": 383,
     "test_probe_serving.py": 338,
     "test_tenants.py": 200,  # two servers (measured alone; not yet in a full run)
+    "test_playground.py": 110,  # one CPU server with the probe and a headless Chromium (measured alone)
     "test_compile_sm90.py": 240,  # two compile-only drivers (measured alone on a loaded machine)
     "test_served_parity.py": 307,
     "test_kernel_sink_attention.py": 278,
