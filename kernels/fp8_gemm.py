@@ -51,9 +51,7 @@ building blocks are the project's torch quantiser and dequantiser).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -61,6 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_ext.kernels._util import H200_SMS, interpreted, num_sms
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.kernels.tma import descriptor, tma_2d_ok
@@ -68,11 +67,6 @@ from sglang_ext.kernels import reference as fp8_torch
 
 GROUP = 128  # the scale block along K (activations and weights) and along N (weights)
 E4M3_MAX = tl.constexpr(448.0)  # a constexpr: jit functions may read it
-H200_SMS = 132  # SM count assumed off-GPU, so the interpreter runs the configs an H200 would get
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -881,20 +875,6 @@ class Fp8GemvConfig:
                 + ("" if self.hw_round else "gr") + ("vr" if self.vector_reduce else ""))
 
 
-@lru_cache(maxsize=None)
-def _num_sms(device_index: Optional[int]) -> int:
-    if device_index is None:
-        return H200_SMS
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def num_sms(device: torch.device | str | None) -> int:
-    device = torch.device(device) if device is not None else None
-    if device is None or device.type != "cuda":
-        return H200_SMS
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _auto_split(m: int, k: int, tiles: int, sms: int, min_blocks_per_split: int = 4) -> int:
     """Split K only while the output tiles alone leave SMs idle: aim at ~4 programs per SM,
     keeping >= `min_blocks_per_split` K blocks per program so the pipeline has work to overlap,
@@ -1179,7 +1159,7 @@ def _split_counters(device: torch.device) -> Optional[torch.Tensor]:
 def _launch_gemm(a, a_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemmConfig, quantize_a: bool):
     m, k = a.shape
     n = w_fp8.shape[0]
-    round_bf16 = _interpreted() and out.dtype == torch.bfloat16
+    round_bf16 = interpreted() and out.dtype == torch.bfloat16
     split = max(1, min(cfg.split_k, triton.cdiv(k, GROUP)))
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     a_scale_strides = (0, 0) if a_scale is None else (a_scale.stride(0), a_scale.stride(1))
@@ -1276,7 +1256,7 @@ def _launch_oneshot(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfi
     bn = cfg.block_n
     if not 1 <= bn <= GROUP or bn & (bn - 1):
         raise ValueError(f"fp8 one-shot GEMV: block_n must be a power of two <= {GROUP}, got {bn}")
-    if _interpreted() and cfg == gemv_config(m, n, k, x.device, x_prequantized=not quantize_x):
+    if interpreted() and cfg == gemv_config(m, n, k, x.device, x_prequantized=not quantize_x):
         # The interpreter pays per program, and each output element's sums do not depend on the
         # tile width, so the served model's interpreted runs (tests) take the heuristic's pick
         # 16 rows wide: the same bits, several times fewer programs. Explicit configs run as given.
@@ -1293,8 +1273,8 @@ def _launch_oneshot(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfi
             w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
             oc.stride(0), oc.stride(1),
             ROWS=triton.next_power_of_2(rows), BLOCK_N=bn, C1=c1, C2=c2, QUANTIZE_X=quantize_x,
-            HW_ROUND=cfg.hw_round and not _interpreted(), HAS_BIAS=bias is not None,
-            ROUND_BF16=_interpreted() and out.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+            HW_ROUND=cfg.hw_round and not interpreted(), HAS_BIAS=bias is not None,
+            ROUND_BF16=interpreted() and out.dtype == torch.bfloat16, num_warps=cfg.num_warps,
             **pdl_launch_kwargs(x.device, rows),
         )
     return out
@@ -1306,7 +1286,7 @@ def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, 
         return _launch_oneshot(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg, quantize_x)
     m, k = x.shape
     n = w_fp8.shape[0]
-    round_bf16 = _interpreted() and out.dtype == torch.bfloat16
+    round_bf16 = interpreted() and out.dtype == torch.bfloat16
     for r0 in range(0, m, GEMV_MAX_ROWS):
         rows = min(GEMV_MAX_ROWS, m - r0)
         xc, oc = x[r0:r0 + rows], out[r0:r0 + rows]
@@ -1328,7 +1308,7 @@ def _launch_gemv(x, x_scale, w_fp8, w_scale_inv, bias, out, cfg: Fp8GemvConfig, 
                    w_fp8.stride(0), w_fp8.stride(1), w_scale_inv.stride(0), w_scale_inv.stride(1),
                    oc.stride(0), oc.stride(1))
         flags = dict(ROWS=rows_p2, BLOCK_N=cfg.block_n, USE_DOT=cfg.use_dot,
-                     QUANTIZE_X=quantize_x, HW_ROUND=cfg.hw_round and not _interpreted(),
+                     QUANTIZE_X=quantize_x, HW_ROUND=cfg.hw_round and not interpreted(),
                      HAS_BIAS=bias is not None, SPLIT_K=split > 1, INLINE_REDUCE=counters is not None,
                      RED_CHUNK=_red_chunk(cfg, split, rows_p2), ROUND_BF16=round_bf16,
                      num_warps=cfg.num_warps,

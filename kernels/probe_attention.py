@@ -23,13 +23,14 @@ pair of 16-bit values (~16 mantissa bits); on an H200 that is 3-10x faster than 
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
 
 import triton
 import triton.language as tl
+
+from ._util import interpreted, num_sms
 
 DEFAULT_BLOCK_N = 64
 
@@ -184,14 +185,7 @@ def _use_16bit_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     16-bit path is covered by fp16 (same code) on CPU and by the gpu test on a GPU."""
     if q_dtype != kv_dtype or q_dtype not in (torch.float16, torch.bfloat16):
         return False
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    return not (interpreted and q_dtype == torch.bfloat16)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return not (interpreted() and q_dtype == torch.bfloat16)
 
 
 def auto_num_splits(num_rows: int, window: Optional[int], device: torch.device, block_n: int = DEFAULT_BLOCK_N) -> int:
@@ -199,7 +193,7 @@ def auto_num_splits(num_rows: int, window: Optional[int], device: torch.device, 
     a serial loop of dependent gathers, so a few rows (decode) leave the GPU idle unless the range is
     split; enough rows fill it without the extra combine pass. Tuned on an H200 (132 SMs), W=2048:
     T=1 146 -> 6.5 us, T=64 46 -> 14 us, T>=264 unsplit."""
-    sms = _num_sms(device)
+    sms = num_sms(device, off_gpu=1)
     if device.type != "cuda" or num_rows >= 2 * sms:
         return 1
     max_blocks = triton.cdiv(window, block_n) if window else MAX_SPLITS  # full causal: length unknown here
@@ -243,7 +237,7 @@ def probe_attention(
         num_splits = auto_num_splits(t, window, q.device, block_n)
     if num_stages is None:
         # Deeper K/V prefetch pays while programs are few; with thousands it only costs occupancy.
-        num_stages = 3 if t * num_splits < 16 * _num_sms(q.device) else 2
+        num_stages = 3 if t * num_splits < 16 * num_sms(q.device, off_gpu=1) else 2
     block_h = max(16, triton.next_power_of_2(h))
     if num_splits > 1:
         part = torch.empty((t, num_splits, h, d), dtype=torch.float32, device=q.device)

@@ -33,7 +33,6 @@ References: ``probe_tap_normalize_ref`` (= ``rms_normalize(h).to(dtype)`` of pro
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -41,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._util import interpreted, num_sms
 from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 from .probe_attention import probe_attention_ref
 from .probe_tail import probe_tail_ref
@@ -48,16 +48,12 @@ from .probe_tail import probe_tail_ref
 RMS_EPS = 1e-6  # probe/model.py RMS_EPS (kernels import nothing from probe/)
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _dot16(*dtypes: torch.dtype) -> bool:
     """Tensor-core dots when all operands share one 16-bit type. Not bf16 under the interpreter, whose
     bf16 tl.dot returns garbage: there bf16 is upcast right after the load (same maths, fp32 products)."""
     if len(set(dtypes)) != 1 or dtypes[0] not in (torch.float16, torch.bfloat16):
         return False
-    return not (_interpreted() and dtypes[0] == torch.bfloat16)
+    return not (interpreted() and dtypes[0] == torch.bfloat16)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -364,12 +360,6 @@ def default_workspace(device: torch.device) -> ProbeStepWorkspace:
     return _WORKSPACES[device]
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def qkv_config(t: int, n: int, k: int, device: torch.device, block_k: int = 64, block_n: int = 64,
                programs_per_sm: int = 4, splits: Optional[int] = None) -> dict:
     """Tile sizes and K splits from host-known values only (T, N, K, SM count): enough programs to stream
@@ -378,7 +368,7 @@ def qkv_config(t: int, n: int, k: int, device: torch.device, block_k: int = 64, 
     tiles = triton.cdiv(n, block_n) * triton.cdiv(t, block_t)
     k_blocks = triton.cdiv(k, block_k)
     if splits is None:
-        splits = max(1, min(k_blocks, triton.cdiv(programs_per_sm * _num_sms(device), tiles)))
+        splits = max(1, min(k_blocks, triton.cdiv(programs_per_sm * num_sms(device, off_gpu=4), tiles)))
     k_iters = triton.cdiv(k_blocks, splits)
     splits = triton.cdiv(k_blocks, k_iters)  # no empty splits
     return {"BLOCK_T": block_t, "BLOCK_N": block_n, "BLOCK_K": block_k, "K_ITERS": k_iters, "SPLITS": splits}
@@ -408,7 +398,7 @@ def qkv_launch_config(t: int, n: int, k: int, device: torch.device, block_n: Opt
 def attn_splits(t: int, window: int, device: torch.device, block_n: int, max_splits: int = 16) -> int:
     """Key-range splits per row (same rule as probe_attention.auto_num_splits): decode rows are a serial
     chain of gathers, so few rows need splitting to fill the GPU; many rows do not."""
-    sms = _num_sms(device)
+    sms = num_sms(device, off_gpu=4)
     if t >= 2 * sms:
         return 1
     max_blocks = triton.cdiv(window, block_n) if window else max_splits
@@ -517,7 +507,7 @@ def probe_decode_step(
         kv_pool.stride(0), req_to_token.stride(0), int(window or 0), float(scale),
         H=num_heads, D=d, BLOCK_H=block_h, BLOCK_N=block_n_attn, SPLITS=splits,
         DOT16=_dot16(w_qkv.dtype, kv_pool.dtype),
-        POS_OFFSET=pos_offset, num_warps=4, num_stages=3 if t * splits < 16 * _num_sms(dev) else 2, **chain,
+        POS_OFFSET=pos_offset, num_warps=4, num_stages=3 if t * splits < 16 * num_sms(dev, off_gpu=4) else 2, **chain,
     )
 
     # 4. tail

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_gemm import GROUP, _interpreted, _quantize_tile, _round_to_bf16_grid, quantize_activation_group128_ref
+from ._util import interpreted
+from .fp8_gemm import GROUP, _quantize_tile, _round_to_bf16_grid, quantize_activation_group128_ref
 from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
@@ -149,8 +150,8 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
         h.stride(0), delta.stride(0) if delta is not None else 0, h_out.stride(0), x_out.stride(0),
         features.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
         HAS_DELTA=delta is not None, HAS_TAP=tap is not None, BLOCK=block, SLICE=slice_cols,
-        QUANTIZE=quantize, HW_ROUND=not _interpreted(),
-        ROUND_BF16=_interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
+        QUANTIZE=quantize, HW_ROUND=not interpreted(),
+        ROUND_BF16=interpreted() and torch.bfloat16 in (h.dtype, features.dtype),
         num_warps=8 if block >= 4096 else 4, **pdl_launch_kwargs(h.device, t),
     )
     return (h_out, x_out, quant) if quantize else (h_out, x_out)

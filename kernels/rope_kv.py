@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_gemm import _interpreted, _round_to_bf16_grid
+from ._util import interpreted
+from .fp8_gemm import _round_to_bf16_grid
 from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
@@ -145,7 +146,7 @@ def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_sin: to
         q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
         v_cache.stride(1), *(k_out.stride()[:2] if k_out is not None else (0, 0)),
         HALF=d // 2, BLOCK_H=block_h, HAS_K_OUT=k_out is not None, num_warps=1 if d * block_h <= 1024 else 4,
-        ROUND_BF16=_interpreted() and torch.bfloat16 in (q_out.dtype, k_cache.dtype),
+        ROUND_BF16=interpreted() and torch.bfloat16 in (q_out.dtype, k_cache.dtype),
         **pdl_launch_kwargs(q.device, t),
     )
     return q_out

@@ -58,7 +58,6 @@ bound by memory and not by dots, they enter as a hi + lo pair of 16-bit values (
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Optional
 
@@ -67,6 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_ext.kernels._util import interpreted, num_sms
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.fp8_gemm import _round_to_bf16_grid
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
@@ -937,23 +937,13 @@ def _sink_decode_oneshot_kernel(
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _use_16bit_dots(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
     """Tensor-core dots when q and K/V share a 16-bit type. Not for bf16 under TRITON_INTERPRET: the
     interpreter's bf16 arithmetic is wrong (triton 3.8), so there bf16 is upcast at load; the same 16-bit
     code is covered by fp16 on CPU and by the gpu test on a GPU."""
     if q_dtype != kv_dtype or q_dtype not in (torch.float16, torch.bfloat16):
         return False
-    return not (_interpreted() and q_dtype == torch.bfloat16)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return not (interpreted() and q_dtype == torch.bfloat16)
 
 
 def _check_common(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sinks, slot_map):
@@ -1317,7 +1307,7 @@ def decode_config(batch: int, num_kv_heads: int, window_left: int, max_context: 
     if keys <= SHORT_KEYS:
         block_n = max(16, min(128, triton.next_power_of_2(max(keys, 1))))
         return DecodeConfig(num_splits=1, block_n=block_n, num_warps=4, prefetch=False)
-    sms = _num_sms(device)
+    sms = num_sms(device, off_gpu=1)
 
     def splits(programs_per_sm: int, min_split_blocks: int, cap: int = MAX_SPLITS) -> int:
         return max(1, min(cap, triton.cdiv(programs_per_sm * sms, batch * num_kv_heads),
@@ -1506,9 +1496,9 @@ def sink_attention_decode(
             MARK_EMPTY=splits > 1 and _merge_tile(config, group, d, 4, fused=False)[1] >= splits,
             V_LATE=config.v_late, HAS_SINKS=sinks is not None, HAS_SLOT_MAP=slot_map is not None,
             DOTS_16BIT=_use_16bit_dots(q.dtype, k_buffer.dtype), ROPE=rope is not None,
-            ROUND_BF16=rope is not None and _interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype),
+            ROUND_BF16=rope is not None and interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype),
             num_warps=config.num_warps, num_stages=config.num_stages,
-            **({"maxnreg": config.max_regs} if config.max_regs and not _interpreted() else {}),
+            **({"maxnreg": config.max_regs} if config.max_regs and not interpreted() else {}),
             **pdl_launch_kwargs(q.device, batch),
         )
         if splits > 1:
@@ -1521,7 +1511,7 @@ def sink_attention_decode(
         rope_kw = dict(K_NEW=rope.k, V_NEW=rope.v, COS_SIN=rope.cos_sin, LOC=rope.loc,
                        stride_knt=rope.k.stride(0), stride_knh=rope.k.stride(1), stride_vnt=rope.v.stride(0),
                        stride_vnh=rope.v.stride(1), stride_cs=rope.cos_sin.stride(0), ROPE=True,
-                       ROUND_BF16=_interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype))
+                       ROUND_BF16=interpreted() and torch.bfloat16 in (q.dtype, k_buffer.dtype))
     _sink_decode_kernel[(batch, hkv, splits)](
         q, k_buffer, v_buffer, out, part_o, part_lse, counters if counters is not None else seq_lens, sinks_arg,
         req_to_token, slot_map if slot_map is not None else req_to_token, req_pool_indices, seq_lens,

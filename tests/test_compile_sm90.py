@@ -52,11 +52,8 @@ PTX_MARKERS = ("wgmma.mma_async", "cp.async.bulk.tensor", "griddepcontrol")
 DEVICE_QUESTIONS = {
     ("pdl", "pdl_enabled"): "answered for cuda:0",
     ("tma", "tma_supported"): "answered for cuda:0",
-    ("fp8_gemm", "num_sms"): "answered for cuda:0",
-    ("sink_attention", "_num_sms"): "answered for cuda:0",
-    ("probe_attention", "_num_sms"): "answered for cuda:0",
+    ("_util", "num_sms"): "answered for cuda:0",
     ("probe_attention", "auto_num_splits"): "answered for cuda:0",
-    ("probe_step", "_num_sms"): "answered for cuda:0",
     ("arrival_counters", "arrival_counters"): "meta: never inside a CUDA-graph capture",
     ("moe", "_front"): "asks for 'cpu' (the interpreter's softmax): meta is not",
     ("moe", "_decode_front"): "asks for 'cpu' (the interpreter's tiling and softmax): meta is not",
@@ -649,12 +646,12 @@ def _drive_alternatives(sweep: _Sweep) -> None:
                  *experts, top_k=TOP_K, limit=LIMIT, config=moe_decode.DEFAULT_ONESHOT)
 
     # the interpreter's form of the FP8 GEMV (bf16 rounding emulated, e4m3 grid rounding), compiled for sm_90a
-    interpreted = fp8_gemm._interpreted
-    fp8_gemm._interpreted = lambda: True
+    interpreted = fp8_gemm.interpreted
+    fp8_gemm.interpreted = lambda: True
     try:
         sweep.launch(INTERPRETER_FORMS + ": fp8 GEMV", "T=1 qkv", fp8_gemm.fp8_linear, x1, *w_qkv, b_qkv)
     finally:
-        fp8_gemm._interpreted = interpreted
+        fp8_gemm.interpreted = interpreted
 
 
 if __name__ == "__main__":

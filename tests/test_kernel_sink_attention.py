@@ -285,7 +285,7 @@ def test_decode_config_picks_the_sweep_winners(monkeypatch):
         pytest.skip("no decode sweep results in this checkout")
     with open(SWEEP_JSON) as f:
         rows = json.load(f)["rows"]
-    monkeypatch.setattr(mod, "_num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
     defaults = mod.DecodeConfig()
     fields = list(mod.DecodeConfig.__dataclass_fields__)
     assert rows
@@ -318,7 +318,7 @@ def test_decode_config_picks_near_the_oneshot_sweep_winners(monkeypatch):
         pytest.skip("no one-shot decode sweep results in this checkout")
     with open(ONESHOT_SWEEP_JSON) as f:
         rows = json.load(f)["rows"]
-    monkeypatch.setattr(mod, "_num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
     # The register cap came later than this sweep (test_batch1_pick_is_the_in_step_winner holds it).
     fields = [k for k in mod.DecodeConfig.__dataclass_fields__ if k not in ("fused_merge", "max_regs")]
     defaults = mod.DecodeConfig()
@@ -394,7 +394,7 @@ def test_decode_config_takes_oneshot_picks(monkeypatch):
     """An ONESHOT_PICKS entry switches its (batch, keys) to the one-shot decode: batch 3 takes batch 4's
     entry, batch 5 and up never; points without an entry keep the split loop's choice."""
     mod = _kernel_module()
-    monkeypatch.setattr(mod, "_num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
     cpu = torch.device("cpu")
     monkeypatch.setattr(mod, "ONESHOT_PICKS", {})
     before = {(b, w, m): mod.decode_config(b, 8, w, m, cpu) for b in (1, 2, 3, 4, 5) for w in (-1, 127)
@@ -429,7 +429,7 @@ def test_decode_config_merges_with_the_merge_kernel_where_it_measured_faster(mon
     pairs = [t for t in times.values() if len(t) == 2]
     assert len(pairs) >= 8
     assert all(t[False] < t[True] for t in pairs), times
-    monkeypatch.setattr(mod, "_num_sms", lambda device: H200_SMS)
+    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
     for batch in (1, 2, 3, 4, 8, 15, 16, 32, 128):
         for width in (8192, 32768, 131072):
             assert not mod.decode_config(batch, 8, -1, width, torch.device("cpu")).fused_merge

@@ -234,7 +234,7 @@ def test_qkv_tile_rule(monkeypatch):
     """The launcher's q|k|v tile at the H200's 132 SMs is the one its sweep picked: 32 x 128 at every
     batch, ~4 programs an SM up to 16 rows (23 splits) and ~2 past that (14 at 32 / 64 rows, 7 at 128)."""
     mod = _kernels()
-    monkeypatch.setattr(mod, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: 132)
     n, k = 640, 8640  # the 120b probe's q|k|v rows and features
     got = {}
     for t in (1, 8, 16, 17, 32, 64, 128):
