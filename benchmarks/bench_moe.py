@@ -67,10 +67,6 @@ def event_time(fn, iters=10, warmup=3) -> float:
     return bc.event_time(fn, iters, warmup, device=DEVICE)
 
 
-def graph_time(calls, iters=20) -> float:
-    return bc.graph_time_calls(calls, iters, device=DEVICE)
-
-
 def ceilings() -> dict:
     """Copy bandwidth and dense matmul rates, measured now."""
     if DEVICE != "cuda":
@@ -212,7 +208,7 @@ def run_peers(kind, ctx, ours_s, ours_out) -> dict:
         try:
             fn = factory(ctx)
             out = fn()
-            t = graph_time([fn]) if kind == "decode" else event_time(fn)
+            t = bc.graph_time_calls([fn], device=DEVICE) if kind == "decode" else event_time(fn)
             results[name] = {"time_us": t * 1e6, "ours_speedup": t / ours_s}
             if getattr(fn, "api", None):
                 results[name]["api"] = fn.api
@@ -266,7 +262,7 @@ def bench_decode(model, layer, batch, bw, check, config=None, xs=None) -> dict:
         nbytes.append(n * expert_bytes(layer) + layer["router_weight"].numel() * 2 + 2 * x.numel() * 2)
     calls = [lambda x=x, out=out: moe_kernels.fused_moe_fp8(x, *args, top_k=TOP_K, limit=LIMIT, out=out,
                                                             config=config) for x, out in zip(xs, outs)]
-    t = graph_time(calls)
+    t = bc.graph_time_calls(calls, device=DEVICE)
     mean_bytes = sum(nbytes) / len(nbytes)
     row = {"model": model, "batch": batch, "time_us": t * 1e6, "experts_touched": sum(touched) / len(touched),
            "MB_per_call": mean_bytes / 1e6, "graph_reps": reps, "floor_us": mean_bytes / bw * 1e6,

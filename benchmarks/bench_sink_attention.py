@@ -86,10 +86,6 @@ def event_time(fn, iters=20, warmup=3) -> float:
     return bc.event_time(fn, iters, warmup, device=DEVICE)
 
 
-def graph_time(calls, iters=20) -> float:
-    return bc.graph_time_calls(calls, iters, device=DEVICE)
-
-
 def copy_bandwidth() -> float:
     return bc.copy_bandwidth(DEVICE)
 
@@ -187,10 +183,10 @@ def run_peers(kind, cases, ours_s, ours_out, extend_graphs: bool = False):
             out = fns[0]()
             timing = "graph"
             if kind != "extend":
-                t = graph_time(fns)
+                t = bc.graph_time_calls(fns, device=DEVICE)
             elif extend_graphs:
                 try:
-                    t = graph_time([fns[0]] * 3)
+                    t = bc.graph_time_calls([fns[0]] * 3, device=DEVICE)
                     timing = "graph of 3 calls"
                 except Exception:  # noqa: BLE001 - a peer that cannot be captured is timed eagerly
                     t, timing = event_time(fns[0]), "events"
@@ -244,7 +240,7 @@ def bench_decode(contexts, batches, bw):
                 return lambda: sa.sink_attention_decode(q[s], k_buffer, v_buffer, req_to_token, sets[s],
                                                         seq_lens, sinks, window_left, SCALE, out=out[s])
 
-            t = graph_time([call(s) for s in range(n_sets)])
+            t = bc.graph_time_calls([call(s) for s in range(n_sets)], device=DEVICE)
             ref = sa.sink_attention_ref(q[0], k_buffer, v_buffer, req_to_token, sets[0], seq_lens, None,
                                         torch.ones_like(seq_lens), sinks, window_left, SCALE)
             err = (out[0].float() - ref.float()).abs().max().item()
@@ -351,7 +347,7 @@ def bench_decode_sweep(contexts, batches, bw, max_contexts: str = "same", onesho
     k_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     v_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     sinks = torch.randn(HQ, device=DEVICE, generator=g)
-    sms = sa._num_sms(k_buffer.device)
+    sms = sa.num_sms(k_buffer.device, off_gpu=1)
     rows = []
     for ctx in contexts:
         n_rows = (num_slots - 1) // ctx
@@ -389,7 +385,7 @@ def bench_decode_sweep(contexts, batches, bw, max_contexts: str = "same", onesho
                     calls = [(lambda s=s: sa.sink_attention_decode(
                         q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, window_left, SCALE,
                         out=out[s], config=cfg)) for s in range(n_sets)]
-                    t = graph_time(calls)
+                    t = bc.graph_time_calls(calls, device=DEVICE)
                     entry.update(time_us=t * 1e6, fraction_of_copy_bw=kv_bytes / t / bw,
                                  max_abs_err_vs_ref=(out[0].float() - ref.float()).abs().max().item())
                 except Exception as exc:
@@ -472,7 +468,7 @@ def bench_decode_merge(contexts, batches, bw):
     k_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     v_buffer = torch.randn(num_slots, HKV, D, device=DEVICE, dtype=DTYPE, generator=g)
     sinks = torch.randn(HQ, device=DEVICE, generator=g)
-    sms = sa._num_sms(k_buffer.device)
+    sms = sa.num_sms(k_buffer.device, off_gpu=1)
     real_launch_merge = sa.launch_merge
     rows = []
     for ctx in contexts:
@@ -499,16 +495,16 @@ def bench_decode_merge(contexts, batches, bw):
                         config=cfg)) for s in range(n_sets)]
 
                 try:
-                    t = graph_time(calls())
+                    t = bc.graph_time_calls(calls(), device=DEVICE)
                     row.update(time_us=t * 1e6, fraction_of_copy_bw=kv_bytes / t / bw,
                                max_abs_err_vs_ref=(out[0].float() - ref.float()).abs().max().item())
                     if cfg.num_splits > 1:
                         kernel_cfg = dataclasses.replace(cfg, fused_merge=False)
                         sa.launch_merge = lambda *a, **k: None
                         try:
-                            tk = graph_time([(lambda s=s: sa.sink_attention_decode(
+                            tk = bc.graph_time_calls([(lambda s=s: sa.sink_attention_decode(
                                 q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, -1, SCALE,
-                                out=out[s], config=kernel_cfg)) for s in range(n_sets)])
+                                out=out[s], config=kernel_cfg)) for s in range(n_sets)], device=DEVICE)
                         finally:
                             sa.launch_merge = real_launch_merge
                         row["decode_kernel_alone_us"] = tk * 1e6
@@ -518,8 +514,9 @@ def bench_decode_merge(contexts, batches, bw):
                         part_lse = torch.randn(batch, HKV, cfg.num_splits, group, device=DEVICE, generator=g) * 4
                         merged = torch.empty(batch, HQ, D, device=DEVICE, dtype=DTYPE)
                         for warps in (4, 2):
-                            tm = graph_time([lambda: sa.launch_merge(part_o, part_lse, sinks, merged, seq_lens, -1,
-                                                                     cfg, num_warps=warps)] * 20)
+                            tm = bc.graph_time_calls([lambda: sa.launch_merge(
+                                part_o, part_lse, sinks, merged, seq_lens, -1, cfg, num_warps=warps)] * 20,
+                                device=DEVICE)
                             row[f"merge_alone_w{warps}_us"] = tm * 1e6
                         row["merge_bytes"] = part_o.numel() * 4 + part_lse.numel() * 4
                         row["merge_tile_heads_splits"] = sa._merge_tile(cfg, group, D, 4, fused=False)
@@ -618,7 +615,7 @@ def bench_extend(tokens, sweep: bool, configs=EXTEND_SWEEP, sweep_sliding: bool 
                 return lambda: sa.sink_attention_extend(q, k_buffer, v_buffer, req_to_token, **common, sinks=s,
                                                         window_left=window_left, scale=SCALE, out=out, **kw)
 
-            timer = (lambda fn: graph_time([fn] * 3)) if graphs else event_time
+            timer = (lambda fn: bc.graph_time_calls([fn] * 3, device=DEVICE)) if graphs else event_time
             t = timer(ours())
             flops = causal_flops(tokens, window_left)
             row = {"tokens": tokens, "layer": "full" if window_left < 0 else "sliding128", "sinks": with_sinks,
