@@ -22,26 +22,25 @@ if not has_cuda_driver():
 # collection order: the longest go first so that the short ones fill the end and both workers
 # finish together (in xdist's own order, most tests first, a 490 s file with five tests went
 # last). A new long file belongs here.
-FILE_SECONDS = {  # junit times of full runs (the newer entries from a run on a loaded machine)
-    "test_served_parallel.py": 280,
-    "test_faults.py": 383,
-    "test_probe_serving.py": 338,
-    "test_tenants.py": 200,  # two servers (measured alone; not yet in a full run)
-    "test_playground.py": 110,  # one CPU server with the probe and a headless Chromium (measured alone)
-    "test_compile_sm90.py": 240,  # two compile-only drivers (measured alone on a loaded machine)
-    "test_served_parity.py": 307,
-    "test_kernel_sink_attention.py": 278,
-    "test_sglang_server_grid.py": 226,
-    "test_fp8.py": 168,
-    "test_kernel_moe.py": 105,
-    "test_kernel_fp8_gemm.py": 72,
-    "test_cli.py": 58,
-    "test_probe_serving_bf16.py": 58,
-    "test_kernel_moe_decode.py": 32,
-    "test_mxfp4_load.py": 27,
-    "test_probe_kernel.py": 25,
-    "test_bench_drivers.py": 22,
-    "test_probe_step.py": 17,
+FILE_SECONDS = {  # junit times of a full run (the trimmed files re-measured alone after it)
+    "test_faults.py": 437,
+    "test_kernel_sink_attention.py": 320,
+    "test_probe_serving.py": 359,
+    "test_served_parity.py": 200,
+    "test_compile_sm90.py": 203,
+    "test_fp8.py": 172,
+    "test_tenants.py": 164,
+    "test_kernel_moe.py": 154,
+    "test_playground.py": 113,  # one CPU server with the probe and a headless Chromium
+    "test_kernel_fp8_gemm.py": 78,
+    "test_served_parallel.py": 65,
+    "test_probe_serving_bf16.py": 60,
+    "test_cli.py": 59,
+    "test_sglang_server_grid.py": 40,
+    "test_probe_kernel.py": 33,
+    "test_kernel_moe_decode.py": 29,
+    "test_probe_step.py": 25,
+    "test_mxfp4_load.py": 23,
 }
 
 

@@ -788,7 +788,7 @@ def rope_case_inputs(case, slot_map, seed):
     return q, k, v, cos_sin, loc
 
 
-PREFILL_REQUESTS = ((1, 37, 64, 130), (200,), (16, 1, 95))
+PREFILL_REQUESTS = ((1, 37, 64, 130), (150,), (16, 1, 95))
 PREFILL_TILES = (None, (32, 16, 4, 2), (16, 16, 1, 1), (64, 32, 4, 3))
 # A sliding window per PREFILL_REQUESTS entry: far edges inside a block, on a block boundary (64: every tile's
 # first block starts exactly at the edge), and narrower than a block.

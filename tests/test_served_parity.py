@@ -123,11 +123,13 @@ def test_bf16_tokens_or_logits_agree_with_transformers(tiny_checkpoints, bf16_se
     assert agree >= 4
 
 
-def test_mxfp4_checkpoint_serves_as_its_offline_fp8_conversion(tiny_checkpoints, vocab_dir, tmp_path):
-    """No flag: the MXFP4 checkpoint serves on the FP8 block-128 path, converted at load with
-    launch/convert.py's function, so its greedy tokens and their logprobs equal those of its offline
-    conversion served the same way (the same bytes, the same maths), and its log carries the converter's
-    report (blocks exact / total, worst relative error)."""
+def test_mxfp4_checkpoint_serves_on_the_fp8_path_with_the_converters_report(tiny_checkpoints, vocab_dir, tmp_path):
+    """No flag: the MXFP4 checkpoint serves on the FP8 block-128 path, converted at load with launch/convert.py's
+    function, and its log carries the converter's report (blocks exact / total, worst relative error) equal to
+    the offline conversion's. That the loaded bytes equal the offline conversion's is test_mxfp4_load.py's (in
+    one process), and that the served FP8 path gives transformers' tokens is test_fp8.py's: serving the offline
+    conversion beside it here would cost a second server start and prove nothing more."""
+    import math
     import re
 
     from sglang_ext.launch.convert import convert
@@ -135,14 +137,11 @@ def test_mxfp4_checkpoint_serves_as_its_offline_fp8_conversion(tiny_checkpoints,
 
     report = convert(str(tiny_checkpoints["mxfp4"]), str(tmp_path / "fp8"), log=lambda *_: None)
     prompt = random_prompt(PROMPT_LEN, seed=0)
-    with SGLangServer(tmp_path / "fp8", IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
-        want = generate(srv.url, prompt, return_logprob=True)
     with SGLangServer(tiny_checkpoints["mxfp4"], IDS_ONLY_ARGS, vocab_dir=vocab_dir) as srv:
         got = generate(srv.url, prompt, return_logprob=True)
         log = srv.log_path.read_text(errors="replace")
-    assert got["output_ids"] == want["output_ids"]
-    lp = lambda out: [x[0] for x in out["meta_info"]["output_token_logprobs"]]  # noqa: E731
-    assert lp(got) == lp(want)
+    lp = [x[0] for x in got["meta_info"]["output_token_logprobs"]]
+    assert len(got["output_ids"]) == NEW_TOKENS and all(math.isfinite(v) and v <= 0 for v in lp)
     line = re.search(r"MXFP4 experts served as FP8 e4m3 block-128, converted at load in [0-9.]+ s: "
                      r"(\d+)/(\d+) 128x128 blocks exact \([0-9.]+%\), max relative error ([0-9.e+-]+)", log)
     assert line, log[-3000:]
