@@ -44,7 +44,8 @@ def tiny_probe(tiny_checkpoints):
 @pytest.fixture(scope="module")
 def probe_server(tiny_checkpoints, tiny_probe, vocab_dir):
     args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--load-snapshot-publish-interval", "1",
-            "--enable-custom-logit-processor", "--reasoning-parser", "gpt-oss", "--tool-call-parser", "gpt-oss"]
+            "--enable-custom-logit-processor", "--reasoning-parser", "gpt-oss", "--tool-call-parser", "gpt-oss",
+            "--enable-response-store"]
     with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
         yield srv
 
@@ -646,23 +647,24 @@ def test_responses_api_carries_one_score_per_token_and_the_usage(probe_server, t
     torch.testing.assert_close(as_matrix(streamed, LABELS), as_matrix(scores, LABELS), rtol=0, atol=1e-5)
 
 
-def test_responses_api_reports_the_guards_stop(tiny_checkpoints, tiny_probe, vocab_dir):
-    # Threshold 0: the first token's score (a sigmoid, > 0) trips the guard.
-    args = ["--dtype", "float32", "--probe-ckpt", tiny_probe, "--probe-stop", "label_0=0", "--enable-response-store"]
-    body = {"input": "Hello", "max_output_tokens": 20, "temperature": 0}
-    with SGLangServer(tiny_checkpoints["fp32"], args, vocab_dir=vocab_dir) as srv:
-        full = responses(srv.url, body)
-        stored = requests.get(f"{srv.url}/v1/responses/{full['id']}", timeout=60).json()
-        events = responses(srv.url, {**body, "stream": True})
-        stored_streamed = requests.get(f"{srv.url}/v1/responses/{events[-1]['response']['id']}", timeout=60).json()
-        queued = responses(srv.url, {**body, "background": True})
-        for _ in range(600):
-            background = requests.get(f"{srv.url}/v1/responses/{queued['id']}", timeout=60).json()
-            if background["status"] not in ("queued", "in_progress"):
-                break
-            time.sleep(0.2)
-        chat = requests.post(srv.url + "/v1/chat/completions", timeout=600, json={
-            "model": "default", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 20}).json()
+def test_responses_api_reports_the_guards_stop(probe_server):
+    # Threshold 0, per request (the Responses API forwards custom_params as chat does): the first token's score
+    # (a sigmoid, > 0) trips the guard. The module's server stores responses (--enable-response-store).
+    srv = probe_server
+    guard = {"custom_params": {"probe_stop": {"label_0": 0}}}
+    body = {"input": "Hello", "max_output_tokens": 20, "temperature": 0, **guard}
+    full = responses(srv.url, body)
+    stored = requests.get(f"{srv.url}/v1/responses/{full['id']}", timeout=60).json()
+    events = responses(srv.url, {**body, "stream": True})
+    stored_streamed = requests.get(f"{srv.url}/v1/responses/{events[-1]['response']['id']}", timeout=60).json()
+    queued = responses(srv.url, {**body, "background": True})
+    for _ in range(600):
+        background = requests.get(f"{srv.url}/v1/responses/{queued['id']}", timeout=60).json()
+        if background["status"] not in ("queued", "in_progress"):
+            break
+        time.sleep(0.2)
+    chat = requests.post(srv.url + "/v1/chat/completions", timeout=600, json={
+        "model": "default", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 20, **guard}).json()
     assert chat["choices"][0]["finish_reason"] == "content_filter"  # the guard itself, as chat reports it
     scores = full["token_probe_probs"]
     assert full["status"] == "incomplete"  # upstream: "completed"
