@@ -82,6 +82,10 @@ else
 fi
 
 # 3. The browser for tests/test_playground.py (system packages, not pip: selenium drives Debian's build).
+# `--browser-in-background` (launch/test.sh): return at once and let the install finish beside the tests.
+browser_in_background=0
+[ "${1:-}" = "--browser-in-background" ] && browser_in_background=1
+BROWSER_PENDING=.cache/browser-install.pending  # tests/test_playground.py reads this path
 browser_hint="apt-get install chromium chromium-driver"
 if [ "${SGLANG_EXT_SETUP_BROWSER:-1}" = "0" ]; then
     :
@@ -102,13 +106,25 @@ else
     if [ "${sudo_cmd[0]:-}" != "skip" ]; then
         say "installing chromium and chromium-driver for the browser test (+ ${sudo_cmd[*]:+${sudo_cmd[*]} }$browser_hint)"
         export DEBIAN_FRONTEND=noninteractive
-        # a fresh machine's package lists may be empty or stale: update once if the first try fails
-        if "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null \
-            || { "${sudo_cmd[@]}" apt-get update -q >/dev/null \
-                 && "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }; then
-            say "installed $(chromium --version 2>/dev/null | head -n1)"
+        install_browser() {
+            # a fresh machine's package lists may be empty or stale: update once if the first try fails
+            if "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null \
+                || { "${sudo_cmd[@]}" apt-get update -q >/dev/null \
+                     && "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null; }; then
+                say "installed $(chromium --version 2>/dev/null | head -n1)"
+            else
+                say "warning: could not install chromium + chromium-driver; the browser test will skip"
+            fi
+        }
+        if [ "$browser_in_background" = 1 ]; then
+            # launch/test.sh: the install (a minute or two of download and unpacking) runs beside the first test
+            # files; tests/test_playground.py waits while this marker names a live process
+            mkdir -p .cache
+            ( install_browser; rm -f "$BROWSER_PENDING" ) >.cache/browser-install.log 2>&1 &
+            echo $! >"$BROWSER_PENDING"
+            say "chromium installing in the background (log: .cache/browser-install.log)"
         else
-            say "warning: could not install chromium + chromium-driver; the browser test will skip"
+            install_browser
         fi
     fi
 fi

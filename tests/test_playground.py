@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,27 @@ LABEL = "label_8"
 LABELS = [f"label_{i}" for i in range(10)]
 
 
+BROWSER_PENDING = Path(__file__).resolve().parents[1] / ".cache" / "browser-install.pending"
+
+
+def _wait_for_background_browser_install(timeout_s: float = 900) -> None:
+    """launch/test.sh installs Chromium beside the first test files (launch/setup.sh --browser-in-background):
+    wait while its marker names a live process."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid = int(BROWSER_PENDING.read_text().strip() or 0)
+            os.kill(pid, 0)
+        except (OSError, ValueError):  # no marker, or its process is gone
+            return
+        time.sleep(2)
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium, or a skip naming the missing package. Nothing is downloaded: selenium is given
     the driver's path and told to stay offline."""
+    _wait_for_background_browser_install()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if chromium is None:
