@@ -325,8 +325,6 @@ class ModelStep:
             # Kernel path: the norm's launch also quantises x for the qkv GEMM (as the server).
             normed = residual_rms_norm(h, pending, lw.input_norm, d.rms_eps, tap, quantize=quantize)
             h, x = normed[:2]
-            if tap is not None:
-                self.probe.tapped(i)
             qkv = lw.qkv(x, x_quant=normed[2] if quantize else None)
             q = qkv[:, : self.num_heads * hd].view(tokens, self.num_heads, hd)
             k = qkv[:, self.num_heads * hd: (self.num_heads + self.num_kv_heads) * hd].view(tokens, self.num_kv_heads, hd)
@@ -477,9 +475,6 @@ class HarnessProbe:
 
     def tap_target(self, layer: int):
         return self.runtime.tap_target(layer)
-
-    def tapped(self, layer: int):
-        self.runtime.tapped(layer)
 
     def _batch(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
         # Request rows 0..B-1, made once (a capture's warm-up runs first): a server passes its batch's own

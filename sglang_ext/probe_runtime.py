@@ -215,20 +215,14 @@ class ProbeRuntime:
             probe_tap_normalize(hidden, features, lo, eps)
         else:
             features[: hidden.shape[0], lo : lo + self.hidden_size] = rms_normalize(hidden, eps).to(features.dtype)
-        self.tapped(layer_id)
 
     def tap_target(self, layer_id: int):
         """(features, column, eps) where a fused residual-norm kernel writes layer `layer_id`'s tap
-        itself (`sglang_ext.layers.norm.residual_rms_norm`), or None if the layer is not tapped.
-        The writer then calls `tapped(layer_id)`."""
+        itself (`sglang_ext.layers.norm.residual_rms_norm`), or None if the layer is not tapped."""
         slot = self.tap_slot.get(layer_id)
         if slot is None or self._features is None:
             return None
         return self._features, slot * self.hidden_size, RMS_EPS
-
-    def tapped(self, layer_id: int) -> None:
-        """Layer `layer_id`'s tap is in the features (written through `tap_target`). Nothing to do: the
-        step starts once every layer ran (`layers_done`)."""
 
     def layers_done(self) -> None:
         """The base model's last layer ran (the LM head is next): a decode step starts on the side stream."""

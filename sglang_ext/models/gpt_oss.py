@@ -389,8 +389,6 @@ class GptOssModel(nn.Module):
             normed = residual_rms_norm(h, pending, norm.weight, norm.eps, tap, quantize=quantize)
             h, x = normed[:2]
             x_quant = normed[2] if quantize else None  # (e4m3 codes, scales) of x
-            if tap is not None:
-                probe.tapped(i)
             h, pending = layer(h, x, cos_sin, forward_batch, x_quant)
         if probe is not None:
             probe.layers_done()
