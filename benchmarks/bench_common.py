@@ -232,7 +232,7 @@ def import_project():
     pkg = types.ModuleType("sglang_ext")
     pkg.__path__ = [os.path.join(ROOT, "sglang_ext")]
     sys.modules["sglang_ext"] = pkg
-    for sub, folder in (("probe", "probe"), ("kernels", "kernels")):
+    for sub, folder in (("probe", "probe"), ("kernels", "kernels"), ("launch", "launch")):
         spec = importlib.util.spec_from_file_location(
             f"sglang_ext.{sub}", os.path.join(ROOT, folder, "__init__.py"),
             submodule_search_locations=[os.path.join(ROOT, folder)])

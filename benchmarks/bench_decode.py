@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a file (benchmarks/served/run_full_size.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import bench_common as bc  # noqa: E402
 from benchmarks import perf_model  # noqa: E402
-from benchmarks.model_step import MODELS, HarnessProbe, ModelStep, Sharding, decode_step_bytes  # noqa: E402
+from benchmarks.model_step import MODELS, HarnessProbe, ModelStep, layout_label, parallel_layout, decode_step_bytes  # noqa: E402
 
 MEMORY_MARGIN = 6 << 30  # activations, graphs, allocator slack
 
@@ -117,18 +117,18 @@ def run(rank: int, world: int, args):
             emulate = tp != world
             probe_here = args.probe_configs == "all" or (
                 args.probe_configs != "none" and (tp, ep, dp) in parse_configs(args.probe_configs))
-            sharding = Sharding(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
-            base = {"model": dims.name, "config": sharding.label + (" FP8 LM head" if args.fp8_lm_head else ""),
+            layout = parallel_layout(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
+            base = {"model": dims.name, "config": layout_label(layout) + (" FP8 LM head" if args.fp8_lm_head else ""),
                     "gpus": tp, "kind": "modelled" if emulate else "measured",
                     "lm_head": "fp8" if args.fp8_lm_head else "bf16"}
-            need_w = ModelStep.bytes_needed(dims, sharding, 1, 1)["weights"]
+            need_w = ModelStep.bytes_needed(dims, layout, 1, 1)["weights"]
             free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
             if need_w + MEMORY_MARGIN > free:
                 rows.append({**base, "does_not_fit": f"weights {need_w / 1e9:.1f} GB per GPU > free "
                                                      f"{free / 1e9:.1f} GB"})
                 continue
             try:
-                model = ModelStep(dims, sharding, batch=1, context=args.context_probe_min, device=device,
+                model = ModelStep(dims, layout, batch=1, context=args.context_probe_min, device=device,
                                   group=group, emulate=emulate, dtype=torch.bfloat16 if cuda else torch.float32,
                                   fp8_lm_head=args.fp8_lm_head)
             except Exception as exc:
@@ -140,7 +140,7 @@ def run(rank: int, world: int, args):
                     if dp > 1 and batch < dp:
                         rows.append({**row, "skipped": f"batch {batch} < dp {dp}"})
                         continue
-                    kv = ModelStep.bytes_needed(dims, sharding, batch, context)["kv"]
+                    kv = ModelStep.bytes_needed(dims, layout, batch, context)["kv"]
                     probe_kv = batch * context * 128 * 2 if args.probe and probe_here else 0
                     free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
                     if cuda:
@@ -165,9 +165,9 @@ def run(rank: int, world: int, args):
                         traceback.print_exc()
                         rows.append({**row, "error": repr(exc)[:300]})
                         continue
-                    comm_s = comm.decode_step_seconds(dims, sharding, batch) if emulate else 0.0
+                    comm_s = comm.decode_step_seconds(dims, layout, batch) if emulate else 0.0
                     step = t_off + comm_s
-                    bytes_floor = decode_step_bytes(dims, sharding, batch, context, args.fp8_lm_head)
+                    bytes_floor = decode_step_bytes(dims, layout, batch, context, args.fp8_lm_head)
                     total_tps = batch / step
                     row.update({
                         "step_ms": step * 1e3,

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a file (benchmarks/served/run_full_size.
 from benchmarks import bench_common as bc  # noqa: E402
 from benchmarks import perf_model  # noqa: E402
 from benchmarks.bench_decode import MEMORY_MARGIN, parse_configs  # noqa: E402
-from benchmarks.model_step import MODELS, ModelStep, Sharding, prefill_flops  # noqa: E402
+from benchmarks.model_step import MODELS, ModelStep, layout_label, parallel_layout, prefill_flops  # noqa: E402
 
 
 def run(rank: int, world: int, args):
@@ -40,16 +40,16 @@ def run(rank: int, world: int, args):
             dims = type(dims)(**{**dims.__dict__, "num_layers": args.layers})
         for tp, ep, dp in parse_configs(args.configs):
             emulate = tp != world
-            sharding = Sharding(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
-            base = {"model": dims.name, "config": sharding.label, "gpus": tp,
+            layout = parallel_layout(tp=tp, ep=ep, dp=dp, rank=rank if not emulate else 0)
+            base = {"model": dims.name, "config": layout_label(layout), "gpus": tp,
                     "kind": "modelled" if emulate else "measured"}
-            need = ModelStep.bytes_needed(dims, sharding, 1, max(lengths), swa_slots=max(lengths))
+            need = ModelStep.bytes_needed(dims, layout, 1, max(lengths), swa_slots=max(lengths))
             free = torch.cuda.mem_get_info()[0] if cuda else 1 << 40
             if need["total"] + MEMORY_MARGIN > free:
                 rows.append({**base, "does_not_fit": f"{need['total'] / 1e9:.1f} GB per GPU > free {free / 1e9:.1f} GB"})
                 continue
             try:
-                model = ModelStep(dims, sharding, batch=1, context=max(lengths), swa_slots=max(lengths), device=device,
+                model = ModelStep(dims, layout, batch=1, context=max(lengths), swa_slots=max(lengths), device=device,
                                   group=group, emulate=emulate, dtype=torch.bfloat16 if cuda else torch.float32)
             except Exception as exc:
                 rows.append({**base, "error": repr(exc)[:300]})
@@ -64,7 +64,7 @@ def run(rank: int, world: int, args):
                     traceback.print_exc()
                     rows.append({**row, "error": repr(exc)[:300]})
                     continue
-                comm_s = comm.prefill_seconds(dims, sharding, length) if emulate else 0.0
+                comm_s = comm.prefill_seconds(dims, layout, length) if emulate else 0.0
                 latency = t + comm_s
                 flops = prefill_flops(dims, length) / tp
                 row.update({

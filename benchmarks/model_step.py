@@ -1,21 +1,18 @@
 """The model-step harness: gpt-oss at full size with random FP8 weights, on 1..N GPUs.
 
-It runs the project's own SGLang-free modules (sglang_ext.layers: FP8 linear with bias,
-MoE, RoPE, RMSNorm; sglang_ext.kernels: the Triton kernels behind them) wired to a
-minimal paged KV cache instead of SGLang's, because the GPU image has no SGLang. The
-maths per layer is the SGLang model's (sglang_ext/models/gpt_oss.py): norm -> q|k|v
-(FP8, bias) -> RoPE -> KV write -> attention with sinks (window 128 on even layers) ->
-o_proj (FP8, bias once after the TP all-reduce) -> residual -> norm -> router (bf16,
-softmax over top-4) -> experts (FP8, biases; mlp2's bias once) -> all-reduce -> residual.
+It runs the server's own decoder (sglang_ext/models/gpt_oss_core.py: the same modules, layer loop,
+probe taps and collectives calls as `python -m sglang.launch_server` with this plugin) on a minimal
+paged KV cache of its own instead of SGLang's, because the GPU image has no SGLang. What it adds around
+the decoder: random weights, the embedding and LM head as plain tensors, an attention op over its cache
+(`PagedAttention`, called as the server's RadixAttention is) and torch.distributed collectives
+(`HarnessCollectives`: NCCL on GPUs, gloo on CPU for the tests).
 
-Parallelism follows SGLang's --tp/--ep/--dp (world = tp): attention heads split over
-tp // dp ranks (dp > 1 is data-parallel attention: each DP group runs its own requests);
-experts split into `ep` contiguous ranges, each expert's intermediate dimension over
-tp // ep ranks cut on the 128-block grid (sglang_ext.layers.parallel.block_granular_ranges:
-2880 at moe-TP 4 -> 768/768/768/576; rank 0, the busiest, is the one timed when modelled). Collectives are torch.distributed (NCCL on GPUs, gloo on CPU for the
-tests). Under `emulate_world`, a single process builds rank 0's shard of a larger
-configuration and the collectives are replaced by modelled times (perf_model.py): the
-"modelled" rows of bench_decode / bench_prefill.
+Parallelism is SGLang's --tp/--ep/--dp as a `ParallelLayout` (sglang_ext.layers.parallel, world = tp):
+attention heads over tp // dp ranks (dp > 1 is data-parallel attention, here with dp == tp), experts
+in `ep` contiguous ranges, each expert's intermediate dimension over tp // ep ranks on the 128-block
+grid (2880 at moe-TP 4 -> 768/768/768/576; rank 0, the busiest, is the one timed when modelled).
+Under `emulate`, a single process builds rank 0's shard of a larger configuration and the collectives
+are skipped; perf_model.py adds their modelled times (the "modelled" rows of bench_decode / bench_prefill).
 
 KV cache: full-attention layers own `batch * context` slots; sliding layers a ring of 128
 slots per request (SGLang's SWA pool does the same), both addressed through a
@@ -25,25 +22,25 @@ request-to-slot table, so the attention kernels see SGLang's paged layout.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from benchmarks.bench_common import import_project  # noqa: E402
 
 import_project()
-from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
-from sglang_ext.layers.parallel import block_granular_ranges  # noqa: E402
-from sglang_ext.layers.linear import Linear  # noqa: E402
-from sglang_ext.layers.lm_head import fp8_lm_head_logits, quantize_head_weight  # noqa: E402
-from sglang_ext.layers.moe import moe_forward  # noqa: E402
-from sglang_ext.layers.norm import residual_rms_norm, rms_norm  # noqa: E402
-from sglang_ext.layers.rope import YarnRope, apply_rope  # noqa: E402
-from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
 from sglang_ext.kernel_select import use_triton  # noqa: E402
 from sglang_ext.kernels.sink_attention import RopeKV  # noqa: E402
+from sglang_ext.launch.make_tiny import OFFICIAL_20B_CONFIG  # noqa: E402
+from sglang_ext.layers.fp8 import BLOCK  # noqa: E402
+from sglang_ext.layers.lm_head import fp8_lm_head_logits, quantize_head_weight  # noqa: E402
+from sglang_ext.layers.parallel import ParallelLayout, block_granular_ranges  # noqa: E402
+from sglang_ext.layers.sink_attention import paged_sink_attention  # noqa: E402
+from sglang_ext.models.gpt_oss_core import Collectives, GptOssDecoder, RankGroups  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,57 +63,38 @@ class GptOssDims:
     def is_sliding(self, layer: int) -> bool:
         return layer % 2 == 0  # layer_types alternate, starting with sliding_attention
 
+    def config(self) -> SimpleNamespace:
+        """The Hugging Face config of these dims: the official gpt-oss config.json with the sizes replaced."""
+        layer_types = ["sliding_attention" if self.is_sliding(i) else "full_attention" for i in range(self.num_layers)]
+        return SimpleNamespace(**{
+            **OFFICIAL_20B_CONFIG, "num_hidden_layers": self.num_layers, "num_local_experts": self.num_experts,
+            "hidden_size": self.hidden, "intermediate_size": self.intermediate,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "vocab_size": self.vocab, "num_experts_per_tok": self.top_k, "experts_per_token": self.top_k,
+            "sliding_window": self.sliding_window, "swiglu_limit": self.swiglu_limit, "rms_norm_eps": self.rms_eps,
+            "layer_types": layer_types})
+
 
 GPT_OSS_120B = GptOssDims("gpt-oss-120b", 36, 128, probe_layers=(10, 22, 34))
 GPT_OSS_20B = GptOssDims("gpt-oss-20b", 24, 32, probe_layers=(6, 14, 22))
-# Smoke-test dims (CPU): two 128-blocks plus a ragged one, GQA 4, window 8.
-GPT_OSS_TINY = GptOssDims("gpt-oss-tiny", 4, 8, hidden=320, intermediate=256, num_heads=8, num_kv_heads=2,
+# Smoke-test dims (CPU): two 128-blocks plus a ragged one, GQA 4, window 8; 256 q rows, so TP 2 cuts the
+# heads on the 128-grid (the server refuses FP8 head shards that cut a block).
+GPT_OSS_TINY = GptOssDims("gpt-oss-tiny", 4, 8, hidden=320, intermediate=256, num_heads=16, num_kv_heads=4,
                           head_dim=16, vocab=1000, sliding_window=8, probe_layers=(1, 2, 3))
 MODELS = {"120b": GPT_OSS_120B, "20b": GPT_OSS_20B, "tiny": GPT_OSS_TINY}
 
 
-@dataclass(frozen=True)
-class Sharding:
+def parallel_layout(tp: int = 1, ep: int = 1, dp: int = 1, rank: int = 0) -> ParallelLayout:
     """SGLang's --tp/--ep/--dp on one node for one rank (world = tp)."""
+    if tp % ep or tp % dp:
+        raise ValueError(f"ep ({ep}) and dp ({dp}) must divide tp ({tp}), as in SGLang")
+    if 1 < dp < tp:
+        raise ValueError("data-parallel attention here runs with dp == tp (attention weights replicated)")
+    return ParallelLayout(tp_size=tp, tp_rank=rank, ep_size=ep, attn_dp_size=dp)
 
-    tp: int = 1
-    ep: int = 1
-    dp: int = 1
-    rank: int = 0
 
-    def __post_init__(self):
-        if self.tp % self.ep or self.tp % self.dp:
-            raise ValueError(f"ep ({self.ep}) and dp ({self.dp}) must divide tp ({self.tp}), as in SGLang")
-        if 1 < self.dp < self.tp:
-            raise ValueError("data-parallel attention here runs with dp == tp (attention weights replicated)")
-
-    @property
-    def label(self) -> str:
-        return f"EP{self.ep} DP{self.dp} TP{self.tp}"
-
-    @property
-    def attn_tp(self) -> int:
-        return self.tp // self.dp
-
-    @property
-    def attn_rank(self) -> int:
-        return self.rank % self.attn_tp
-
-    @property
-    def dp_rank(self) -> int:
-        return self.rank // self.attn_tp
-
-    @property
-    def moe_tp(self) -> int:
-        return self.tp // self.ep
-
-    @property
-    def moe_tp_rank(self) -> int:
-        return self.rank % self.moe_tp
-
-    @property
-    def ep_rank(self) -> int:
-        return self.rank // self.moe_tp
+def layout_label(layout: ParallelLayout) -> str:
+    return f"EP{layout.ep_size} DP{layout.attn_dp_size} TP{layout.tp_size}"
 
 
 def _random_fp8(shape, device, gen) -> torch.Tensor:
@@ -136,47 +114,125 @@ def expert_slice_width(intermediate: int, moe_tp: int, moe_tp_rank: int) -> int:
     return hi - lo
 
 
-def _all_gather_rows(x: torch.Tensor, group) -> torch.Tensor:
-    world = dist.get_world_size(group)
-    out = x.new_empty(world * x.shape[0], *x.shape[1:])
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-    return out
-
-
-def _reduce_scatter_rows(x: torch.Tensor, group) -> torch.Tensor:
-    world = dist.get_world_size(group)
-    out = x.new_empty(x.shape[0] // world, *x.shape[1:])
-    dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
-    return out
-
-
 def _blocks(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK
 
 
+class HarnessCollectives(Collectives):
+    """The decoder's collectives over one torch.distributed group (the whole world: TP; with DP attention,
+    dp == tp, so each attention group is one rank). `group` None or `emulate`: one process, the identity."""
+
+    def __init__(self, group, layout: ParallelLayout, emulate: bool):
+        self.group = group if not emulate else None
+        self.layout = layout
+
+    def all_reduce(self, x):
+        if self.group is not None:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def attn_all_reduce(self, x):
+        if self.layout.attn_tp_size == 1:
+            return x
+        return self.all_reduce(x)  # dp == 1: the attention group is the TP group
+
+    def dp_gather(self, x, batch):
+        if self.group is None:
+            return x
+        out = x.new_empty(dist.get_world_size(self.group) * x.shape[0], *x.shape[1:])
+        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        return out
+
+    def dp_scatter(self, out, x, batch):
+        if self.group is None:
+            return out
+        n = x.shape[0]
+        return out[self.layout.attn_dp_rank * n:(self.layout.attn_dp_rank + 1) * n]
+
+
 @dataclass
-class LayerWeights:
-    qkv: Linear
-    o: Linear
-    sinks: torch.Tensor
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    router_weight: torch.Tensor
-    router_bias: torch.Tensor
-    w1: torch.Tensor
-    w1_scale_inv: torch.Tensor
-    b1: torch.Tensor
-    w2: torch.Tensor
-    w2_scale_inv: torch.Tensor
-    b2: torch.Tensor
+class HarnessBatch:
+    """A forward's rows over the harness cache (what SGLang's ForwardBatch carries for the attention)."""
+
+    seq_lens: torch.Tensor  # [B] keys after the write
+    q_start: torch.Tensor  # [B]
+    q_len: torch.Tensor  # [B]
+    req_idx: torch.Tensor  # [B] rows of the request-to-slot tables
+    out_full: torch.Tensor  # [T] slots of the full-attention layers
+    out_swa: torch.Tensor  # [T] slots of the sliding layers' rings
+    no_prefix: bool
 
 
-def _fp8_linear(in_f, out_f, device, dtype, gen) -> Linear:
-    lin = Linear(in_f, out_f, bias=True, dtype=dtype, fp8=True).to(device)
-    lin.weight.data = _random_fp8((out_f, in_f), device, gen)
-    lin.weight_scale_inv.data = torch.rand(_blocks(out_f), _blocks(in_f), device=device, generator=gen) * 2e-4 + 1e-4
-    lin.bias.data = torch.randn(out_f, device=device, generator=gen).to(dtype) * 0.02
-    return lin
+class PagedAttention(nn.Module):
+    """One layer's attention over the harness cache, called as SGLang's RadixAttention is (the attention op
+    of gpt_oss_core.GptOssAttention): q [T, H, D] and k [T, Hkv, D] unrotated with `rope_cos_sin` on the kernel
+    path (RoPE and the KV write in the attention's launches, as the ext_sinks backend does), else rotated and
+    flattened; v [T, Hkv * D]. Returns [T, H * D]."""
+
+    def __init__(self, step: "ModelStep", num_heads, head_dim, scaling, num_kv_heads, layer_id, sliding_window_size):
+        super().__init__()
+        self.step, self.layer_id = step, layer_id
+        self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
+        self.scaling, self.window = scaling, sliding_window_size
+
+    @property
+    def applies_rope_kv(self) -> bool:
+        return use_triton(self.step.device)
+
+    def forward(self, q, k, v, batch: HarnessBatch, sinks=None, rope_cos_sin=None):
+        step, sliding = self.step, self.window >= 0
+        tokens, hd = q.shape[0], self.head_dim
+        k_buf, v_buf = step.kv_swa[self.layer_id] if sliding else step.kv_full[self.layer_id]
+        loc = batch.out_swa if sliding else batch.out_full
+        v = v.view(tokens, self.num_kv_heads, hd)
+        if rope_cos_sin is not None:
+            rope = RopeKV(k, v, rope_cos_sin, loc)
+        else:
+            rope = None
+            q = q.view(tokens, self.num_heads, hd)
+            k_buf[loc.long()] = k.view(tokens, self.num_kv_heads, hd)
+            v_buf[loc.long()] = v
+        o = paged_sink_attention(
+            q, k_buf, v_buf, step.req_to_token_swa if sliding else step.req_to_token_full, batch.req_idx,
+            batch.seq_lens, batch.q_start, batch.q_len, sinks, self.window, self.scaling, rope=rope,
+            no_prefix=batch.no_prefix)
+        return o.reshape(tokens, -1)
+
+
+@contextlib.contextmanager
+def _building(device, dtype):
+    """Modules made on `device` with `dtype` as the default (as SGLang builds the model)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _randomize(decoder: GptOssDecoder, gen: torch.Generator) -> None:
+    """Random weights of the right scale for every parameter of the decoder (FP8 codes drawn in range)."""
+    for layer in decoder.layers:
+        attn, ex = layer.self_attn, layer.mlp.experts
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+            lin.weight.data = _random_fp8(tuple(lin.weight.shape), lin.weight.device, gen)
+            lin.weight_scale_inv.data.copy_(torch.rand(lin.weight_scale_inv.shape, generator=gen,
+                                                       device=gen.device) * 2e-4 + 1e-4)
+            lin.bias.data.copy_(torch.randn(lin.bias.shape, generator=gen, device=gen.device) * 0.02)
+        attn.sinks.data.copy_(torch.randn(attn.sinks.shape, generator=gen, device=gen.device))
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.data.copy_(torch.rand(norm.weight.shape, generator=gen, device=gen.device) + 0.5)
+        router = layer.mlp.router
+        router.weight.data.copy_(torch.randn(router.weight.shape, generator=gen, device=gen.device) * 0.02)
+        router.bias.data.copy_(torch.randn(router.bias.shape, generator=gen, device=gen.device) * 0.02)
+        for name in ("gate_up_proj", "down_proj"):
+            w, s = getattr(ex, name), getattr(ex, name + "_scale_inv")
+            w.data = _random_fp8(tuple(w.shape), w.device, gen)
+            s.data.copy_(torch.rand(s.shape, generator=gen, device=gen.device) * 2e-4 + 1e-4)
+        for b in (ex.gate_up_proj_bias, ex.down_proj_bias):
+            b.data.copy_(torch.randn(b.shape, generator=gen, device=gen.device) * 0.02)
+        attn.fuse_qkv()
 
 
 @dataclass
@@ -184,7 +240,7 @@ class ModelStep:
     """Rank-local gpt-oss with a paged KV cache for `batch` requests of up to `context` tokens."""
 
     dims: GptOssDims
-    sharding: Sharding
+    layout: ParallelLayout
     batch: int
     context: int
     device: str = "cuda"
@@ -197,52 +253,36 @@ class ModelStep:
     swa_slots: int = 0
     # The LM head in e4m3 blocks, as a server with SGLANG_EXT_FP8_LM_HEAD=1 (sglang_ext/layers/lm_head.py)
     fp8_lm_head: bool = False
-    layers: list = field(default_factory=list)
 
     def __post_init__(self):
-        d, s = self.dims, self.sharding
+        d, lay = self.dims, self.layout
         dev, dt = self.device, self.dtype
-        gen = torch.Generator(device=dev).manual_seed(self.seed * 1000 + s.rank)
-        if d.num_heads % s.attn_tp or d.num_kv_heads % s.attn_tp:
-            raise ValueError(f"{d.num_kv_heads} KV heads do not split over attention TP {s.attn_tp}")
-        if d.num_experts % s.ep:
-            raise ValueError(f"{d.num_experts} experts do not split over EP {s.ep}")
-        self.num_heads = d.num_heads // s.attn_tp
-        self.num_kv_heads = d.num_kv_heads // s.attn_tp
-        self.local_experts = d.num_experts // s.ep
-        self.expert_offset = s.ep_rank * self.local_experts
-        self.inter_local = expert_slice_width(d.intermediate, s.moe_tp, s.moe_tp_rank)
-        hd = d.head_dim
-        self.rope = YarnRope(head_dim=hd)
-        self.cos_sin = self.rope.cos_sin_cache(self.context + 1, device=dev)
-        for layer in range(d.num_layers):
-            w1_rows = 2 * self.inter_local
-            self.layers.append(LayerWeights(
-                qkv=_fp8_linear(d.hidden, (self.num_heads + 2 * self.num_kv_heads) * hd, dev, dt, gen),
-                o=_fp8_linear(self.num_heads * hd, d.hidden, dev, dt, gen),
-                sinks=torch.randn(self.num_heads, device=dev, generator=gen),
-                input_norm=torch.rand(d.hidden, device=dev, generator=gen).to(dt) + 0.5,
-                post_norm=torch.rand(d.hidden, device=dev, generator=gen).to(dt) + 0.5,
-                router_weight=(torch.randn(d.num_experts, d.hidden, device=dev, generator=gen) * 0.02).to(dt),
-                router_bias=(torch.randn(d.num_experts, device=dev, generator=gen) * 0.02).to(dt),
-                w1=_random_fp8((self.local_experts, w1_rows, d.hidden), dev, gen),
-                w1_scale_inv=torch.rand(self.local_experts, _blocks(w1_rows), _blocks(d.hidden), device=dev,
-                                        generator=gen) * 2e-4 + 1e-4,
-                b1=(torch.randn(self.local_experts, w1_rows, device=dev, generator=gen) * 0.02).to(dt),
-                w2=_random_fp8((self.local_experts, d.hidden, self.inter_local), dev, gen),
-                w2_scale_inv=torch.rand(self.local_experts, _blocks(d.hidden), _blocks(self.inter_local),
-                                        device=dev, generator=gen) * 2e-4 + 1e-4,
-                b2=(torch.randn(self.local_experts, d.hidden, device=dev, generator=gen) * 0.02).to(dt),
-            ))
-        vocab_local = -(-d.vocab // s.attn_tp)
+        if lay.attn_dp_size not in (1, lay.tp_size):
+            raise ValueError("data-parallel attention here runs with dp == tp (attention weights replicated)")
+        gen = torch.Generator(device=dev).manual_seed(self.seed * 1000 + lay.tp_rank)
+        groups = RankGroups(lay, HarnessCollectives(self.group, lay, self.emulate))
+        step = self
+
+        def attention(*args, **kwargs):
+            return PagedAttention(step, *args, **kwargs)
+
+        with _building(dev, dt):
+            self.decoder = GptOssDecoder(d.config(), groups, fp8=True, attention=attention)
+        _randomize(self.decoder, gen)
+        attn0 = self.decoder.layers[0].self_attn
+        self.num_heads, self.num_kv_heads = attn0.num_heads, attn0.num_kv_heads
+        vocab_local = -(-d.vocab // lay.attn_tp_size)
         self.embed = (torch.randn(vocab_local, d.hidden, device=dev, generator=gen) * 0.02).to(dt)
         self.lm_head = (torch.randn(vocab_local, d.hidden, device=dev, generator=gen) * 0.02).to(dt)
         self.lm_head_fp8 = None
         if self.fp8_lm_head:  # the e4m3 head only, as a server holds it (the bf16 one would be 1.16 GB unused)
             self.lm_head_fp8, self.lm_head = quantize_head_weight(self.lm_head), None
-        self.final_norm = torch.ones(d.hidden, device=dev, dtype=dt)
         self.probe = None
         self.allocate_cache(self.batch, self.context, self.swa_slots)
+
+    @property
+    def layers(self):
+        return self.decoder.layers
 
     def allocate_cache(self, batch: int, context: int, swa_slots: int = 0):
         """(Re)allocate the paged KV for `batch` requests of up to `context` tokens; weights stay."""
@@ -251,11 +291,9 @@ class ModelStep:
         if dev == "cuda" or (isinstance(dev, torch.device) and dev.type == "cuda"):
             torch.cuda.empty_cache()
         self.batch, self.context, self.swa_slots = batch, context, swa_slots
-        self.batch_local = batch if self.sharding.dp == 1 else -(-batch // self.sharding.dp)
+        self.batch_local = batch if self.layout.attn_dp_size == 1 else -(-batch // self.layout.attn_dp_size)
         b = self.batch_local
         gen = torch.Generator(device=dev).manual_seed(self.seed * 1000 + 7)
-        if self.cos_sin.shape[0] < context + 1:
-            self.cos_sin = self.rope.cos_sin_cache(context + 1, device=dev)
         # Paged KV: slot 0 is a scratch slot (SGLang reserves one too). Random contents: the
         # attention reads real-looking keys; their values do not matter for timing.
         kv_shape = lambda n: (n, self.num_kv_heads, hd)  # noqa: E731
@@ -276,27 +314,21 @@ class ModelStep:
 
     # -- sizes ----------------------------------------------------------------------
     @staticmethod
-    def bytes_needed(dims: GptOssDims, sharding: Sharding, batch: int, context: int, swa_slots: int = 0) -> dict:
+    def bytes_needed(dims: GptOssDims, layout: ParallelLayout, batch: int, context: int, swa_slots: int = 0) -> dict:
         """Bytes this rank allocates (weights, KV), computed before allocating anything."""
-        s, d = sharding, dims
-        heads, kv_heads = d.num_heads // s.attn_tp, d.num_kv_heads // s.attn_tp
-        inter = expert_slice_width(d.intermediate, s.moe_tp, s.moe_tp_rank)
-        experts = d.num_experts // s.ep
+        d = dims
+        heads, kv_heads = d.num_heads // layout.attn_tp_size, d.num_kv_heads // layout.attn_tp_size
+        inter = expert_slice_width(d.intermediate, layout.moe_tp_size, layout.moe_tp_rank)
+        experts = d.num_experts // layout.ep_size
         attn = d.hidden * (heads + 2 * kv_heads) * d.head_dim + heads * d.head_dim * d.hidden
         expert_bytes = experts * (2 * inter * d.hidden + d.hidden * inter)
         weights = d.num_layers * (attn + expert_bytes + 2 * d.num_experts * d.hidden)
-        weights += 2 * 2 * (-(-d.vocab // s.attn_tp)) * d.hidden
-        b = batch if s.dp == 1 else -(-batch // s.dp)
+        weights += 2 * 2 * (-(-d.vocab // layout.attn_tp_size)) * d.hidden
+        b = batch if layout.attn_dp_size == 1 else -(-batch // layout.attn_dp_size)
         per_slot = 2 * kv_heads * d.head_dim * 2
         full_layers = sum(not d.is_sliding(i) for i in range(d.num_layers))
         kv = full_layers * b * context * per_slot + (d.num_layers - full_layers) * b * (swa_slots or d.sliding_window) * per_slot
         return {"weights": weights, "kv": kv, "total": weights + kv}
-
-    # -- collectives ------------------------------------------------------------------
-    def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.group is not None and not self.emulate:
-            dist.all_reduce(x, group=self.group)
-        return x
 
     # -- the forward --------------------------------------------------------------------
     def forward(self, token_ids, positions, seq_lens, q_start, q_len, out_full, out_swa, no_prefix=False):
@@ -307,53 +339,14 @@ class ModelStep:
         this forward's keys as rows, as a server's prefill does). Returns the logits of each request's last
         row, [B, vocab_local].
         """
-        d, s = self.dims, self.sharding
-        hd = d.head_dim
         h = F.embedding(token_ids.clamp_max(self.embed.shape[0] - 1), self.embed)
-        cos_sin = self.cos_sin[positions.long()]
         req_idx = torch.arange(seq_lens.shape[0], device=h.device, dtype=torch.int32)
-        tokens = h.shape[0]
         last = q_start + q_len - 1
+        batch = HarnessBatch(seq_lens, q_start, q_len, req_idx, out_full, out_swa, no_prefix)
         if self.probe is not None:
             self.probe.expect(out_full, seq_lens, last)
-            self.probe.begin(tokens)
-        pending = None  # the previous layer's MoE output, added inside this layer's first norm
-        quantize = use_triton(h.device)  # the qkv projections are FP8
-        for i, lw in enumerate(self.layers):
-            # The server's order (models/gpt_oss.py): residual add + norm (+ the probe's tap) in one launch.
-            tap = self.probe.tap_target(i) if self.probe is not None else None
-            # Kernel path: the norm's launch also quantises x for the qkv GEMM (as the server).
-            normed = residual_rms_norm(h, pending, lw.input_norm, d.rms_eps, tap, quantize=quantize)
-            h, x = normed[:2]
-            qkv = lw.qkv(x, x_quant=normed[2] if quantize else None)
-            q = qkv[:, : self.num_heads * hd].view(tokens, self.num_heads, hd)
-            k = qkv[:, self.num_heads * hd: (self.num_heads + self.num_kv_heads) * hd].view(tokens, self.num_kv_heads, hd)
-            v = qkv[:, (self.num_heads + self.num_kv_heads) * hd:].view(tokens, self.num_kv_heads, hd)
-            sliding = d.is_sliding(i)
-            k_buf, v_buf = self.kv_swa[i] if sliding else self.kv_full[i]
-            loc = out_swa if sliding else out_full
-            rope = None
-            if use_triton(h.device):
-                # As the server: both RoPEs and the cache write in one launch (rope_store_kv), or, at
-                # decode where the attention runs one-shot, inside the attention's launch.
-                rope = RopeKV(k, v, cos_sin, loc)
-            else:
-                q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-                k_buf[loc.long()] = k
-                v_buf[loc.long()] = v
-            o = paged_sink_attention(
-                q, k_buf, v_buf, self.req_to_token_swa if sliding else self.req_to_token_full, req_idx,
-                seq_lens, q_start, q_len, lw.sinks, d.sliding_window - 1 if sliding else -1, hd ** -0.5,
-                rope=rope, no_prefix=no_prefix)
-            o = lw.o(o.reshape(tokens, -1), with_bias=s.attn_tp == 1)
-            if s.attn_tp > 1:
-                o = self._all_reduce(o) + lw.o.bias
-            h, x = residual_rms_norm(h, o, lw.post_norm, d.rms_eps)
-            pending = self._moe(x, lw)
-        if self.probe is not None:
-            self.probe.runtime.layers_done()
-        h = h + pending
-        x = rms_norm(h[last.long()], self.final_norm, d.rms_eps)
+        x = self.decoder.decode(h, positions, batch, self.probe.runtime if self.probe is not None else None)
+        x = x[last.long()]
         carveout = (head_carveout(self.probe.head_carveout, self.probe.head_carveout_lt) if self.probe is not None
                     else contextlib.nullcontext())
         with carveout:
@@ -361,25 +354,6 @@ class ModelStep:
         if self.probe is not None:
             self.probe.step(out_full, seq_lens, last)
         return logits
-
-    def _moe(self, x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
-        d, s = self.dims, self.sharding
-        sharded = s.tp > 1 and not self.emulate
-        if s.dp > 1 and sharded:
-            # Data-parallel attention: the MoE runs over every DP group's tokens.
-            x = _all_gather_rows(x, self.group)
-        partial = moe_forward(
-            x, lw.router_weight, lw.router_bias, lw.w1, lw.w1_scale_inv, lw.b1, lw.w2, lw.w2_scale_inv,
-            lw.b2, top_k=d.top_k, limit=d.swiglu_limit, expert_offset=self.expert_offset,
-            # mlp2's bias once per (token, expert): on the rank holding the expert's first slice.
-            with_down_bias=s.moe_tp_rank == 0)
-        if s.tp == 1:
-            return partial
-        if sharded:
-            if s.dp > 1:
-                return _reduce_scatter_rows(partial, self.group)
-            dist.all_reduce(partial, group=self.group)
-        return partial
 
     # -- inputs -----------------------------------------------------------------------------
     def decode_inputs(self, context_len: int):
@@ -470,12 +444,6 @@ class HarnessProbe:
         full = next(kv for kv in self.model.kv_full if kv is not None)
         self.runtime.bind(self.model.req_to_token_full, full[0].shape[0])
 
-    def begin(self, tokens: int):
-        self.runtime.begin(tokens, self.model.device)
-
-    def tap_target(self, layer: int):
-        return self.runtime.tap_target(layer)
-
     def _batch(self, out_full: torch.Tensor, seq_lens: torch.Tensor, last_rows: torch.Tensor):
         # Request rows 0..B-1, made once (a capture's warm-up runs first): a server passes its batch's own
         # req_pool_indices, so an arange launched here at the step's start and end would be ~2-3 us that the
@@ -502,16 +470,16 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> floa
     return num_experts * (1 - (1 - top_k / num_experts) ** tokens)
 
 
-def decode_step_bytes(dims: GptOssDims, sharding: Sharding, batch: int, context: int,
+def decode_step_bytes(dims: GptOssDims, layout: ParallelLayout, batch: int, context: int,
                       fp8_lm_head: bool = False) -> float:
     """Bytes one rank must read in a decode step (weights touched + KV): the bandwidth floor
     (`fp8_lm_head`: the head's e4m3 codes and fp32 block scales instead of its bf16)."""
-    s, d = sharding, dims
-    heads, kv_heads = d.num_heads // s.attn_tp, d.num_kv_heads // s.attn_tp
-    b = batch if s.dp == 1 else -(-batch // s.dp)
-    moe_tokens = batch if s.dp > 1 else b
-    inter = expert_slice_width(d.intermediate, s.moe_tp, s.moe_tp_rank)
-    local = d.num_experts // s.ep
+    lay, d = layout, dims
+    heads, kv_heads = d.num_heads // lay.attn_tp_size, d.num_kv_heads // lay.attn_tp_size
+    b = batch if lay.attn_dp_size == 1 else -(-batch // lay.attn_dp_size)
+    moe_tokens = batch if lay.attn_dp_size > 1 else b
+    inter = expert_slice_width(d.intermediate, lay.moe_tp_size, lay.moe_tp_rank)
+    local = d.num_experts // lay.ep_size
     touched = expected_distinct_experts(d.num_experts, d.top_k, moe_tokens) * local / d.num_experts
     attn = d.hidden * (heads + 2 * kv_heads) * d.head_dim + heads * d.head_dim * d.hidden
     per_layer = attn + touched * 3 * inter * d.hidden + 2 * d.num_experts * d.hidden
@@ -519,7 +487,7 @@ def decode_step_bytes(dims: GptOssDims, sharding: Sharding, batch: int, context:
     kv = 0
     for i in range(d.num_layers):
         kv += b * (min(context, d.sliding_window) if d.is_sliding(i) else context) * per_slot
-    vocab_local = -(-d.vocab // s.attn_tp)
+    vocab_local = -(-d.vocab // lay.attn_tp_size)
     lm_head = 2 * vocab_local * d.hidden
     if fp8_lm_head:
         lm_head = vocab_local * d.hidden + 4 * _blocks(vocab_local) * _blocks(d.hidden)
@@ -538,5 +506,5 @@ def prefill_flops(dims: GptOssDims, length: int) -> float:
     return flops
 
 
-__all__ = ["GPT_OSS_120B", "GPT_OSS_20B", "MODELS", "GptOssDims", "ModelStep", "Sharding",
+__all__ = ["GPT_OSS_120B", "GPT_OSS_20B", "MODELS", "GptOssDims", "ModelStep", "layout_label", "parallel_layout",
            "decode_step_bytes", "expected_distinct_experts", "prefill_flops"]

@@ -57,22 +57,23 @@ class CollectiveModel:
     def gather_or_scatter(self, nbytes: float, n: int) -> float:
         return 0.0 if n == 1 else self.alpha(n) + (n - 1) / n * nbytes / self.busbw
 
-    def step_seconds(self, dims, sharding, tokens_local: int, tokens_all: int) -> float:
-        """Collectives of one forward: o_proj's all-reduce over attention TP, the MoE's combine."""
+    def step_seconds(self, dims, layout, tokens_local: int, tokens_all: int) -> float:
+        """Collectives of one forward (`layout`: a ParallelLayout): o_proj's all-reduce over attention TP,
+        the MoE's all-reduce over TP (with DP attention, between the gather of every group's tokens and the
+        scatter back, a local slice: models/gpt_oss_core.GptOssMLP)."""
         row = dims.hidden * 2  # bf16
-        per_layer = self.all_reduce(tokens_local * row, sharding.attn_tp)
-        if sharding.dp > 1:
-            per_layer += self.gather_or_scatter(tokens_all * row, sharding.tp) * 2
-        else:
-            per_layer += self.all_reduce(tokens_all * row, sharding.tp)
+        per_layer = self.all_reduce(tokens_local * row, layout.attn_tp_size)
+        per_layer += self.all_reduce(tokens_all * row, layout.tp_size)
+        if layout.attn_dp_size > 1:
+            per_layer += self.gather_or_scatter(tokens_all * row, layout.tp_size)
         return dims.num_layers * per_layer
 
-    def decode_step_seconds(self, dims, sharding, batch: int) -> float:
-        local = batch if sharding.dp == 1 else -(-batch // sharding.dp)
-        return self.step_seconds(dims, sharding, local, batch)
+    def decode_step_seconds(self, dims, layout, batch: int) -> float:
+        local = batch if layout.attn_dp_size == 1 else -(-batch // layout.attn_dp_size)
+        return self.step_seconds(dims, layout, local, batch)
 
-    def prefill_seconds(self, dims, sharding, length: int) -> float:
-        return self.step_seconds(dims, sharding, length, length)
+    def prefill_seconds(self, dims, layout, length: int) -> float:
+        return self.step_seconds(dims, layout, length, length)
 
 
 def kernel_breakdown(model, context: int, top: int = 15, inputs: dict | None = None) -> list[dict]:

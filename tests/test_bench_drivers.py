@@ -47,7 +47,7 @@ def _rows(path: Path) -> tuple[dict, list]:
 def test_decode_rows_follow_from_their_times(grid):
     from benchmarks import bench_common as bc
     from benchmarks import perf_model
-    from benchmarks.model_step import MODELS, Sharding
+    from benchmarks.model_step import MODELS, parallel_layout
 
     meta, rows = _rows(grid / "bench_decode.json")
     model = perf_model.CollectiveModel.load(str(BENCH / "results" / "nccl_collectives.json"))
@@ -59,7 +59,7 @@ def test_decode_rows_follow_from_their_times(grid):
     for r in timed:
         tp, ep = r["gpus"], int(r["config"].split()[0][2:])
         assert r["kind"] == ("measured" if tp == 1 else "modelled")
-        collectives = model.decode_step_seconds(MODELS["tiny"], Sharding(tp=tp, ep=ep), r["batch"]) * 1e3
+        collectives = model.decode_step_seconds(MODELS["tiny"], parallel_layout(tp=tp, ep=ep), r["batch"]) * 1e3
         assert r["step_ms"] == pytest.approx(r["compute_ms"] + (collectives if tp > 1 else 0.0))
         if tp > 1:
             assert r["modelled_collectives_ms"] == pytest.approx(collectives) and collectives > 0
@@ -126,12 +126,12 @@ def test_120b_batch128_at_32k_needs_more_than_one_h200():
     """The memory check's arithmetic on the issue's example: 120b at batch 128 x 32k needs more than an H200 holds
     (its KV alone > 100 GB), batch 1 at 8k and TP8 EP8 at batch 128 x 32k fit (the next test: how a row says so)."""
     from benchmarks.bench_decode import MEMORY_MARGIN
-    from benchmarks.model_step import MODELS, ModelStep, Sharding
+    from benchmarks.model_step import MODELS, ModelStep, parallel_layout
 
-    need = ModelStep.bytes_needed(MODELS["120b"], Sharding(), 128, 32768)
+    need = ModelStep.bytes_needed(MODELS["120b"], parallel_layout(), 128, 32768)
     assert need["total"] + MEMORY_MARGIN > H200_BYTES and need["kv"] > 100e9
-    assert ModelStep.bytes_needed(MODELS["120b"], Sharding(), 1, 8192)["total"] + MEMORY_MARGIN < H200_BYTES
-    eight = ModelStep.bytes_needed(MODELS["120b"], Sharding(tp=8, ep=8), 128, 32768)
+    assert ModelStep.bytes_needed(MODELS["120b"], parallel_layout(), 1, 8192)["total"] + MEMORY_MARGIN < H200_BYTES
+    eight = ModelStep.bytes_needed(MODELS["120b"], parallel_layout(tp=8, ep=8), 128, 32768)
     assert eight["total"] + MEMORY_MARGIN < H200_BYTES
 
 
@@ -141,8 +141,8 @@ def test_a_row_that_does_not_fit_is_named_not_skipped(tmp_path, monkeypatch):
 
     real = bench_decode.ModelStep.bytes_needed
 
-    def inflated(dims, sharding, batch, context, swa_slots=0):
-        need = real(dims, sharding, batch, context, swa_slots)
+    def inflated(dims, layout, batch, context, swa_slots=0):
+        need = real(dims, layout, batch, context, swa_slots)
         return dict(need, kv=2 << 40, total=need["weights"] + (2 << 40)) if batch == 2 else need
 
     monkeypatch.setattr(bench_decode.ModelStep, "bytes_needed", staticmethod(inflated))

@@ -18,6 +18,7 @@ pytest.importorskip("sglang")
 from transformers import GptOssConfig  # noqa: E402
 
 import sglang_ext.models.gpt_oss as gpt_oss  # noqa: E402
+import sglang_ext.models.gpt_oss_core as core  # noqa: E402
 from sglang_ext.layers.fp8 import quantize_weight_block128  # noqa: E402
 from sglang_ext.layers.parallel import ParallelLayout  # noqa: E402
 
@@ -60,9 +61,9 @@ def checkpoint_tensors(fp8: bool, seed: int = 0) -> dict:
 
 
 def build_rank(cfg, layout: ParallelLayout, tensors: dict):
-    tp = gpt_oss._TP(layout)
-    attn = gpt_oss.GptOssAttention(cfg, 0, tp)
-    mlp = gpt_oss.GptOssMLP(cfg, tp)
+    tp = core.RankGroups(layout)
+    attn = core.GptOssAttention(cfg, 0, tp)
+    mlp = core.GptOssMLP(cfg, tp)
     modules = {"self_attn": attn, "mlp": mlp}
     for name, full in tensors.items():
         top, rest = name.split(".", 1)
@@ -73,20 +74,33 @@ def build_rank(cfg, layout: ParallelLayout, tensors: dict):
     return attn, mlp
 
 
-def run_ranks(monkeypatch, layouts, fn):
+class SummingCollectives(core.Collectives):
+    """The TP all-reduce of ranks run one after another in this process: a first pass records every rank's
+    partial (returning zeros), a second returns their sum."""
+
+    def __init__(self):
+        self.partials, self.total = [], None
+
+    def all_reduce(self, x):
+        if self.total is None:
+            self.partials.append(x.clone())
+            return x * 0
+        return self.total.to(x.dtype)
+
+
+def run_ranks(layouts, fn):
     """fn(rank_modules) -> output, with the TP all-reduce = the sum of every rank's partial."""
-    partials = []
-    monkeypatch.setattr(gpt_oss, "tensor_model_parallel_all_reduce", lambda x: partials.append(x.clone()) or x * 0)
+    comm = SummingCollectives()
     for mods in layouts:
+        mods.tp.comm = comm
         fn(mods)
-    total = torch.stack(partials).sum(0)
-    monkeypatch.setattr(gpt_oss, "tensor_model_parallel_all_reduce", lambda x: total.to(x.dtype))
+    comm.total = torch.stack(comm.partials).sum(0)
     return [fn(mods) for mods in layouts]
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8"])
 @pytest.mark.parametrize("tp,ep", [(2, 1), (4, 1), (2, 2), (4, 2)], ids=["TP2", "TP4", "EP2", "TP4xEP2"])
-def test_rank_outputs_equal_single_process(monkeypatch, fp8, tp, ep):
+def test_rank_outputs_equal_single_process(fp8, tp, ep):
     torch.manual_seed(1)
     cfg = make_config(fp8)
     tensors = checkpoint_tensors(fp8)
@@ -95,7 +109,7 @@ def test_rank_outputs_equal_single_process(monkeypatch, fp8, tp, ep):
     x = torch.randn(7, HIDDEN)
 
     want = single_mlp(x)
-    for got in run_ranks(monkeypatch, [m for _, m in ranks], lambda mlp: mlp(x)):
+    for got in run_ranks([m for _, m in ranks], lambda mlp: mlp(x)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
     # Attention projections: each rank's q/k/v rows are its heads' rows of the full projection

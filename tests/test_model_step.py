@@ -1,7 +1,7 @@
 """The benchmark harness computes gpt-oss, not just something of the right size.
 
-benchmarks/model_step.py wires the project's layers to its own paged KV cache (the GPU
-image has no SGLang). Oracles: (1) the same harness without a cache: a decode step after
+benchmarks/model_step.py runs the server's decoder (sglang_ext/models/gpt_oss_core.py) on its
+own paged KV cache (the GPU image has no SGLang). Oracles: (1) the same harness without a cache: a decode step after
 a prefill of n tokens must give the logits of a prefill of n + 1 tokens; (2) the SGLang-free
 layers it calls, recomposed here in plain torch on dequantised weights, over a dense
 (unpaged) causal window mask.
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a package of the checkout
     sys.path.insert(0, ROOT)
 
-from benchmarks.model_step import GPT_OSS_TINY, ModelStep, Sharding, decode_step_bytes, GPT_OSS_120B  # noqa: E402
+from benchmarks.model_step import GPT_OSS_TINY, ModelStep, parallel_layout, decode_step_bytes, GPT_OSS_120B  # noqa: E402
 
 from sglang_ext.layers.fp8 import dequantize_weight_block128, fp8_linear_torch  # noqa: E402
 from sglang_ext.layers.moe import experts_torch, route  # noqa: E402
@@ -31,7 +31,7 @@ from sglang_ext.layers.sink_attention import sink_attention_torch  # noqa: E402
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return ModelStep(GPT_OSS_TINY, Sharding(), batch=3, context=48, swa_slots=48, device="cpu", dtype=torch.float32)
+    return ModelStep(GPT_OSS_TINY, parallel_layout(), batch=3, context=48, swa_slots=48, device="cpu", dtype=torch.float32)
 
 
 def dense_reference(m: ModelStep, token_ids: torch.Tensor) -> torch.Tensor:
@@ -39,24 +39,25 @@ def dense_reference(m: ModelStep, token_ids: torch.Tensor) -> torch.Tensor:
     d = m.dims
     n, hd = token_ids.shape[0], d.head_dim
     positions = torch.arange(n)
-    cos_sin = m.cos_sin[positions]
+    cos_sin = m.decoder.cos_sin(positions)
     h = m.embed[token_ids]
-    for i, lw in enumerate(m.layers):
-        x = rms_norm(h, lw.input_norm, d.rms_eps)
-        qkv = fp8_linear_torch(x, lw.qkv.weight, lw.qkv.weight_scale_inv, lw.qkv.bias)
-        q = qkv[:, : m.num_heads * hd].view(n, m.num_heads, hd)
-        k = qkv[:, m.num_heads * hd: (m.num_heads + m.num_kv_heads) * hd].view(n, m.num_kv_heads, hd)
-        v = qkv[:, (m.num_heads + m.num_kv_heads) * hd:].view(n, m.num_kv_heads, hd)
+    lin = lambda x, p: fp8_linear_torch(x, p.weight, p.weight_scale_inv, p.bias)  # noqa: E731
+    for i, layer in enumerate(m.layers):
+        attn, ex = layer.self_attn, layer.mlp.experts
+        x = rms_norm(h, layer.input_layernorm.weight, d.rms_eps)
+        q = lin(x, attn.q_proj).view(n, m.num_heads, hd)
+        k = lin(x, attn.k_proj).view(n, m.num_kv_heads, hd)
+        v = lin(x, attn.v_proj).view(n, m.num_kv_heads, hd)
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
         window = d.sliding_window - 1 if d.is_sliding(i) else -1
-        o = sink_attention_torch(q, k, v, lw.sinks, positions, 0, window, hd ** -0.5)
-        h = h + fp8_linear_torch(o.reshape(n, -1), lw.o.weight, lw.o.weight_scale_inv, lw.o.bias)
-        x = rms_norm(h, lw.post_norm, d.rms_eps)
-        w, ids = route(x, lw.router_weight, lw.router_bias, d.top_k)
-        h = h + experts_torch(x, w, ids, dequantize_weight_block128(lw.w1, lw.w1_scale_inv), lw.b1,
-                              dequantize_weight_block128(lw.w2, lw.w2_scale_inv), lw.b2, d.swiglu_limit,
-                              quantize_activations=True)
-    return torch.nn.functional.linear(rms_norm(h[-1:], m.final_norm, d.rms_eps), m.lm_head)
+        o = sink_attention_torch(q, k, v, attn.sinks, positions, 0, window, hd ** -0.5)
+        h = h + lin(o.reshape(n, -1), attn.o_proj)
+        x = rms_norm(h, layer.post_attention_layernorm.weight, d.rms_eps)
+        w, ids = route(x, layer.mlp.router.weight, layer.mlp.router.bias, d.top_k)
+        h = h + experts_torch(x, w, ids, dequantize_weight_block128(ex.gate_up_proj, ex.gate_up_proj_scale_inv),
+                              ex.gate_up_proj_bias, dequantize_weight_block128(ex.down_proj, ex.down_proj_scale_inv),
+                              ex.down_proj_bias, d.swiglu_limit, quantize_activations=True)
+    return torch.nn.functional.linear(rms_norm(h[-1:], m.decoder.norm.weight, d.rms_eps), m.lm_head)
 
 
 def test_prefill_equals_dense_reference(model):
@@ -81,7 +82,7 @@ def test_decode_after_prefill_equals_longer_prefill(model):
 
 def test_decode_bytes_match_the_issue_budget():
     # Issue 7: 6.03 GB per token for 120b at batch 1, context 8192 (FP8 experts, bf16 LM head).
-    assert abs(decode_step_bytes(GPT_OSS_120B, Sharding(), 1, 8192) / 1e9 - 6.03) < 0.01
+    assert abs(decode_step_bytes(GPT_OSS_120B, parallel_layout(), 1, 8192) / 1e9 - 6.03) < 0.01
 
 
 def test_harness_probe_makes_its_request_rows_once(model):

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoConfig, GptOssConfig  # noqa: E402
 
 import sglang_ext.models.gpt_oss as gpt_oss  # noqa: E402
+import sglang_ext.models.gpt_oss_core as core  # noqa: E402
 from sglang_ext.launch import make_tiny as mt  # noqa: E402
 from sglang_ext.launch.convert import convert  # noqa: E402
 from sglang_ext.layers.fp8 import BLOCK, convert_block128, dequantize_weight_block128  # noqa: E402
@@ -45,15 +46,15 @@ def layers_only(tensors: dict) -> list:
 
 def build_layers(cfg, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp"), fp8=None):
     """A module whose parameters are named as the checkpoint's layer keys (model.layers.{i}.*)."""
-    tp = gpt_oss._TP(layout)
+    tp = core.RankGroups(layout)
     layers = nn.ModuleList()
     for i in range(cfg.num_hidden_layers):
         layer = nn.Module()
         if "self_attn" in parts:
-            layer.self_attn = gpt_oss.GptOssAttention(cfg, i, tp, fp8)
-            layer.input_layernorm = gpt_oss.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-            layer.post_attention_layernorm = gpt_oss.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        layer.mlp = gpt_oss.GptOssMLP(cfg, tp, fp8)
+            layer.self_attn = core.GptOssAttention(cfg, i, tp, fp8)
+            layer.input_layernorm = core.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            layer.post_attention_layernorm = core.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        layer.mlp = core.GptOssMLP(cfg, tp, fp8)
         layers.append(layer)
     root = nn.Module()
     root.model = nn.Module()
@@ -66,7 +67,7 @@ def build_layers(cfg, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp"), f
 def load(cfg, tensors, layout=ParallelLayout(1, 0), parts=("self_attn", "mlp"), fp8=None, **kw):
     root, tp = build_layers(cfg, layout, parts, fp8)
     layer0 = root.model.layers[0]
-    loader = gpt_oss.CheckpointLoader(root, gpt_oss.checkpoint_format(cfg), tp, getattr(layer0, "self_attn", None),
+    loader = gpt_oss.CheckpointLoader(root, core.checkpoint_format(cfg), tp, getattr(layer0, "self_attn", None),
                                       layer0.mlp.experts, **kw)
     loader.load(tensors)
     return root, loader
@@ -102,7 +103,7 @@ def test_mxfp4_experts_load_as_fp8_equal_to_transformers_dequantisation(spread_m
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     cfg = AutoConfig.from_pretrained(spread_mxfp4["src"])
-    assert gpt_oss.checkpoint_format(cfg) == "mxfp4" and gpt_oss.serves_fp8(cfg)
+    assert core.checkpoint_format(cfg) == "mxfp4" and core.serves_fp8(cfg)
     source = read_checkpoint(spread_mxfp4["src"])
     root, loader = load(cfg, layers_only(source))
     params = dict(root.named_parameters())
@@ -190,7 +191,7 @@ def test_parallel_ranks_hold_the_fp8_checkpoints_shards(tp, ep, chunk_experts):
         root, loader = load(cfg, list(tensors.items()), layout, parts=("mlp",), chunk_elements=chunk)
         experts = root.model.layers[0].mlp.experts
         for name, want in full.items():
-            want = gpt_oss.shard_checkpoint_tensor(name, want, "checkpoint", gpt_oss._TP(layout), None, experts)
+            want = gpt_oss.shard_checkpoint_tensor(name, want, "checkpoint", core.RankGroups(layout), None, experts)
             got = dict(root.named_parameters())[name]
             assert got.shape == want.shape, (name, rank)
             assert torch.equal(got.view(torch.uint8) if got.dtype == FP8 else got,
@@ -205,10 +206,10 @@ def test_bf16_checkpoint_with_quantization_fp8_loads_its_offline_conversion(tiny
     from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
 
     cfg = AutoConfig.from_pretrained(tiny_checkpoints["bf16"])
-    assert gpt_oss.checkpoint_format(cfg) == "dense" and not gpt_oss.serves_fp8(cfg)
-    assert gpt_oss.serves_fp8(cfg, Fp8Config(is_checkpoint_fp8_serialized=False))
+    assert core.checkpoint_format(cfg) == "dense" and not core.serves_fp8(cfg)
+    assert core.serves_fp8(cfg, Fp8Config(is_checkpoint_fp8_serialized=False))
     with pytest.raises(ValueError, match="--quantization mxfp4"):
-        gpt_oss.serves_fp8(cfg, Mxfp4Config())
+        core.serves_fp8(cfg, Mxfp4Config())
     report = convert(str(tiny_checkpoints["bf16"]), str(tmp_path / "fp8"), log=lambda *_: None)
     root, loader = load(cfg, layers_only(read_checkpoint(tiny_checkpoints["bf16"])), fp8=True)
     want = read_checkpoint(tmp_path / "fp8")
@@ -237,7 +238,7 @@ def test_unknown_quant_method_is_refused():
     cfg = GptOssConfig(num_hidden_layers=1)
     cfg.quantization_config = {"quant_method": "awq"}
     with pytest.raises(ValueError, match="awq"):
-        gpt_oss.checkpoint_format(cfg)
+        core.checkpoint_format(cfg)
 
 
 def test_dummy_load_of_an_mxfp4_config_is_finite_and_like_fp8(tiny_checkpoints):

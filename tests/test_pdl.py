@@ -77,12 +77,12 @@ def test_decode_step_bits_equal_with_and_without_pdl(batch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm90+")
     from benchmarks import bench_common as bc
-    from benchmarks.model_step import GPT_OSS_20B, ModelStep, Sharding
+    from benchmarks.model_step import GPT_OSS_20B, ModelStep, parallel_layout
 
     torch.manual_seed(0)
     # three layers: sliding and full attention, the MoE, the norms' quantisation, all at real width
     dims = dataclasses.replace(GPT_OSS_20B, num_layers=3, probe_layers=(0, 1, 2))
-    model = ModelStep(dims, Sharding(1, 1, 1, 0), batch=batch, context=4096)
+    model = ModelStep(dims, parallel_layout(1, 1, 1, 0), batch=batch, context=4096)
     inputs = model.decode_inputs(4096)
     outs, graphs = {}, {}
     try:

@@ -149,9 +149,9 @@ def _parts(kernels: list[dict]) -> dict[str, float]:
 def part_step(model_name: str, context: int = 8192) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.model_step import MODELS, ModelStep, Sharding
+    from benchmarks.model_step import MODELS, ModelStep, parallel_layout
 
-    model = ModelStep(MODELS[model_name], Sharding(1, 1, 1, 0), batch=1, context=context)
+    model = ModelStep(MODELS[model_name], parallel_layout(1, 1, 1, 0), batch=1, context=context)
     inputs = model.decode_inputs(context)
     graph = bc.capture_graph(lambda: model.forward(**inputs))
     step = statistics.median(bc.graph_time(graph, iters=50) for _ in range(3))

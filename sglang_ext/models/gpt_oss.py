@@ -1,9 +1,9 @@
-"""gpt-oss (20b/120b) for SGLang: the whole forward in one file.
+"""gpt-oss (20b/120b) for SGLang.
 
-The maths lives in SGLang-free modules (`sglang_ext.layers`: RMSNorm, YaRN RoPE,
-linear-with-bias, MoE, MXFP4); this class wires them to SGLang's batch metadata
-(RadixAttention -> the attention backend, `ForwardBatch`), its vocab-parallel
-embedding / LM head / logits processor and its tensor-parallel group.
+The decoder is SGLang-free (`sglang_ext.models.gpt_oss_core`, on `sglang_ext.layers`: RMSNorm,
+YaRN RoPE, linear-with-bias, MoE), the same forward the GPU harness runs; this module wires it to
+SGLang: RadixAttention (-> the attention backend, `ForwardBatch`), its collectives, its
+vocab-parallel embedding / LM head / logits processor, the probe, and checkpoint loading.
 
 Parameter names equal the Hugging Face checkpoint keys, so loading is one loop. Two
 layouts differ from the bf16 checkpoint and say so: experts are stored [E, out, in]
@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
-from typing import Iterable, Optional, Tuple
+from typing import Iterable, Tuple
 
 import torch
 from torch import nn
@@ -53,81 +52,48 @@ from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabPara
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
 
-from sglang_ext.kernel_select import use_triton
-from sglang_ext.layers.fp8 import (BLOCK, Block128Report, convert_block128, dequantize_weight_block128,
-                                   summarize_block128_report)
-from sglang_ext.layers.linear import FusedLinear, Linear
+from sglang_ext.layers.fp8 import Block128Report, convert_block128, summarize_block128_report
 from sglang_ext.layers.lm_head import fp8_lm_head_enabled, quantize_lm_head, restore_bf16_lm_head
-from sglang_ext.layers.moe import add_down_bias, experts_torch, moe_forward, route
-from sglang_ext.layers.parallel import BlockShard, ParallelLayout, attention_head_shard, moe_shard
 from sglang_ext.layers.mxfp4 import CONVERT_CHUNK_ELEMENTS, DenseExperts, Mxfp4Experts, experts_to_fp8_block128
-from sglang_ext.layers.norm import residual_rms_norm, rms_norm
-from sglang_ext.layers.rope import YarnRope, apply_rope
+from sglang_ext.layers.parallel import ParallelLayout
+from sglang_ext.models.gpt_oss_core import (Collectives, GptOssAttention, GptOssDecoder, GptOssExperts, RankGroups,
+                                            checkpoint_format, is_fp8_checkpoint, serves_fp8)
 
 logger = logging.getLogger(__name__)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+class SglangCollectives(Collectives):
+    """The decoder's collectives over SGLang's TP group, attention-TP group and DP-attention buffers."""
 
-    def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
+    def all_reduce(self, x):
+        return tensor_model_parallel_all_reduce(x)
 
+    def attn_all_reduce(self, x):
+        from sglang.srt.layers.dp_attention import attn_tp_all_reduce
 
-def checkpoint_format(config) -> str:
-    """"fp8" (e4m3 with 128x128 block scales: sglang_ext.launch.convert's output), "mxfp4" (the
-    official files: MXFP4 experts, bf16 elsewhere) or "dense" (bf16/fp32, as transformers saves it)."""
-    qc = getattr(config, "quantization_config", None) or {}
-    qc = qc if isinstance(qc, dict) else qc.to_dict()
-    method = qc.get("quant_method")
-    if method is None:
-        return "dense"
-    if method == "mxfp4":
-        return "mxfp4"
-    if method != "fp8":
-        raise ValueError(f"gpt-oss checkpoints are served from bf16, MXFP4 or FP8 block-128 weights; "
-                         f"quantization_config quant_method {method!r} is none of them")
-    if list(qc.get("weight_block_size") or []) != [BLOCK, BLOCK] or qc.get("fmt", "e4m3") != "e4m3":
-        raise ValueError(f"gpt-oss FP8 checkpoints must be e4m3 with weight_block_size [128, 128], got {qc}")
-    return "fp8"
+        return attn_tp_all_reduce(x)
 
+    def dp_gather(self, x, batch):
+        # SGLang's dp_gather_replicate into its global buffer: one attention-TP rank of each group places its
+        # rows, then a TP all-reduce or all-gather, SGLang's choice by padding mode.
+        from sglang.srt.layers.dp_attention import dp_gather_replicate, get_global_dp_buffer
+        from sglang.srt.runtime_context import get_parallel
 
-def is_fp8_checkpoint(config) -> bool:
-    return checkpoint_format(config) == "fp8"
+        tokens = get_global_dp_buffer(get_parallel().tp_group)
+        dp_gather_replicate(tokens, x.contiguous(), batch)
+        return tokens
+
+    def dp_scatter(self, out, x, batch):
+        from sglang.srt.layers.dp_attention import dp_scatter
+
+        local = torch.empty_like(x)
+        dp_scatter(local, out.contiguous(), batch)
+        return local
 
 
-def serves_fp8(config, quant_config=None) -> bool:
-    """Whether the experts and the attention projections are e4m3 block-128 parameters: always for FP8
-    and MXFP4 checkpoints (MXFP4 converted at load, exactly where a 128x128 block's values fit e4m3
-    under a power-of-two scale: launch/convert.py's conversion), and for a bf16 checkpoint launched
-    with SGLang's `--quantization fp8` (its online FP8, here block-128 converted at load, lossy).
-    A bf16 checkpoint otherwise stays bf16: its numbers are transformers' (tests/test_served_parity.py,
-    tests/test_probe_serving_bf16.py, and on a GPU tests/test_served_gpu.py)."""
-    if checkpoint_format(config) != "dense":
-        return True
-    name = quant_config.get_name() if quant_config is not None else None
-    if name not in (None, "fp8"):
-        raise ValueError(f"gpt-oss bf16 checkpoints serve in bf16 or, with --quantization fp8, in FP8 block-128; "
-                         f"--quantization {name} is not served")
-    return name == "fp8"
-
-
-class _TP:
-    """This rank's place in SGLang's TP/EP groups, as a `ParallelLayout`. `attn_size` / `attn_rank`:
-    its attention-TP group (the whole TP group without DP attention)."""
-
-    def __init__(self, layout: Optional[ParallelLayout] = None):
-        if layout is None:
-            layout = _sglang_layout()
-        self.layout = layout
-        self.size = layout.tp_size
-        self.rank = layout.tp_rank
-        self.attn_size = layout.attn_tp_size
-        self.attn_rank = layout.attn_tp_rank
-        self.dp_attention = layout.attn_dp_size > 1
+def sglang_rank_groups(layout: ParallelLayout | None = None) -> RankGroups:
+    """This rank's place in SGLang's TP/EP groups (read from SGLang unless given) with SGLang's collectives."""
+    return RankGroups(layout if layout is not None else _sglang_layout(), SglangCollectives())
 
 
 def _sglang_layout() -> ParallelLayout:
@@ -148,251 +114,27 @@ def _sglang_layout() -> ParallelLayout:
     return layout
 
 
-def _head_block_shards(config, tp: _TP, fp8: bool):
-    """(q/o shard, k/v shard) over the q rows (o columns) and k/v rows of this rank."""
-    hd = config.head_dim
-    heads = attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.attn_size, tp.attn_rank)
-    all_heads = [attention_head_shard(config.num_attention_heads, config.num_key_value_heads, tp.attn_size, r)
-                 for r in range(tp.attn_size)]
-    q_ranges = [h.q_rows(hd) for h in all_heads]
-    kv_ranges = [h.kv_rows(hd) for h in all_heads]
-    q = BlockShard.of(config.num_attention_heads * hd, q_ranges, tp.attn_rank)
-    kv = BlockShard.of(config.num_key_value_heads * hd, kv_ranges, tp.attn_rank)
-    if not fp8:  # padding only keeps FP8 blocks on their scale grid
-        q = BlockShard(q.full, q.lo, q.hi, 0, q.cuts_aligned)
-        kv = BlockShard(kv.full, kv.lo, kv.hi, 0, kv.cuts_aligned)
-    elif not q.cuts_aligned:
-        raise NotImplementedError(
-            f"FP8 o_proj shards at attention TP {tp.attn_size} cut a 128-block of {q.full} columns: each rank "
-            "would need the others' activation scales (sglang_ext.layers.parallel.fp8_row_parallel_linear); use a TP size whose "
-            "head shards are 128-aligned")
-    return heads, q, kv
+class ExtRadixAttention(RadixAttention):
+    """SGLang's RadixAttention, saying whether this step's attention backend applies RoPE and the KV write
+    itself (sglang_ext's ext_sinks backend: in the write's launch, from unrotated q/k)."""
+
+    @property
+    def applies_rope_kv(self) -> bool:
+        return has_forward_context() and getattr(get_attn_backend(), "applies_rope_kv", False)
 
 
-class GptOssAttention(nn.Module):
-    def __init__(self, config, layer_id: int, tp: _TP, fp8: Optional[bool] = None):
-        super().__init__()
-        self.tp = tp
-        self.head_dim = config.head_dim
-        hidden = config.hidden_size
-        fp8 = serves_fp8(config) if fp8 is None else fp8
-        self.heads, self.q_shard, self.kv_shard = _head_block_shards(config, tp, fp8)
-        self.num_heads = self.heads.q_hi - self.heads.q_lo
-        self.num_kv_heads = self.heads.kv_hi - self.heads.kv_lo
-        self.q_proj = Linear(hidden, self.q_shard.local_len, fp8=fp8)
-        self.k_proj = Linear(hidden, self.kv_shard.local_len, fp8=fp8)
-        self.v_proj = Linear(hidden, self.kv_shard.local_len, fp8=fp8)
-        self.o_proj = Linear(self.q_shard.local_len, hidden, fp8=fp8)
-        self.qkv: Optional[FusedLinear] = None  # built after loading (fuse_qkv)
-        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
-        sliding = config.layer_types[layer_id] == "sliding_attention"
-        self.attn = RadixAttention(
-            self.num_heads,
-            self.head_dim,
-            1.0 / math.sqrt(self.head_dim),
-            self.num_kv_heads,
-            layer_id=layer_id,
-            # SGLang counts the earlier keys a query sees: window 128 inclusive -> 127.
-            sliding_window_size=config.sliding_window - 1 if sliding else -1,
-        )
+class GptOssModel(GptOssDecoder):
+    """The SGLang-free decoder (models/gpt_oss_core.py) behind SGLang's vocab-parallel embedding."""
 
-    def fuse_qkv(self):
-        """q/k/v as one GEMM on the kernel path (their parameters become views of it)."""
-        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
-
-    def _project_qkv(self, x, x_quant=None):
-        """x_quant: x's FP8 codes and scales from the input norm's launch (kernel path), read by
-        the GEMM instead of quantising x again; the torch path ignores it."""
-        if self.qkv is not None and use_triton(x.device):
-            if not self.qkv.is_current():  # a parameter's storage was replaced since the fusion
-                self.fuse_qkv()
-            return self.qkv(x, x_quant)
-        # The torch path keeps three products: the same numbers as before the fusion, bit for bit.
-        return self.q_proj(x, x_quant=x_quant), self.k_proj(x, x_quant=x_quant), self.v_proj(x, x_quant=x_quant)
-
-    def forward(self, x, cos_sin, forward_batch, x_quant=None):
-        tokens = x.shape[0]
-        q, k, v = self._project_qkv(x, x_quant)
-        # reshape, not view: a padded head shard's slice is not contiguous
-        q = self.q_shard.drop_padding(q).reshape(tokens, self.num_heads, self.head_dim)
-        k = self.kv_shard.drop_padding(k).reshape(tokens, self.num_kv_heads, self.head_dim)
-        v = self.kv_shard.drop_padding(v)
-        if has_forward_context() and getattr(get_attn_backend(), "applies_rope_kv", False):
-            # RoPE in the backend, in the KV write's launch (unrotated q/k, strided views of the GEMM).
-            o = self.attn(q, k, v, forward_batch, sinks=self.sinks, rope_cos_sin=cos_sin)
-        else:
-            q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-            o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.contiguous(), forward_batch,
-                          sinks=self.sinks)
-        o = self.q_shard.pad_activation(o)
-        if self.tp.attn_size == 1:
-            return self.o_proj(o)
-        if self.tp.dp_attention:
-            from sglang.srt.layers.dp_attention import attn_tp_all_reduce
-
-            return attn_tp_all_reduce(self.o_proj(o, with_bias=False)) + self.o_proj.bias
-        return tensor_model_parallel_all_reduce(self.o_proj(o, with_bias=False)) + self.o_proj.bias
-
-
-class GptOssRouter(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(config.num_local_experts), requires_grad=False)
-
-
-class GptOssExperts(nn.Module):
-    def __init__(self, config, tp: _TP, fp8: Optional[bool] = None):
-        super().__init__()
-        e, h = config.num_local_experts, config.hidden_size
-        # SGLang's CPU loader pads intermediate_size to the FP8 block for its own layers
-        # (keeping the true value as original_intermediate_size); ours use ragged blocks.
-        intermediate = getattr(config, "original_intermediate_size", None) or config.intermediate_size
-        self.fp8 = serves_fp8(config) if fp8 is None else fp8
-        self.shard = moe_shard(e, intermediate, tp.layout, self.fp8)
-        self.expert_offset = self.shard.expert_lo
-        i = self.shard.local_intermediate
-        e_local = self.shard.expert_hi - self.shard.expert_lo
-        wdt = torch.float8_e4m3fn if self.fp8 else None
-        self.gate_up_proj = nn.Parameter(torch.empty(e_local, 2 * i, h, dtype=wdt), requires_grad=False)
-        self.gate_up_proj_bias = nn.Parameter(torch.empty(e_local, 2 * i), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(e_local, h, i, dtype=wdt), requires_grad=False)
-        # Whole (all experts): added once, after the TP all-reduce, weighted by routing.
-        self.down_proj_bias = nn.Parameter(torch.empty(e, h), requires_grad=False)
-        e = e_local
-        if self.fp8:
-            nb = lambda n: (n + BLOCK - 1) // BLOCK  # noqa: E731
-            self.gate_up_proj_scale_inv = nn.Parameter(torch.empty(e, nb(2 * i), nb(h), dtype=torch.float32),
-                                                       requires_grad=False)
-            self.down_proj_scale_inv = nn.Parameter(torch.empty(e, nb(h), nb(i), dtype=torch.float32),
-                                                    requires_grad=False)
-
-    def dense(self, dtype):
-        """Expert weights in `dtype` for the torch path. FP8 experts are dequantised once, on
-        first use after loading, not on every step (the Triton MoE reads e4m3 directly)."""
-        if not self.fp8:
-            return self.gate_up_proj, self.down_proj
-        cached = getattr(self, "_dense", None)
-        if cached is None or cached[0].dtype != dtype:
-            cached = self._dense = (
-                dequantize_weight_block128(self.gate_up_proj, self.gate_up_proj_scale_inv, dtype),
-                dequantize_weight_block128(self.down_proj, self.down_proj_scale_inv, dtype))
-        return cached
-
-
-class GptOssMLP(nn.Module):
-    def __init__(self, config, tp: _TP, fp8: Optional[bool] = None):
-        super().__init__()
-        self.tp = tp
-        self.top_k = config.num_experts_per_tok
-        self.limit = config.swiglu_limit
-        self.router = GptOssRouter(config)
-        self.experts = GptOssExperts(config, tp, fp8)
-
-    def forward(self, x, forward_batch=None):
-        if self.tp.dp_attention:
-            return self._forward_dp_attention(x, forward_batch)
-        return self._forward_tp(x)
-
-    def _forward_dp_attention(self, x, forward_batch):
-        """x: this DP group's tokens. Every rank's experts shard sees every DP group's tokens: gathered
-        (SGLang's dp_gather_replicate into its global buffer: one attention-TP rank of each group places its
-        rows, then a TP all-reduce or all-gather, SGLang's choice by padding mode), this rank's partial MoE over
-        them, the TP all-reduce (+ the mlp2 bias once), then this group's rows back (dp_scatter). A group with
-        no tokens (an idle batch) still joins each collective."""
-        from sglang.srt.layers.dp_attention import dp_gather_replicate, dp_scatter, get_global_dp_buffer
-        from sglang.srt.runtime_context import get_parallel
-
-        tokens = get_global_dp_buffer(get_parallel().tp_group)
-        dp_gather_replicate(tokens, x.contiguous(), forward_batch)
-        out = self._forward_tp(tokens)
-        local = torch.empty_like(x)
-        dp_scatter(local, out.contiguous(), forward_batch)
-        return local
-
-    def _forward_tp(self, x):
-        ex = self.experts
-        single = self.tp.size == 1
-        if ex.fp8 and use_triton(x.device):
-            # The Triton MoE reads the e4m3 experts directly (routing inside moe_forward).
-            out, weights, ids = moe_forward(
-                x, self.router.weight, self.router.bias, ex.gate_up_proj, ex.gate_up_proj_scale_inv,
-                ex.gate_up_proj_bias, ex.down_proj, ex.down_proj_scale_inv, ex.down_proj_bias,
-                self.top_k, self.limit, ex.expert_offset, with_down_bias=single, return_routing=True)
-            if single:
-                return out
-            return add_down_bias(tensor_model_parallel_all_reduce(out), weights, ids, ex.down_proj_bias)
-        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
-        gate_up, down = ex.dense(x.dtype)
-        if single:
-            return experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
-                                 down, ex.down_proj_bias, self.limit, quantize_activations=ex.fp8)
-        partial = experts_torch(x, weights, ids, gate_up, ex.gate_up_proj_bias,
-                                down, None, self.limit, ex.expert_offset, quantize_activations=ex.fp8)
-        return add_down_bias(tensor_model_parallel_all_reduce(partial), weights, ids, ex.down_proj_bias)
-
-
-class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, tp: _TP, fp8: Optional[bool] = None):
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = GptOssAttention(config, layer_id, tp, fp8)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GptOssMLP(config, tp, fp8)
-
-    def forward(self, h, x, cos_sin, forward_batch, x_quant=None):
-        """h: the residual stream entering the layer, x: its input norm (x_quant: its FP8 form,
-        kernel path). Returns (residual after attention, MLP output): the caller adds the MLP
-        output inside the next norm's launch."""
-        post = self.post_attention_layernorm
-        if x.shape[0] == 0:  # an idle DP group (DP attention): no attention; the MoE's collectives still run
-            o = torch.zeros_like(h)
-        else:
-            o = self.self_attn(x, cos_sin, forward_batch, x_quant)
-        h, x = residual_rms_norm(h, o, post.weight, post.eps)
-        return h, self.mlp(x, forward_batch)
-
-
-class GptOssModel(nn.Module):
-    def __init__(self, config, tp: _TP, fp8: Optional[bool] = None):
-        super().__init__()
-        self.config = config
+    def __init__(self, config, tp: RankGroups, fp8: bool | None = None):
+        super().__init__(config, tp, fp8, attention=ExtRadixAttention)
         # DP attention: each DP group embeds its own tokens, the vocabulary split over its attention-TP ranks.
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
                                                    use_attn_tp_group=tp.dp_attention)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i, tp, fp8) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rope = YarnRope.from_hf_config(config)
-        self._cos_sin: Optional[torch.Tensor] = None
-
-    def cos_sin(self, positions: torch.Tensor) -> torch.Tensor:
-        # Every position the model accepts, built once (131072 x 64 fp32 = 32 MiB): a lookup,
-        # no host read of the positions in the step.
-        if self._cos_sin is None or self._cos_sin.device != positions.device:
-            self._cos_sin = self.rope.cos_sin_cache(self.config.max_position_embeddings, positions.device)
-        return self._cos_sin[positions]
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, probe=None):
         h = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        cos_sin = self.cos_sin(positions)
-        if probe is not None:
-            probe.begin(h.shape[0], h.device)
-        pending = None  # the previous layer's MLP output, added in this layer's first norm launch
-        # Kernel path, FP8 projections: the input norm's launch also quantises its output for the
-        # qkv GEMM (codes + 1x128 scales), which then reads 1 byte per element and skips its own
-        # per-program quantisation (the decode GEMV's one-shot form needs it to pay off).
-        quantize = len(self.layers) > 0 and self.layers[0].self_attn.q_proj.fp8 and use_triton(h.device)
-        for i, layer in enumerate(self.layers):
-            norm = layer.input_layernorm
-            # The probe taps the input residual stream of layer i, in the same launch as its norm.
-            tap = probe.tap_target(i) if probe is not None else None
-            normed = residual_rms_norm(h, pending, norm.weight, norm.eps, tap, quantize=quantize)
-            h, x = normed[:2]
-            x_quant = normed[2] if quantize else None  # (e4m3 codes, scales) of x
-            h, pending = layer(h, x, cos_sin, forward_batch, x_quant)
-        if probe is not None:
-            probe.layers_done()
-        return residual_rms_norm(h, pending, self.norm.weight, self.norm.eps)[1]
+        return self.decode(h, positions, forward_batch, probe)
 
 
 class GptOssForCausalLM(nn.Module):
@@ -400,7 +142,7 @@ class GptOssForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.quant_config = quant_config
-        self.tp = _TP()
+        self.tp = sglang_rank_groups()
         lay = self.tp.layout
         if lay.tp_size > 1:
             logger.info("sglang-ext gpt-oss: TP rank %d of %d, EP %d, attention DP %d (attention TP rank %d of %d)",
@@ -528,7 +270,7 @@ class CheckpointLoader:
     (expert parallelism), so no layer is ever dequantised whole. `report`: launch/convert.py's report
     row per converted tensor."""
 
-    def __init__(self, root: nn.Module, fmt: str, tp: _TP, attn: GptOssAttention, experts: GptOssExperts,
+    def __init__(self, root: nn.Module, fmt: str, tp: RankGroups, attn: GptOssAttention, experts: GptOssExperts,
                  chunk_elements: int = CONVERT_CHUNK_ELEMENTS):
         self.root, self.format, self.tp, self.attn, self.experts = root, fmt, tp, attn, experts
         self.params = dict(root.named_parameters())
@@ -636,7 +378,7 @@ class CheckpointLoader:
         param.data.copy_(tensor.to(param.dtype))
 
 
-def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, layout: str, tp: _TP, attn: GptOssAttention,
+def shard_checkpoint_tensor(name: str, tensor: torch.Tensor, layout: str, tp: RankGroups, attn: GptOssAttention,
                             experts: GptOssExperts) -> torch.Tensor:
     """This rank's part of one checkpoint tensor, in the parameter's layout.
 
