@@ -33,7 +33,7 @@ loop) at batch <= 4 too. ``--oneshot`` narrows it to the default and the one-sho
 context 8192 and 32768, with req_to_token as wide as the context and as wide as the model's context
 (131072, as under SGLang: the split count is a host constant from that width), full and sliding layers,
 into bench_sink_attention_decode_oneshot.{json,md} (about a minute on an H200; ONESHOT_PICKS in
-kernels/sink_attention.py takes its winners):
+kernels/sink_attention/config.py takes its winners):
 
     python -m benchmarks.bench_sink_attention --decode-sweep --oneshot --out benchmarks/results
 
@@ -500,13 +500,13 @@ def bench_decode_merge(contexts, batches, bw):
                                max_abs_err_vs_ref=(out[0].float() - ref.float()).abs().max().item())
                     if cfg.num_splits > 1:
                         kernel_cfg = dataclasses.replace(cfg, fused_merge=False)
-                        sa.launch_merge = lambda *a, **k: None
+                        sa.decode.launch_merge = lambda *a, **k: None  # where sink_attention_decode calls it
                         try:
                             tk = bc.graph_time_calls([(lambda s=s: sa.sink_attention_decode(
                                 q[s], k_buffer, v_buffer, req_to_token, sets[s], seq_lens, sinks, -1, SCALE,
                                 out=out[s], config=kernel_cfg)) for s in range(n_sets)], device=DEVICE)
                         finally:
-                            sa.launch_merge = real_launch_merge
+                            sa.decode.launch_merge = real_launch_merge
                         row["decode_kernel_alone_us"] = tk * 1e6
                     if cfg.num_splits > 1 and not cfg.fused_merge:
                         group = HQ // HKV

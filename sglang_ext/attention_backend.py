@@ -181,7 +181,7 @@ class SinkAttnBackend(AttentionBackend):
         rows = (roped k, v) of this forward where a prefill with no cached prefix reads its keys from them
         (`sink_attention_prefill`); or, at decode on that path, q unrotated, None and the RopeKV that the
         decode launcher rotates and writes (inside the one-shot kernel's launch where it runs,
-        `kernels/sink_attention.py`)."""
+        `kernels/sink_attention/decode.py`)."""
         from sglang_ext.layers.rope import apply_rope
 
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)

@@ -134,7 +134,7 @@ def _device_questions() -> set:
 
     found = set()
     for name in _shipped_module_names():
-        with open(os.path.join(ROOT, "kernels", f"{name}.py")) as f:
+        with open(_module_file(name)) as f:
             tree = ast.parse(f.read())
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -383,7 +383,26 @@ def _fake_h200_device_answers():
 
 
 def _shipped_module_names() -> list:
-    return sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "kernels")) if f.endswith(".py") and f != "__init__.py")
+    """Every module under kernels/, named below sglang_ext.kernels: a module file as NAME, a package (a folder with
+    an __init__.py, e.g. kernels/sink_attention/) as NAME (its __init__) and NAME.SUB for each of its modules."""
+    top = os.path.join(ROOT, "kernels")
+    names = []
+    for folder, subfolders, files in os.walk(top):
+        subfolders[:] = [d for d in subfolders if os.path.exists(os.path.join(folder, d, "__init__.py"))]
+        package = os.path.relpath(folder, top).replace(os.sep, ".")
+        for f in files:
+            if f.endswith(".py"):
+                name = ("" if package == "." else package) if f == "__init__.py" else (
+                    f[:-3] if package == "." else f"{package}.{f[:-3]}")
+                if name:
+                    names.append(name)
+    return sorted(names)
+
+
+def _module_file(name: str) -> str:
+    """The source file of a `_shipped_module_names` entry."""
+    path = os.path.join(ROOT, "kernels", *name.split("."))
+    return os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
 
 
 def _jit_functions() -> list:

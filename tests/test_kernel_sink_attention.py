@@ -45,8 +45,9 @@ def _kernel_module():
 
         return mod
     except ImportError:
-        path = os.path.join(HERE, "..", "kernels", "sink_attention.py")
-        spec = importlib.util.spec_from_file_location("_sink_attention_checkout", path)
+        path = os.path.join(HERE, "..", "kernels", "sink_attention")
+        spec = importlib.util.spec_from_file_location("_sink_attention_checkout", os.path.join(path, "__init__.py"),
+                                                      submodule_search_locations=[path])
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod  # dataclasses look their module up there
         spec.loader.exec_module(mod)
@@ -242,8 +243,8 @@ def test_extend_picks_the_path_for_the_window(monkeypatch):
     caller's."""
     mod = _kernel_module()
     launches = []
-    monkeypatch.setattr(mod, "_sink_extend_window_kernel", _LaunchRecorder("window", launches))
-    monkeypatch.setattr(mod, "_sink_extend_kernel", _LaunchRecorder("loop", launches))
+    monkeypatch.setattr(mod.extend, "_sink_extend_window_kernel", _LaunchRecorder("window", launches))
+    monkeypatch.setattr(mod.extend, "_sink_extend_kernel", _LaunchRecorder("loop", launches))
     case, _ = make_case([(0, 40), (5, 9)], torch.float32, seed=0)
 
     def path(**kw):
@@ -285,7 +286,7 @@ def test_decode_config_picks_the_sweep_winners(monkeypatch):
         pytest.skip("no decode sweep results in this checkout")
     with open(SWEEP_JSON) as f:
         rows = json.load(f)["rows"]
-    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
+    monkeypatch.setattr(mod.config, "num_sms", lambda device, off_gpu: H200_SMS)  # where decode_config reads it
     defaults = mod.DecodeConfig()
     fields = list(mod.DecodeConfig.__dataclass_fields__)
     assert rows
@@ -318,7 +319,7 @@ def test_decode_config_picks_near_the_oneshot_sweep_winners(monkeypatch):
         pytest.skip("no one-shot decode sweep results in this checkout")
     with open(ONESHOT_SWEEP_JSON) as f:
         rows = json.load(f)["rows"]
-    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
+    monkeypatch.setattr(mod.config, "num_sms", lambda device, off_gpu: H200_SMS)  # where decode_config reads it
     # The register cap came later than this sweep (test_batch1_pick_is_the_in_step_winner holds it).
     fields = [k for k in mod.DecodeConfig.__dataclass_fields__ if k not in ("fused_merge", "max_regs")]
     defaults = mod.DecodeConfig()
@@ -394,15 +395,15 @@ def test_decode_config_takes_oneshot_picks(monkeypatch):
     """An ONESHOT_PICKS entry switches its (batch, keys) to the one-shot decode: batch 3 takes batch 4's
     entry, batch 5 and up never; points without an entry keep the split loop's choice."""
     mod = _kernel_module()
-    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
+    monkeypatch.setattr(mod.config, "num_sms", lambda device, off_gpu: H200_SMS)  # where decode_config reads them
     cpu = torch.device("cpu")
-    monkeypatch.setattr(mod, "ONESHOT_PICKS", {})
+    monkeypatch.setattr(mod.config, "ONESHOT_PICKS", {})
     before = {(b, w, m): mod.decode_config(b, 8, w, m, cpu) for b in (1, 2, 3, 4, 5) for w in (-1, 127)
               for m in (8192, 32768, 131072)}
     assert not any(c.oneshot for c in before.values())
     picks = {(b, k): mod.OneshotPick(chunk=64 * b, v_late=b == 2) for b in (1, 2, 4) for k in ("<=8k", ">8k")}
     picks[(1, "short")] = mod.OneshotPick(chunk=128, num_warps=8)
-    monkeypatch.setattr(mod, "ONESHOT_PICKS", picks)
+    monkeypatch.setattr(mod.config, "ONESHOT_PICKS", picks)
     for (b, w, m), old in before.items():
         got = mod.decode_config(b, 8, w, m, cpu)
         kind = "short" if w >= 0 else ">8k" if m > 8192 else "<=8k"
@@ -429,7 +430,7 @@ def test_decode_config_merges_with_the_merge_kernel_where_it_measured_faster(mon
     pairs = [t for t in times.values() if len(t) == 2]
     assert len(pairs) >= 8
     assert all(t[False] < t[True] for t in pairs), times
-    monkeypatch.setattr(mod, "num_sms", lambda device, off_gpu: H200_SMS)
+    monkeypatch.setattr(mod.config, "num_sms", lambda device, off_gpu: H200_SMS)  # where decode_config reads it
     for batch in (1, 2, 3, 4, 8, 15, 16, 32, 128):
         for width in (8192, 32768, 131072):
             assert not mod.decode_config(batch, 8, -1, width, torch.device("cpu")).fused_merge
@@ -933,13 +934,14 @@ def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
             raise AssertionError("the decode fell back to rope_store_kv")
 
         mod.set_rope_fusion(True)
-        mod.rope_store_kv, real_rope_store_kv = unfused_call, mod.rope_store_kv
+        # where sink_attention_decode looks it up
+        mod.decode.rope_store_kv, real_rope_store_kv = unfused_call, mod.decode.rope_store_kv
         try:
             with poisoned_workspaces():
                 got = mod.sink_attention_decode(q, kc, vc, *common, slot_map=slot_map, config=cfg,
                                                 rope=mod.RopeKV(k, v, cos_sin, loc))
         finally:
-            mod.rope_store_kv = real_rope_store_kv
+            mod.decode.rope_store_kv = real_rope_store_kv
             mod.set_rope_fusion(None)
         kc2, vc2 = case["k_buffer"].clone(), case["v_buffer"].clone()
         with poisoned_workspaces():
