@@ -1,4 +1,4 @@
-"""Fused FP8 MoE (kernels/moe.py) on one H200 at gpt-oss shapes: hidden = intermediate = 2880, top-4,
+"""Fused FP8 MoE (kernels/moe/) on one H200 at gpt-oss shapes: hidden = intermediate = 2880, top-4,
 128 experts (120b) and 32 experts (20b), FP8 e4m3 block-128 experts with biases, bf16 router. Random
 weights and tokens (fresh per run), so routing is random too.
 
@@ -380,8 +380,13 @@ def _precompile_worker(tasks, device="cuda") -> int:
     common.import_project()
     from sglang_ext.kernels import moe as mod
 
-    for name in JIT_KERNELS:
-        setattr(mod, name, _Warmup(getattr(mod, name)))
+    package = [m for n, m in list(sys.modules.items()) if n == mod.__name__ or n.startswith(mod.__name__ + ".")]
+    for name in JIT_KERNELS:  # every binding: each launcher looks its kernels up in its own module of the package
+        real = getattr(mod, name)
+        warm = _Warmup(real)
+        for sub in package:
+            if getattr(sub, name, None) is real:
+                setattr(sub, name, warm)
     dev = torch.device(device)
     hidden = inter = 2880
     nb = -(-hidden // 128)

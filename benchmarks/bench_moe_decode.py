@@ -1,4 +1,4 @@
-"""One-shot decode MoE (kernels/moe_decode.py) vs the shipped `fused_moe_fp8` on one H200, gpt-oss-120b
+"""One-shot decode MoE (kernels/moe/oneshot.py) vs the shipped `fused_moe_fp8` on one H200, gpt-oss-120b
 shapes: 128 experts, hidden = intermediate = 2880, top-4, FP8 e4m3 block-128 experts with biases,
 bf16 router; random weights and router (fresh per run), so routing is random.
 
@@ -40,7 +40,7 @@ from benchmarks.bench_common import md_table, run_meta, write_results  # noqa: E
 from benchmarks import bench_moe  # noqa: E402
 from benchmarks.bench_moe import expert_bytes, layer_args, make_layer  # noqa: E402
 from sglang_ext.kernels import moe as moe_kernels  # noqa: E402
-from sglang_ext.kernels import moe_decode as md  # noqa: E402
+from sglang_ext.kernels.moe import oneshot as md  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K, LIMIT = 128, 2880, 2880, 4, 7.0
 CALLS = 8  # distinct token batches per graph replay
@@ -71,7 +71,7 @@ def _precompile_worker(tasks) -> int:
 
     common.import_project()
     from sglang_ext.kernels import moe as mod
-    from sglang_ext.kernels import moe_decode as mdd
+    from sglang_ext.kernels.moe import oneshot as mdd
 
     dev = "cuda"
     nh, ni, n2i = (-(-n // 128) for n in (HIDDEN, INTER, 2 * INTER))  # scale blocks (2I = 5760: 45, not 2 x 23)

@@ -55,10 +55,10 @@ DEVICE_QUESTIONS = {
     ("_util", "num_sms"): "answered for cuda:0",
     ("probe_attention", "auto_num_splits"): "answered for cuda:0",
     ("arrival_counters", "arrival_counters"): "meta: never inside a CUDA-graph capture",
-    ("moe", "_front"): "asks for 'cpu' (the interpreter's softmax): meta is not",
-    ("moe", "_decode_front"): "asks for 'cpu' (the interpreter's tiling and softmax): meta is not",
-    ("moe", "_experts_gemv"): "asks for 'cpu' (the interpreter's fp32 dots): meta is not",
-    ("moe", "_experts"): "asks for 'cpu' (the interpreter's tiles and fp32 dots): meta is not",
+    ("moe.routing", "_front"): "asks for 'cpu' (the interpreter's softmax): meta is not",
+    ("moe.routing", "_decode_front"): "asks for 'cpu' (the interpreter's tiling and softmax): meta is not",
+    ("moe.gemv", "_experts_gemv"): "asks for 'cpu' (the interpreter's fp32 dots): meta is not",
+    ("moe.dispatch", "_experts"): "asks for 'cpu' (the interpreter's tiles and fp32 dots): meta is not",
 }
 
 # Regimes that only a launcher on an H200 picks: (kernel, constexprs / launch options that must all match
@@ -643,7 +643,8 @@ def _drive_alternatives(sweep: _Sweep) -> None:
     calls `_round_to_bf16_grid`. (Not every benchmark row: those are options, not what the server runs.)"""
     from dataclasses import replace
 
-    from sglang_ext.kernels import fp8_gemm, moe_decode
+    from sglang_ext.kernels import fp8_gemm
+    from sglang_ext.kernels.moe import oneshot
 
     alt = "alternative: "
     w_qkv, b_qkv = _fp8_weight(5120, HIDDEN), _meta(5120)
@@ -661,16 +662,17 @@ def _drive_alternatives(sweep: _Sweep) -> None:
     experts = (*_fp8_weight(128, 2 * HIDDEN, HIDDEN), _meta(128, 2 * HIDDEN),
                *_fp8_weight(128, HIDDEN, HIDDEN), _meta(128, HIDDEN))
     # the one-shot MoE decode with mlp2 per token (bench_moe_decode.py's; the table's one-shot row runs it per pair)
-    sweep.launch(alt + "one-shot MoE, per-token mlp2", "T=1", moe_decode.fused_moe_fp8_oneshot, x1, *router,
-                 *experts, top_k=TOP_K, limit=LIMIT, config=moe_decode.DEFAULT_ONESHOT)
+    sweep.launch(alt + "one-shot MoE, per-token mlp2", "T=1", oneshot.fused_moe_fp8_oneshot, x1, *router,
+                 *experts, top_k=TOP_K, limit=LIMIT, config=oneshot.DEFAULT_ONESHOT)
 
     # the interpreter's form of the FP8 GEMV (bf16 rounding emulated, e4m3 grid rounding), compiled for sm_90a
-    interpreted = fp8_gemm.interpreted
-    fp8_gemm.interpreted = lambda: True
+    # (`interpreted` patched where the GEMV's launchers look it up)
+    interpreted = fp8_gemm.gemv.interpreted
+    fp8_gemm.gemv.interpreted = lambda: True
     try:
         sweep.launch(INTERPRETER_FORMS + ": fp8 GEMV", "T=1 qkv", fp8_gemm.fp8_linear, x1, *w_qkv, b_qkv)
     finally:
-        fp8_gemm.interpreted = interpreted
+        fp8_gemm.gemv.interpreted = interpreted
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The fused FP8 MoE (kernels/moe.py): Triton kernels == `moe_ref` == gpt-oss maths of the layers.
+"""The fused FP8 MoE (kernels/moe/): Triton kernels == `moe_ref` == gpt-oss maths of the layers.
 
 Oracles: `route` (routing, bit for bit), `quantize_activation_group128` (x's e4m3 groups, bit
 for bit), a plain-Python sort (the pair layout, exactly), `moe_ref` (the kernel's maths in
@@ -71,9 +71,11 @@ def _kernel_module():
 
         return mod
     except ImportError:
-        path = os.path.join(ROOT, "kernels", "moe.py")
-        spec = importlib.util.spec_from_file_location("_moe_checkout", path)
+        path = os.path.join(ROOT, "kernels", "moe", "__init__.py")
+        spec = importlib.util.spec_from_file_location("_moe_checkout", path,
+                                                      submodule_search_locations=[os.path.dirname(path)])
         mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # the package's relative imports find their parent here
         spec.loader.exec_module(mod)
         return mod
 
@@ -228,7 +230,7 @@ def test_fused_moe_passes_the_routers_expert_count(monkeypatch):
         seen.append((num_tokens, num_experts, top_k))
         raise Asked
 
-    monkeypatch.setattr(mod, "select_config", spy)
+    monkeypatch.setattr(mod.dispatch, "select_config", spy)  # where `_check_call` looks it up
     hidden = inter = 128
     router = make_router(24, hidden, seed=1, device="cpu")
     experts = make_experts(6, hidden, inter, seed=2, device="cpu")
@@ -440,7 +442,8 @@ def check_fused_sort(mod, device) -> dict:
     """route_and_align's fused sort (the routing program sorts every pair) vs the Python oracle, and
     its routing vs torch's top-k + softmax on the same logits."""
     g = torch.Generator().manual_seed(11)
-    real = mod._front_kernel
+    routing = mod.routing  # the module `_front` looks the kernel and the rule up in
+    real = routing._front_kernel
 
     class Recording:  # the routing launches' ALIGN flag: the fused sort ran, not _align_kernel after it
         def __getitem__(self, grid):
@@ -449,17 +452,17 @@ def check_fused_sort(mod, device) -> dict:
                 return real[grid](*args, **kwargs)
             return launch
 
-    rule = (mod.FUSED_SORT_MAX_TOKENS, mod.FUSED_SORT_MIN_EXPERTS)
+    rule = (routing.FUSED_SORT_MAX_TOKENS, routing.FUSED_SORT_MIN_EXPERTS)
     # which sort the rule picks (H200: the fused one only for <= 64 tokens on >= 64 local experts)
     for num_experts, num_tokens, num_local, want in ((128, 64, 128, True), (128, 65, 128, False),
                                                      (32, 17, 32, False), (128, 17, 32, False)):
         logits = torch.randn(num_tokens, num_experts, generator=g).to(torch.bfloat16).to(device)
         aligns = []
-        mod._front_kernel = Recording()
+        routing._front_kernel = Recording()
         try:
             mod.route_and_align(logits, None, TOP_K, num_local, 0, 16)
         finally:
-            mod._front_kernel = real
+            routing._front_kernel = real
         assert aligns == [want], f"E={num_experts} T={num_tokens} local {num_local}: fused sort {aligns}, want {want}"
     for num_experts, num_tokens, num_local, offset, block_m in fused_sort_cases(device):
         what = f"fused sort E={num_experts} T={num_tokens} local {offset}..{offset + num_local - 1} block {block_m}"
@@ -467,13 +470,13 @@ def check_fused_sort(mod, device) -> dict:
         if num_tokens >= 64:  # crowd a few experts: segments of several blocks
             logits[: num_tokens // 2, :3] += 8
         aligns: list = []
-        mod._front_kernel = Recording()
-        mod.FUSED_SORT_MAX_TOKENS, mod.FUSED_SORT_MIN_EXPERTS = 128, 1  # the kernel's whole range
+        routing._front_kernel = Recording()
+        routing.FUSED_SORT_MAX_TOKENS, routing.FUSED_SORT_MIN_EXPERTS = 128, 1  # the kernel's whole range
         try:
             got = mod.route_and_align(logits, None, TOP_K, num_local, offset, block_m)
         finally:
-            mod._front_kernel = real
-            mod.FUSED_SORT_MAX_TOKENS, mod.FUSED_SORT_MIN_EXPERTS = rule
+            routing._front_kernel = real
+            routing.FUSED_SORT_MAX_TOKENS, routing.FUSED_SORT_MIN_EXPERTS = rule
         assert aligns == [True], f"{what}: routing launches {aligns}, not one with the fused sort"
         want_w, want_ids = route_from_logits(logits, TOP_K)
         top = torch.topk(logits.float(), TOP_K + 1, dim=-1).values

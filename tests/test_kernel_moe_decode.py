@@ -1,9 +1,9 @@
-"""The one-shot decode MoE (kernels/moe_decode.py) == `moe_ref` == the shipped `fused_moe_fp8` path.
+"""The one-shot decode MoE (kernels/moe/oneshot.py) == `moe_ref` == the shipped `fused_moe_fp8` path.
 
 Oracles: `moe_ref` (the maths in torch, on the kernel's own routing), the shipped decode path
 (`fused_moe_fp8` / `fused_experts_fp8` with the table's config: the split-K GEMV path), fp64 h
 from the same e4m3 operands, `quantize_activation_group128` (h's e4m3 groups, bit for bit), and
-moe.py's `_combine_kernel` run on the one-shot kernel's own per-pair outputs (`pair_out`): the
+combine.py's `_combine_kernel` run on the one-shot kernel's own per-pair outputs (`pair_out`): the
 one-shot combine must give the same bits.
 
 Interpreted checks (``TRITON_INTERPRET=1``, this file run as a script in two subprocesses at
@@ -59,19 +59,21 @@ H_VS_FP64_REL = 1e-5
 
 
 def _modules():
-    """(moe, moe_decode): installed (``sglang_ext.kernels``) or from the checkout (device machines)."""
+    """(moe, moe.oneshot): installed (``sglang_ext.kernels``) or from the checkout (device machines)."""
     try:
-        from sglang_ext.kernels import moe, moe_decode
+        from sglang_ext.kernels import moe
+        from sglang_ext.kernels.moe import oneshot
 
-        return moe, moe_decode
+        return moe, oneshot
     except ImportError:
         sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
         import bench_common
 
         bench_common.import_project()
-        from sglang_ext.kernels import moe, moe_decode
+        from sglang_ext.kernels import moe
+        from sglang_ext.kernels.moe import oneshot
 
-        return moe, moe_decode
+        return moe, oneshot
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +134,7 @@ def h_fp64(x, ids, experts, offset, limit=LIMIT):
 
 
 def combine_of(mod, pair_out, weights, ids, offset, num_local, out_like):
-    """moe.py's `_combine_kernel` on given per-pair outputs (the shipped path's last launch)."""
+    """combine.py's `_combine_kernel` on given per-pair outputs (the shipped path's last launch)."""
     num_tokens, hidden = out_like.shape
     out = torch.empty_like(out_like)
     block_h = min(1024, 1 << (hidden - 1).bit_length())

@@ -1,5 +1,6 @@
-"""One-shot decode MoE for a few tokens (T <= 4 in mind): the experts' part of the gpt-oss FP8 MoE
-as three launches with no K loop and no split-K, beside kernels/moe.py's GEMV path.
+"""One-shot decode MoE for a few tokens (the table's 1..4-token rows): the experts' part of the
+gpt-oss FP8 MoE as three launches with no sort, no K loop and no split-K, beside the GEMV path
+(gemv.py) of 5..8 tokens.
 
 Why: at batch 1 on an H200 the shipped decode path (`MoeConfig.gemv`, split-K + last-arriver
 reduction) runs 120b's mlp1 in 27.7 us over 66 MB of weights (4 experts; a streaming read takes
@@ -21,7 +22,7 @@ P = T * top_k (token, slot) pairs, pair p = t * top_k + j:
      exact in fp32), each times x_scale * w_scale, summed over the blocks; + b1; the gpt-oss
      activation exactly as `_mlp1_kernel`'s epilogue; h fp32 [P, I].
   2. `_quantize_h_kernel`, grid (P, cdiv(I, 128)): h's 1x128 groups to e4m3 codes + fp32 scales
-     by moe.py's `_quantize_e4m3` (the helper every existing path's mlp1 epilogue uses; equal
+     by common.py's `_quantize_e4m3` (the helper every existing path's mlp1 epilogue uses; equal
      bit for bit to `quantize_activation_group128`, which `moe_ref` uses). Or, with
      `OneshotConfig.quant_in_mlp2`, mlp2's programs quantise the fp32 h as they load it (same
      helper, same groups: the same bits), one launch fewer for more arithmetic per program.
@@ -69,21 +70,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sglang_ext.kernels.moe import (
-    FP8,
-    QUANT_GROUP,
-    _check_weights,
-    _gpt_oss_activation,
-    _quantize_e4m3,
-    _round_to_bf16,
-    _uses_decode_front,
-    decode_front,
-    moe_ref,
-    route_and_quantize,
-)
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
-from sglang_ext.kernels.reference import SWIGLU_ALPHA
+from sglang_ext.kernels.reference import BLOCK as QUANT_GROUP, SWIGLU_ALPHA
+
+from .common import FP8, _check_weights, _gpt_oss_activation, _quantize_e4m3, _round_to_bf16
+from .reference import moe_ref
+from .routing import _uses_decode_front, decode_front, route_and_quantize
 
 __all__ = ["OneshotConfig", "DEFAULT_ONESHOT", "oneshot_variants", "fused_moe_decode_oneshot",
            "fused_moe_fp8_oneshot", "quantize_h", "launch_mlp1", "launch_mlp2_combine", "moe_ref"]
@@ -635,7 +628,7 @@ def fused_moe_fp8_oneshot(
     pair_out: torch.Tensor | None = None,
     h_out: torch.Tensor | None = None,
 ):
-    """The whole layer, `fused_moe_fp8`'s call: moe.py's decode front (router GEMV, top-k,
+    """The whole layer, `fused_moe_fp8`'s call: routing.py's decode front (router GEMV, top-k,
     softmax, x's e4m3 groups; its pair sort is computed and unused) where it applies (T <= 16,
     router operands in x's dtype), else F.linear + `route_and_quantize`; then
     `fused_moe_decode_oneshot` (`pair_out`, `h_out`: its debug outputs)."""
