@@ -145,7 +145,7 @@ def moe_forward(
         from sglang_ext.kernels.moe import fused_moe_fp8
 
         # Routing inside: for decode batches (T <= 16) one launch does the router GEMV, top-k, softmax,
-        # pair sort and activation quantisation (kernels/moe.py, _decode_front_kernel).
+        # pair sort and activation quantisation (kernels/moe/routing.py, _decode_front_kernel).
         return fused_moe_fp8(x, router_weight, router_bias, w1, w1_scale_inv, b1, w2, w2_scale_inv,
                              b2 if with_down_bias else None, top_k=top_k, limit=limit, expert_offset=expert_offset,
                              return_routing=return_routing)
