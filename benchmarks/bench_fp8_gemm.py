@@ -1,4 +1,4 @@
-"""FP8 block-128 GEMM with fused bias (`kernels/fp8_gemm.py`) on one H200, against cuBLAS.
+"""FP8 block-128 GEMM with fused bias (`kernels/fp8_gemm/`) on one H200, against cuBLAS.
 
 Shapes are gpt-oss's dense layers (random weights): qkv 2880 -> 5120, o 4096 -> 2880 and the
 lm_head 2880 -> 201088 (up to --lm-head-max-m rows: prefill only needs the last rows' logits).
@@ -549,9 +549,12 @@ def _precompile_worker(tasks, device="cuda") -> int:
     """Spawned worker: every (shape, M, config, how) through the launchers with empty full-size
     tensors (the same specialisations the timed calls get), kernels compiled, none launched."""
     mod, _ = import_project()
-    for name in ("_fp8_gemv_kernel", "_fp8_gemv_kernel_xonce", "_fp8_gemv_oneshot_kernel", "_splitk_sum_kernel",
-                 "_fp8_gemm_kernel", "_quantize_group128_kernel"):
-        setattr(mod, name, _Warmup(getattr(mod, name)))
+    # each launcher looks its kernels up in its own module of the package
+    for sub in (mod.gemv, mod.gemm, mod.quantize):
+        for name in ("_fp8_gemv_kernel", "_fp8_gemv_kernel_xonce", "_fp8_gemv_oneshot_kernel", "_splitk_sum_kernel",
+                     "_fp8_gemm_kernel", "_quantize_group128_kernel"):
+            if name in vars(sub):
+                setattr(sub, name, _Warmup(getattr(sub, name)))
     dev = torch.device(device)
     for shape, m, cfg, how in tasks:
         n, k = SHAPES[shape]

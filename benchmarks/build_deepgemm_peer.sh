@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make DeepGEMM (the benchmark peer of kernels/fp8_gemm.py) usable on the GPU machine: no network,
+# Make DeepGEMM (the benchmark peer of kernels/fp8_gemm/) usable on the GPU machine: no network,
 # nothing installed. DeepGEMM 03d0be3 is pure Python + headers (.peers/deepgemm, carried from the
 # checkout; see its SOURCE.txt); its kernels are JIT-compiled by nvcc at first use. This script
 # checks the tree and the tools, then JIT-compiles and checks a few gpt-oss shapes against the

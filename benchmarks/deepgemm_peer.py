@@ -1,4 +1,4 @@
-"""DeepGEMM's Hopper FP8 block-scaled GEMM as a benchmark peer of `kernels/fp8_gemm.py`.
+"""DeepGEMM's Hopper FP8 block-scaled GEMM as a benchmark peer of `kernels/fp8_gemm/`.
 
 The peer is deepseek-ai/DeepGEMM at 03d0be3 (2025-07-02), the last pure-Python release: its
 kernels are JIT-compiled at run time by nvcc into sm_90a cubins and launched through

@@ -1,4 +1,4 @@
-"""FP8 block-128 GEMM with fused bias (`kernels/fp8_gemm.py`) against a float64 oracle.
+"""FP8 block-128 GEMM with fused bias (`kernels/fp8_gemm/`) against a float64 oracle.
 
 Oracle: the project's torch quantiser (`sglang_ext.layers.fp8`) gives the e4m3 operands and
 their scales; the exact product of those dequantised operands plus the bias is computed in
