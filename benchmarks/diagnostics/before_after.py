@@ -1,0 +1,95 @@
+"""A restructuring changes no number: the harness of two or more checkouts of this project, in one process
+each, on the same GPU, in one call, gives the logits and times side by side.
+
+Per checkout (`--trees NAME=PATH ...`, e.g. `git archive` snapshots before and after a change): the model-step
+harness (benchmarks/model_step.py, that checkout's own) at full size with its seeded random weights, batch 1;
+the logits of one decode step at `--context` and of a `--prefill` token prefill, saved and compared bit for bit
+with the first checkout's; the decode step's CUDA-graph replay time and the prefill's time, each the median of
+`--repeats` runs. Weights are drawn by each checkout's own code: logits compare only between checkouts that
+draw them alike (the report says which pairs are bit-equal; a change of the harness itself breaks that, by
+design, and only the times compare then).
+
+    python benchmarks/diagnostics/before_after.py --trees before=/tmp/a after=/tmp/b --model 20b --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+WORKER = r"""
+import json, statistics, sys, torch
+sys.path.insert(0, ".")
+from benchmarks import bench_common as bc
+from benchmarks import model_step as ms
+model, context, prefill, repeats, out, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+layout = ms.parallel_layout(1, 1, 1, 0) if hasattr(ms, "parallel_layout") else ms.Sharding(1, 1, 1, 0)
+torch.manual_seed(0)
+step = ms.ModelStep(ms.MODELS[model], layout, batch=1, context=max(context, prefill), swa_slots=max(context, prefill),
+                    device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+torch.manual_seed(1)
+dec = step.decode_inputs(context)
+torch.manual_seed(2)
+pre = step.prefill_inputs(prefill)
+with torch.no_grad():
+    logits = {"prefill": step.forward(**pre).float().cpu(), "decode": step.forward(**dec).float().cpu()}
+    if device == "cuda":
+        graph = bc.capture_graph(lambda: step.forward(**dec))
+        decode_ms = [bc.graph_time(graph, iters=50) * 1e3 for _ in range(repeats)]
+    else:
+        decode_ms = [bc.event_time(lambda: step.forward(**dec), iters=2, warmup=1, device="cpu") * 1e3 for _ in range(repeats)]
+    prefill_ms = [bc.event_time(lambda: step.forward(**pre), iters=3, warmup=1, device=device) * 1e3 for _ in range(repeats)]
+torch.save(logits, out + ".pt")
+gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+json.dump({"decode_ms": decode_ms, "prefill_ms": prefill_ms, "gpu": gpu}, open(out + ".json", "w"))
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trees", nargs="+", required=True, help="NAME=PATH, the first is the reference")
+    ap.add_argument("--model", default="20b")
+    ap.add_argument("--context", type=int, default=8192)
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cpu", action="store_true", help="on this CPU, torch path, no graphs (a check of the script)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    import torch
+
+    rows, first = [], None
+    for item in args.trees:
+        name, path = item.split("=", 1)
+        stem = os.path.join(os.path.abspath(args.out), f"before_after_{name}")
+        p = subprocess.run([sys.executable, "-c", WORKER, args.model, str(args.context), str(args.prefill),
+                            str(args.repeats), stem, "cpu" if args.cpu else "cuda"], cwd=path, capture_output=True, text=True)
+        if p.returncode:
+            rows.append({"tree": name, "error": p.stderr[-2000:]})
+            continue
+        got = json.load(open(stem + ".json"))
+        logits = torch.load(stem + ".pt")
+        row = {"tree": name, "gpu": got["gpu"], "decode_ms": statistics.median(got["decode_ms"]),
+               "decode_ms_runs": got["decode_ms"], "prefill_ms": statistics.median(got["prefill_ms"]),
+               "prefill_ms_runs": got["prefill_ms"]}
+        if first is None:
+            first = (name, logits)
+        else:
+            for part in ("decode", "prefill"):
+                row[f"{part}_logits_bit_equal_to_{first[0]}"] = bool(torch.equal(logits[part], first[1][part]))
+                row[f"{part}_logits_max_abs_diff"] = float((logits[part] - first[1][part]).abs().max())
+        rows.append(row)
+    report = {"command": " ".join(sys.argv), "model": args.model, "context": args.context, "prefill": args.prefill,
+              "rows": rows}
+    with open(os.path.join(args.out, "before_after.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    for r in rows:
+        print(json.dumps({k: v for k, v in r.items() if not k.endswith("_runs")}))
+
+
+if __name__ == "__main__":
+    main()
