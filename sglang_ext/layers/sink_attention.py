@@ -80,7 +80,7 @@ def paged_sink_attention(
 ) -> torch.Tensor:
     """Attention of flattened query rows over SGLang's paged KV layout, [T, Hq, D].
 
-    ``rope`` (kernels/sink_attention.py's RopeKV: this forward's unrotated k / v rows, their cos_sin rows
+    ``rope`` (kernels/sink_attention/decode.py's RopeKV: this forward's unrotated k / v rows, their cos_sin rows
     and cache slots): q is unrotated and k / v are rotated and written to the cache first (at decode the
     one-shot kernel does that in its own launch); without it, q is rotated and the cache already written.
     ``no_prefix``: the caller knows no request has cached keys before its rows (the kernel path then
