@@ -28,6 +28,21 @@ from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 
 
 @triton.jit
+def _residual_sum(H, DELTA, H_OUT, row, offs, ok, stride_h, stride_d, HAS_DELTA: tl.constexpr,
+                  ROUND_BF16: tl.constexpr):
+    """The row's residual at `offs`: h, or with HAS_DELTA h + delta rounded to the residual's dtype (as the
+    unfused add)."""
+    h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(DELTA + row * stride_d + offs, mask=ok, other=0.0)
+        s = h.to(tl.float32) + d.to(tl.float32)
+        if ROUND_BF16:
+            s = _round_to_bf16_grid(s)
+        h = s.to(H_OUT.dtype.element_ty)
+    return h
+
+
+@triton.jit
 def _residual_rms_norm_kernel(
     H, DELTA, W, H_OUT, X_OUT, TAP, Q, Q_SCALE,
     n_cols, eps, tap_eps, tap_col0,
@@ -43,13 +58,7 @@ def _residual_rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < n_cols
-    h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)
-    if HAS_DELTA:
-        d = tl.load(DELTA + row * stride_d + offs, mask=ok, other=0.0)
-        s = h.to(tl.float32) + d.to(tl.float32)
-        if ROUND_BF16:
-            s = _round_to_bf16_grid(s)
-        h = s.to(H_OUT.dtype.element_ty)
+    h = _residual_sum(H, DELTA, H_OUT, row, offs, ok, stride_h, stride_d, HAS_DELTA, ROUND_BF16)
     hf = h.to(tl.float32)
     mean_sq = tl.sum(hf * hf, axis=0) / n_cols
     if SLICE > 0:
@@ -59,13 +68,7 @@ def _residual_rms_norm_kernel(
         # programs it takes 2.27.
         offs = tl.program_id(1) * SLICE + tl.arange(0, SLICE)
         ok = offs < n_cols
-        h = tl.load(H + row * stride_h + offs, mask=ok, other=0.0)
-        if HAS_DELTA:
-            d = tl.load(DELTA + row * stride_d + offs, mask=ok, other=0.0)
-            s = h.to(tl.float32) + d.to(tl.float32)
-            if ROUND_BF16:
-                s = _round_to_bf16_grid(s)
-            h = s.to(H_OUT.dtype.element_ty)
+        h = _residual_sum(H, DELTA, H_OUT, row, offs, ok, stride_h, stride_d, HAS_DELTA, ROUND_BF16)
         hf = h.to(tl.float32)
     if HAS_DELTA:
         tl.store(H_OUT + row * stride_ho + offs, h, mask=ok)
