@@ -36,44 +36,14 @@ DEFAULT_BLOCK_N = 64
 
 
 @triton.jit
-def _probe_attention_kernel(
-    Q,  # [T, H, D]
-    KV,  # [num_slots, 2*D]: K in [:D], V in [D:]
-    REQ_TO_TOKEN,  # [max_reqs, max_ctx] int32
-    ROW_REQ,  # [T]
-    ROW_POS,  # [T]
-    OUT,  # [T, H, D] fp32; with splits: [T, NUM_SPLITS, H, D] partial outputs
-    LSE,  # with splits: [T, NUM_SPLITS, H] fp32 log-sum-exp of each partial (unused otherwise)
-    stride_q_t,
-    stride_q_h,
-    stride_kv,
-    stride_r2t,
-    stride_o_t,
-    stride_o_h,
-    window,  # 0 = full causal
-    scale,
-    H: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLIT_BF16_DOT: tl.constexpr,  # q and K/V both bf16 (or both fp16): tensor-core dots, see the loop
-):
-    row = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    req = tl.load(ROW_REQ + row).to(tl.int64)
-    pos = tl.load(ROW_POS + row).to(tl.int64)
-
-    offs_h = tl.arange(0, BLOCK_H)
+def _attend_key_range(q, KV, REQ_TO_TOKEN, req, pos, split, window, scale, stride_kv, stride_r2t,
+                      D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                      SPLIT_BF16_DOT: tl.constexpr):
+    """q [BLOCK_H, D] of one row (request `req`, position `pos`) against its keys through req_to_token, in an
+    fp32 online softmax: (acc [BLOCK_H, D] unnormalised, running max m_i, running sum l_i; l_i == 0 without
+    keys). With NUM_SPLITS > 1 only this split's contiguous run of the row's key blocks."""
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
-    head_ok = offs_h < H
-
-    q = tl.load(Q + row * stride_q_t + offs_h[:, None] * stride_q_h + offs_d[None, :],
-                mask=head_ok[:, None], other=0.0)
-    if not SPLIT_BF16_DOT:
-        q = q.to(tl.float32)
-
     # Key range [lo, hi) of this row; with splits, this program takes a contiguous run of its blocks.
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
     hi = pos + 1
@@ -115,6 +85,49 @@ def _probe_attention_kernel(
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _probe_attention_kernel(
+    Q,  # [T, H, D]
+    KV,  # [num_slots, 2*D]: K in [:D], V in [D:]
+    REQ_TO_TOKEN,  # [max_reqs, max_ctx] int32
+    ROW_REQ,  # [T]
+    ROW_POS,  # [T]
+    OUT,  # [T, H, D] fp32; with splits: [T, NUM_SPLITS, H, D] partial outputs
+    LSE,  # with splits: [T, NUM_SPLITS, H] fp32 log-sum-exp of each partial (unused otherwise)
+    stride_q_t,
+    stride_q_h,
+    stride_kv,
+    stride_r2t,
+    stride_o_t,
+    stride_o_h,
+    window,  # 0 = full causal
+    scale,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT_BF16_DOT: tl.constexpr,  # q and K/V both bf16 (or both fp16): tensor-core dots, see the loop
+):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    req = tl.load(ROW_REQ + row).to(tl.int64)
+    pos = tl.load(ROW_POS + row).to(tl.int64)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    head_ok = offs_h < H
+
+    q = tl.load(Q + row * stride_q_t + offs_h[:, None] * stride_q_h + offs_d[None, :],
+                mask=head_ok[:, None], other=0.0)
+    if not SPLIT_BF16_DOT:
+        q = q.to(tl.float32)
+
+    acc, m_i, l_i = _attend_key_range(q, KV, REQ_TO_TOKEN, req, pos, split, window, scale, stride_kv, stride_r2t,
+                                      D, BLOCK_H, BLOCK_N, NUM_SPLITS, SPLIT_BF16_DOT)
 
     # l_i == 0 only without keys (pos < 0: CUDA-graph padding, or an empty split); emit zeros, not NaN.
     has_keys = l_i > 0

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ._util import interpreted, num_sms
 from .pdl import pdl_launch_kwargs, pdl_wait_then_release
-from .probe_attention import probe_attention_ref
+from .probe_attention import _attend_key_range, probe_attention_ref
 from .probe_tail import probe_tail_ref
 
 RMS_EPS = 1e-6  # probe/model.py RMS_EPS (kernels import nothing from probe/)
@@ -205,49 +205,13 @@ def _attn_split_kernel(
     pdl_wait_then_release(USE_PDL)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
-    offs_n = tl.arange(0, BLOCK_N)
     head_ok = offs_h < H
     q = tl.load(Q + row * (H * D) + offs_h[:, None] * D + offs_d[None, :], mask=head_ok[:, None], other=0.0)
     if not DOT16:
         q = q.to(tl.float32)
 
-    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
-    hi = pos + 1
-    if SPLITS > 1:
-        n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0)
-        per_split = tl.cdiv(n_blocks, SPLITS)
-        lo = lo + split * per_split * BLOCK_N
-        hi = tl.minimum(lo + per_split * BLOCK_N, hi)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
-    tok_base = REQ_TO_TOKEN + req * stride_r2t
-    for start in range(lo, hi, BLOCK_N):
-        key_pos = start + offs_n
-        key_ok = key_pos < hi
-        slot = tl.load(tok_base + key_pos, mask=key_ok, other=0).to(tl.int64)
-        kv_row = KV + slot[:, None] * stride_kv + offs_d[None, :]
-        k = tl.load(kv_row, mask=key_ok[:, None], other=0.0)
-        v = tl.load(kv_row + D, mask=key_ok[:, None], other=0.0)
-        if DOT16:
-            s = tl.dot(q, tl.trans(k))  # 16-bit products are exact in fp32
-        else:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        s = tl.where(key_ok[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT16:
-            # fp32 p as a hi + lo pair of 16-bit values (~16 mantissa bits) on tensor cores.
-            p_hi = p.to(v.dtype)
-            p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
-            pv = tl.dot(p_hi, v) + tl.dot(p_lo, v)
-        else:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    acc, m_i, l_i = _attend_key_range(q, KV, REQ_TO_TOKEN, req, pos, split, window, scale, stride_kv, stride_r2t,
+                                      D, BLOCK_H, BLOCK_N, SPLITS, DOT16)
 
     has_keys = l_i > 0  # false only for padding rows (pos < 0) and empty splits: zeros, not NaN
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
