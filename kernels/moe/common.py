@@ -87,6 +87,25 @@ def _experts_pad(num_experts: int) -> int:
     return max(32, _next_pow2(num_experts))
 
 
+def _check_x(name: str, x: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"{name}: x must be [T, H] with a unit last stride, got {tuple(x.shape)}")
+
+
+def _check_routing(name: str, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"{name}: topk_weights and topk_ids must both be [T, k]")
+
+
+def _out_buffer(name: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked against x, or a new one like x."""
+    if out is None:
+        return torch.empty_like(x)
+    if out.shape != x.shape or out.stride(-1) != 1:
+        raise ValueError(f"{name}: out must be {tuple(x.shape)} with a unit last stride")
+    return out
+
+
 def _check_weights(hidden, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2):
     if w1.dim() != 3 or w2.dim() != 3:
         raise ValueError(f"fused_moe_fp8: w1/w2 must be [E, out, in], got {tuple(w1.shape)}/{tuple(w2.shape)}")

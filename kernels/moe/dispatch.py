@@ -18,7 +18,7 @@ from sglang_ext.kernels.reference import BLOCK as QUANT_GROUP, SWIGLU_ALPHA
 from sglang_ext.kernels.tma import descriptor, tma_2d_ok
 
 from .combine import COMBINE_BLOCK_T, _combine_kernel
-from .common import FP8, _cdiv, _check_weights, _next_pow2
+from .common import FP8, _cdiv, _check_routing, _check_weights, _check_x, _next_pow2, _out_buffer
 from .config import MoeConfig, _check_config, select_config
 from .gemv import _experts_gemv
 from .grouped import GATHER_BLOCK_R, _gather_rows_kernel, _mlp1_kernel, _mlp2_kernel, _split_counters
@@ -29,16 +29,11 @@ from .routing import _decode_front, _front, _uses_decode_front
 def _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out, num_experts=0, top_k=4):
     """Every host-side check, before anything is launched: (num_local, inter, config, out). Without a
     `config`, the table's row for x's tokens over `num_experts` router experts (select_config)."""
-    if x.dim() != 2 or x.stride(-1) != 1:
-        raise ValueError(f"fused_moe_fp8: x must be [T, H] with a unit last stride, got {tuple(x.shape)}")
+    _check_x("fused_moe_fp8", x)
     num_local, inter = _check_weights(x.shape[1], w1, w1_scale_inv, b1, w2, w2_scale_inv, b2)
     config = config or select_config(x.shape[0], num_experts, top_k)
     _check_config(config)
-    if out is None:
-        out = torch.empty_like(x)
-    elif out.shape != x.shape or out.stride(-1) != 1:
-        raise ValueError(f"fused_moe_fp8: out must be {tuple(x.shape)} with a unit last stride")
-    return num_local, inter, config, out
+    return num_local, inter, config, _out_buffer("fused_moe_fp8", x, out)
 
 
 def _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
@@ -210,8 +205,7 @@ def fused_experts_fp8(
     """`fused_moe_fp8` with the routing given: topk_weights [T, k] (any float dtype, used in
     fp32) and topk_ids [T, k] (global expert ids, int32 or int64), e.g. from `route`."""
     num_local, inter, config, out = _check_call(x, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2, config, out)
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
-        raise ValueError("fused_experts_fp8: topk_weights and topk_ids must both be [T, k]")
+    _check_routing("fused_experts_fp8", x, topk_weights, topk_ids)
     front = _front(x, None, topk_ids, topk_ids.shape[1], (num_local, expert_offset, config.block_m, config.align_chunk))
     return _experts(x, front, topk_weights, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2,
                     limit, expert_offset, num_local, inter, config, out)

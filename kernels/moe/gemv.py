@@ -65,6 +65,40 @@ def _gemv_slab(W_ROWS, w_row_ok, X_COLS, x_col_ok, col_kb, sc, k_len, kb_count,
     return tl.trans(tl.sum(tl.reshape(acc_c, [BLOCK_W, CB, ROWS]), axis=1))
 
 
+@triton.jit
+def _gemv_program(SORTED_PAIRS, BLOCK_EXPERT, num_blocks, ROWS: tl.constexpr, NCOL: tl.constexpr,
+                  SPLITS: tl.constexpr):
+    """Program -> (split, block, tile), the split fastest: an h group's (mlp2: an output tile's) programs
+    run close together, so its last arriver's epilogue overlaps other programs' streaming rather than all
+    of them waiting for the last wave; then the block: programs of a duplicated expert run side by side
+    (the second read of a slab hits L2). Also the x-side columns, c = (K block c // ROWS of this program,
+    row c % ROWS of the block), with each one's pair, and the block's expert (< 0: an unused block):
+    (split, block, tile, offs_c, col_row, col_pair, expert). The pairs load is issued beside the
+    expert's (in bounds; an unused block's slots are never used), so the x copies wait one L2 round
+    trip, not two in series."""
+    pid = tl.program_id(0)
+    split = pid % SPLITS
+    block = (pid // SPLITS) % num_blocks
+    tile = pid // SPLITS // num_blocks
+    offs_c = tl.arange(0, NCOL)
+    col_row = block * ROWS + offs_c % ROWS
+    col_pair = tl.load(SORTED_PAIRS + col_row)
+    expert = tl.load(BLOCK_EXPERT + block)
+    return split, block, tile, offs_c, col_row, col_pair, expert
+
+
+@triton.jit
+def _gemv_columns(offs_c, col_pair, split, k_dim, num_pairs, ROWS: tl.constexpr, KBP: tl.constexpr):
+    """This split's part of K = k_dim: (K blocks in all, its first K block, its K blocks, each x-side
+    column's K block within the split (-1: padding), whether the column is loaded)."""
+    num_kb = tl.cdiv(k_dim, 128)
+    k_first = split * KBP
+    kb_count = tl.minimum(KBP, num_kb - k_first)
+    col_kb = tl.where((offs_c < KBP * ROWS) & (offs_c // ROWS < kb_count), offs_c // ROWS, -1)
+    col_ok = (col_pair < num_pairs) & (col_kb >= 0)
+    return num_kb, k_first, kb_count, col_kb, col_ok
+
+
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _mlp1_gemv_kernel(
     XQ, XS,  # x e4m3 [T, H], scales [T, cdiv(H, 128)]
@@ -93,30 +127,13 @@ def _mlp1_gemv_kernel(
     if USE_PDL:  # kernels/pdl.py: the routing is the previous launch's (inline: no nested call to interpret)
         gdc_wait()
         gdc_launch_dependents()
-    # Program -> (split, block, tile), the split fastest: an h group's programs run close together,
-    # so its last arriver's epilogue overlaps other programs' streaming rather than all of them
-    # waiting for the last wave; then the block: programs of a duplicated expert run side by side
-    # (the second read of a slab hits L2).
-    pid = tl.program_id(0)
-    split = pid % SPLITS
-    block = (pid // SPLITS) % num_blocks
-    tile = pid // SPLITS // num_blocks
-    # x-side column c = (K block c // ROWS of this program, row c % ROWS of the block); -1: padding.
-    # The pairs load is issued beside the expert's (in bounds; an unused block's slots are never
-    # used), so the x copies wait one L2 round trip, not two in series.
-    offs_c = tl.arange(0, NCOL)
-    col_row = block * ROWS + offs_c % ROWS
-    col_pair = tl.load(SORTED_PAIRS + col_row)
-    expert = tl.load(BLOCK_EXPERT + block)
+    split, block, tile, offs_c, col_row, col_pair, expert = _gemv_program(SORTED_PAIRS, BLOCK_EXPERT, num_blocks,
+                                                                         ROWS, NCOL, SPLITS)
     if expert < 0:
         return
     expert = expert.to(tl.int64)
     two_inter = 2 * inter
-    num_kb = tl.cdiv(hidden, 128)
-    k_first = split * KBP
-    kb_count = tl.minimum(KBP, num_kb - k_first)
-    col_kb = tl.where((offs_c < KBP * ROWS) & (offs_c // ROWS < kb_count), offs_c // ROWS, -1)
-    col_ok = (col_pair < num_pairs) & (col_kb >= 0)
+    num_kb, k_first, kb_count, col_kb, col_ok = _gemv_columns(offs_c, col_pair, split, hidden, num_pairs, ROWS, KBP)
     col_token = (col_pair // TOP_K).to(tl.int64)
     wrows = tile * BLOCK_W + tl.arange(0, BLOCK_W)
     w_row_ok = wrows < two_inter
@@ -195,25 +212,15 @@ def _mlp2_gemv_kernel(
     """Decode mlp2: as `_mlp1_gemv_kernel`, over W2; the last of a (block, n tile)'s splits sums
     their partials in fixed order and adds b2 (no split: the program itself)."""
     num_n = tl.cdiv(hidden, BLOCK_N)
-    pid = tl.program_id(0)
-    split = pid % SPLITS  # as in `_mlp1_gemv_kernel`
-    block = (pid // SPLITS) % num_blocks
-    tile = pid // SPLITS // num_blocks
-    offs_c = tl.arange(0, NCOL)
-    col_row = block * ROWS + offs_c % ROWS
-    col_pair = tl.load(SORTED_PAIRS + col_row)
-    expert = tl.load(BLOCK_EXPERT + block)
+    split, block, tile, offs_c, col_row, col_pair, expert = _gemv_program(SORTED_PAIRS, BLOCK_EXPERT, num_blocks,
+                                                                         ROWS, NCOL, SPLITS)
     # An unused block exits before any wait and stores nothing. If every block is unused (no local pair), the
     # launch ends without waiting for mlp1: harmless, since mlp1's blocks are all unused then too and it
     # stores nothing.
     if expert < 0:
         return
     expert = expert.to(tl.int64)
-    num_kb = tl.cdiv(inter, 128)
-    k_first = split * KBP
-    kb_count = tl.minimum(KBP, num_kb - k_first)
-    col_kb = tl.where((offs_c < KBP * ROWS) & (offs_c // ROWS < kb_count), offs_c // ROWS, -1)
-    col_ok = (col_pair < num_pairs) & (col_kb >= 0)
+    num_kb, k_first, kb_count, col_kb, col_ok = _gemv_columns(offs_c, col_pair, split, inter, num_pairs, ROWS, KBP)
     col_row = col_row.to(tl.int64)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols < hidden

@@ -105,6 +105,33 @@ def _mlp1_pass(XQ, XS, W1, W1S, B1, tokens, row_ok, expert, first_row, k_first, 
     return _gpt_oss_activation(acc_g, acc_l, limit, alpha)
 
 
+@triton.jit
+def _grouped_tile(BLOCK_EXPERT, num_blocks_m, n_dim, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program -> (n tiles, split, m-block, n tile) and the m-block's expert (< 0: past the last segment).
+    GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2; the split is
+    slowest: every tile's first split runs first."""
+    num_n = tl.cdiv(n_dim, BLOCK_N)
+    pid = tl.program_id(0) % (num_blocks_m * num_n)
+    split = tl.program_id(0) // (num_blocks_m * num_n)
+    width = GROUP_M * num_n
+    first_m = pid // width * GROUP_M
+    group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % group_size
+    pid_n = (pid % width) // group_size
+    expert = tl.load(BLOCK_EXPERT + pid_m)
+    return num_n, split, pid_m, pid_n, expert
+
+
+@triton.jit
+def _split_k_range(k_dim, split, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """K = k_dim in groups of BLOCK_K, and split `split`'s share of them: (groups, k_first, k_last)."""
+    num_k_groups = tl.cdiv(k_dim, BLOCK_K)
+    k_per_split = tl.cdiv(num_k_groups, SPLIT_K)
+    k_first = split * k_per_split
+    k_last = tl.minimum(k_first + k_per_split, num_k_groups)
+    return num_k_groups, k_first, k_last
+
+
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks_m"])
 def _mlp1_kernel(
     XQ, XS,  # x in e4m3 [T, H] and its group scales [T, cdiv(H, 128)]
@@ -135,17 +162,7 @@ def _mlp1_kernel(
     pdl_wait_then_release(USE_PDL)
     tl.static_assert(PASSES == 1 or (ONE_DOT and SPLIT_K == 1), "mlp1 passes: one-dot, no split-K")
     tl.static_assert(not TMA or PASSES == 2, "mlp1 TMA: the two-pass kernel")
-    # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
-    # (written out, not a helper: nested jit calls are slow in the interpreter)
-    num_n = tl.cdiv(inter, BLOCK_N)
-    pid = tl.program_id(0) % (num_blocks_m * num_n)
-    split = tl.program_id(0) // (num_blocks_m * num_n)  # slowest: every tile's first split runs first
-    width = GROUP_M * num_n
-    first_m = pid // width * GROUP_M
-    group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group_size
-    pid_n = (pid % width) // group_size
-    expert = tl.load(BLOCK_EXPERT + pid_m)
+    num_n, split, pid_m, pid_n, expert = _grouped_tile(BLOCK_EXPERT, num_blocks_m, inter, BLOCK_N, GROUP_M)
     if expert < 0:
         return
     expert = expert.to(tl.int64)
@@ -157,10 +174,7 @@ def _mlp1_kernel(
     col_ok = cols < inter
     gate_rows = (2 * cols).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
-    num_k_groups = tl.cdiv(hidden, BLOCK_K)
-    k_per_split = tl.cdiv(num_k_groups, SPLIT_K)
-    k_first = split * k_per_split
-    k_last = tl.minimum(k_first + k_per_split, num_k_groups)
+    num_k_groups, k_first, k_last = _split_k_range(hidden, split, BLOCK_K, SPLIT_K)
 
     a_ptrs = XQ + tokens[:, None] * hidden + k_first * BLOCK_K + offs_k[None, :]
     xs_ptrs = XS + tokens * num_k_groups
@@ -312,17 +326,7 @@ def _mlp2_kernel(
 ):
     BLOCK_K: tl.constexpr = 128
     pdl_wait_then_release(USE_PDL)
-    # GROUP_M m-blocks visit each n tile back to back, so a weight tile is reused from L2
-    # (written out, not a helper: nested jit calls are slow in the interpreter)
-    num_n = tl.cdiv(hidden, BLOCK_N)
-    pid = tl.program_id(0) % (num_blocks_m * num_n)
-    split = tl.program_id(0) // (num_blocks_m * num_n)
-    width = GROUP_M * num_n
-    first_m = pid // width * GROUP_M
-    group_size = tl.minimum(num_blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group_size
-    pid_n = (pid % width) // group_size
-    expert = tl.load(BLOCK_EXPERT + pid_m)
+    _, split, pid_m, pid_n, expert = _grouped_tile(BLOCK_EXPERT, num_blocks_m, hidden, BLOCK_N, GROUP_M)
     if expert < 0:
         return
     expert = expert.to(tl.int64)
@@ -332,10 +336,7 @@ def _mlp2_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     offs_k = tl.arange(0, BLOCK_K)
-    num_k_groups = tl.cdiv(inter, BLOCK_K)
-    k_per_split = tl.cdiv(num_k_groups, SPLIT_K)
-    k_first = split * k_per_split
-    k_last = tl.minimum(k_first + k_per_split, num_k_groups)
+    num_k_groups, k_first, k_last = _split_k_range(inter, split, BLOCK_K, SPLIT_K)
 
     h_offs = rows.to(tl.int64)[:, None] * inter + k_first * BLOCK_K + offs_k[None, :]
     hs_ptrs = HS + rows.to(tl.int64) * num_k_groups

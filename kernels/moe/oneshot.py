@@ -74,7 +74,8 @@ from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.kernels.reference import BLOCK as QUANT_GROUP, SWIGLU_ALPHA
 
-from .common import FP8, _check_weights, _gpt_oss_activation, _quantize_e4m3, _round_to_bf16
+from .common import (FP8, _check_routing, _check_weights, _check_x, _gpt_oss_activation, _out_buffer, _quantize_e4m3,
+                     _round_to_bf16)
 from .reference import moe_ref
 from .routing import _uses_decode_front, decode_front, route_and_quantize
 
@@ -177,6 +178,29 @@ def _check_config(config: OneshotConfig, hidden: int, inter: int, top_k: int) ->
 # ---------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _slab_layout(tile, n_dim, k_dim, ROWS: tl.constexpr, C1: tl.constexpr):
+    """Program `tile`'s ROWS weight rows (rows_c: clamped below n_dim, so the slab loads need no row mask)
+    and the first of K's two power-of-two chunks of 128-blocks (`pow2_chunks`): (rows, rows_c, K blocks in
+    all, offs_k, kb1 [C1], k1 [C1, 128]); the second chunk's blocks start at C1."""
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    rows_c = tl.minimum(rows, n_dim - 1).to(tl.int64)
+    num_kb = (k_dim + 127) // 128
+    offs_k = tl.arange(0, 128)
+    kb1 = tl.arange(0, C1)
+    k1 = kb1[:, None] * 128 + offs_k[None, :]
+    return rows, rows_c, num_kb, offs_k, kb1, k1
+
+
+@triton.jit
+def _block_sums(w, a, a_scale, w_scale):
+    """Weight rows w [R, C, 128] times one activation row's codes a [C, 128] over C K blocks: per 128-block
+    fp32 sums of the exact e4m3 products, each times a_scale * w_scale, summed over the blocks -> [R]. One
+    definition, so mlp1 and the per-pair mlp2 sum in the same order."""
+    d = tl.sum(w.to(tl.float32) * a.to(tl.float32)[None, :, :], axis=2)  # [R, C]
+    return tl.sum(d * (a_scale * w_scale)[None, :], axis=1)
+
+
 @triton.jit(do_not_specialize=["expert_offset", "num_local"])
 def _mlp1_oneshot_kernel(
     XQ, XS,  # x e4m3 [T, H], group scales fp32 [T, cdiv(H, 128)]
@@ -227,12 +251,9 @@ def _mlp1_oneshot_kernel(
     w1 = tl.load(w_rows[:, None, None] + k1[None, :, :], mask=k_ok1[None, :, :], other=0.0)
     if C2 > 0:
         w2 = tl.load(w_rows[:, None, None] + k2[None, :, :], mask=k_ok2[None, :, :], other=0.0)
-    # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks
-    d1 = tl.sum(w1.to(tl.float32) * x1.to(tl.float32)[None, :, :], axis=2)  # [ROWS, C1]
-    acc = tl.sum(d1 * (xs1 * ws1)[None, :], axis=1)
+    acc = _block_sums(w1, x1, xs1, ws1)
     if C2 > 0:
-        d2 = tl.sum(w2.to(tl.float32) * x2.to(tl.float32)[None, :, :], axis=2)
-        acc += tl.sum(d2 * (xs2 * ws2)[None, :], axis=1)
+        acc += _block_sums(w2, x2, xs2, ws2)
     if HAS_B1:
         acc += bias
     # rows 2c, 2c+1 -> column c: gate, linear; `_mlp1_kernel`'s epilogue
@@ -309,12 +330,7 @@ def _mlp2_combine_oneshot_kernel(
     local = p_ok & (ids >= 0) & (ids < num_local)
     expert = tl.where(local, ids, 0).to(tl.int64)
     weight = tl.load(TOPK_W + pairs, mask=p_ok, other=0.0).to(tl.float32)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_c = tl.minimum(rows, hidden - 1).to(tl.int64)
-    num_kb = (inter + 127) // 128
-    offs_k = tl.arange(0, 128)
-    kb1 = tl.arange(0, C1)
-    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
+    rows, rows_c, num_kb, offs_k, kb1, k1 = _slab_layout(tile, hidden, inter, BLOCK_N, C1)
     h_ok1 = local[:, None, None] & (k1 < inter)[None, :, :]  # [K_PAD, C1, 128]
     s_ok1 = local[:, None] & (kb1 < num_kb)[None, :]  # [K_PAD, C1]
     h_ptrs = pairs[:, None, None] * inter
@@ -400,12 +416,7 @@ def _mlp2_pair_oneshot_kernel(
     eid = tl.load(TOPK_IDS + pair).to(tl.int32) - expert_offset
     local = (eid >= 0) & (eid < num_local)
     expert = tl.where(local, eid, 0).to(tl.int64)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_c = tl.minimum(rows, hidden - 1).to(tl.int64)
-    num_kb = (inter + 127) // 128
-    offs_k = tl.arange(0, 128)
-    kb1 = tl.arange(0, C1)
-    k1 = kb1[:, None] * 128 + offs_k[None, :]  # [C1, 128]
+    rows, rows_c, num_kb, offs_k, kb1, k1 = _slab_layout(tile, hidden, inter, BLOCK_N, C1)
     kb2 = C1 + tl.arange(0, C2 if C2 > 0 else 1)
     k2 = kb2[:, None] * 128 + offs_k[None, :]
     h_ok1 = local & (k1 < inter)
@@ -437,12 +448,9 @@ def _mlp2_pair_oneshot_kernel(
         if C2 > 0:
             hq2 = tl.load(HQ + h_row + k2, mask=h_ok2, other=0.0)
             hs2 = tl.load(hs_row + kb2, mask=s_ok2, other=0.0)
-    # per 128-block sums of exact e4m3 products, each scaled, summed over the blocks (mlp1's order)
-    d1 = tl.sum(w1.to(tl.float32) * hq1.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_N, C1]
-    y = tl.sum(d1 * (hs1 * ws1)[None, :], axis=1)
+    y = _block_sums(w1, hq1, hs1, ws1)
     if C2 > 0:
-        d2 = tl.sum(w2.to(tl.float32) * hq2.to(tl.float32)[None, :, :], axis=2)
-        y += tl.sum(d2 * (hs2 * ws2)[None, :], axis=1)
+        y += _block_sums(w2, hq2, hs2, ws2)
     if HAS_B2:
         y += bias
     y = tl.where(local, y, 0.0)  # another rank's expert: 0, as `_combine_kernel`'s masked load
@@ -515,19 +523,14 @@ def fused_moe_decode_oneshot(
     (fp32 [T * k, H]): also receives each local pair's y (tests: `_combine_kernel` on it must
     give `out`); `h_out` (fp32 [T * k, I]): mlp1 writes h there (rows of local pairs), for the
     tests. No host syncs: capturable in a CUDA graph."""
-    if x.dim() != 2 or x.stride(-1) != 1:
-        raise ValueError(f"fused_moe_decode_oneshot: x must be [T, H] with a unit last stride, got {tuple(x.shape)}")
+    _check_x("fused_moe_decode_oneshot", x)
     num_tokens, hidden = x.shape
     num_local, inter = _check_weights(hidden, w1, w1_scale_inv, b1, w2, w2_scale_inv, b2)
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError("fused_moe_decode_oneshot: topk_weights and topk_ids must both be [T, k]")
+    _check_routing("fused_moe_decode_oneshot", x, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     config = config or DEFAULT_ONESHOT
     _check_config(config, hidden, inter, top_k)
-    if out is None:
-        out = torch.empty_like(x)
-    elif out.shape != x.shape or out.stride(-1) != 1:
-        raise ValueError(f"fused_moe_decode_oneshot: out must be {tuple(x.shape)} with a unit last stride")
+    out = _out_buffer("fused_moe_decode_oneshot", x, out)
     num_pairs = num_tokens * top_k
     for name, t, cols in (("pair_out", pair_out, hidden), ("h_out", h_out, inter)):
         if t is not None and (tuple(t.shape) != (num_pairs, cols) or t.dtype != torch.float32 or not t.is_contiguous()):
