@@ -24,11 +24,11 @@ them (USE_PDL is a constexpr).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ._util import interpreted
 
 try:  # Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -46,7 +46,7 @@ def set_pdl(enabled: bool | None) -> None:
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    if device.type != "cuda" or gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or gdc_wait is None or interpreted():
         return False
     if torch.cuda.get_device_capability(device)[0] < 9:
         return False

@@ -15,10 +15,11 @@ falls back to its pointer kernel where they fail (e.g. gpt-oss-120b at TP8: 360-
 from __future__ import annotations
 
 import contextlib
-import os
 from functools import lru_cache
 
 import torch
+
+from ._util import interpreted
 
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -32,7 +33,7 @@ def tma_supported(device: torch.device) -> bool:
     """Descriptor loads run here: an sm90+ GPU, or the interpreter (which emulates them)."""
     if TensorDescriptor is None:
         return False
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreted():
         return True
     return device.type == "cuda" and sm_major(device.index) >= 9
 

@@ -15,6 +15,8 @@ import os
 
 import torch
 
+from sglang_ext.kernels._util import interpreted
+
 ENV_VAR = "SGLANG_EXT_KERNELS"
 CHOICES = ("auto", "triton", "torch")
 
@@ -23,7 +25,7 @@ def kernel_mode() -> str:
     mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if mode not in CHOICES:
         raise ValueError(f"{ENV_VAR}={mode!r}: expected one of {', '.join(CHOICES)}")
-    if mode == "triton" and os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    if mode == "triton" and not interpreted() and not torch.cuda.is_available():
         raise ValueError(f"{ENV_VAR}=triton on a machine without CUDA needs TRITON_INTERPRET=1")
     return mode
 
