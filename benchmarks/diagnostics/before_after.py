@@ -26,6 +26,12 @@ import json, statistics, sys, torch
 sys.path.insert(0, ".")
 from benchmarks import bench_common as bc
 from benchmarks import model_step as ms
+import os, sglang_ext.kernels, sglang_ext.layers
+for pkg in (sglang_ext.kernels, sglang_ext.layers):  # an installed sglang_ext would compare itself with itself
+    where = os.path.realpath(list(pkg.__path__)[0])
+    if not where.startswith(os.path.realpath(".") + os.sep):
+        raise SystemExit(f"{pkg.__name__} resolves to {where}, not to this checkout: run outside an environment "
+                         "with sglang-ext installed")
 model, context, prefill, repeats, out, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 layout = ms.parallel_layout(1, 1, 1, 0) if hasattr(ms, "parallel_layout") else ms.Sharding(1, 1, 1, 0)
 torch.manual_seed(0)
