@@ -22,8 +22,11 @@ import subprocess
 import sys
 
 WORKER = r"""
-import json, statistics, sys, torch
+import json, statistics, sys
+# this checkout's modules, not an installed sglang-ext's (an editable install maps sglang_ext.* by a finder)
+sys.meta_path = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "").lower()]
 sys.path.insert(0, ".")
+import torch
 from benchmarks import bench_common as bc
 from benchmarks import model_step as ms
 import os, sglang_ext.kernels, sglang_ext.layers
