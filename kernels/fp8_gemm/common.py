@@ -1,5 +1,6 @@
-"""FP8 block-128, shared by the GEMM (M > 16) and GEMV (M <= 16) regimes: the grouped tile order, the split-K
-sum as a second launch and the arrival counters of the inline sum, the weight / output checks.
+"""FP8 block-128, shared by the GEMM (M > 16) and GEMV (M <= 16) regimes: the grouped tile order and a GEMM
+tile's rows, columns and scale pointers (the pointer and TMA kernels alike), the split-K sum as a second launch
+and the arrival counters of the inline sum, the weight / output checks.
 
 Invariant: split-K partials are summed in split order, however they are summed (last arriver or
 `_splitk_sum_kernel`), then rounded once: deterministic, the same bits either way."""
@@ -28,6 +29,29 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
     first_m = (pid // tiles_in_group) * GROUP_M
     group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
     return first_m + (pid % tiles_in_group) % group_rows, (pid % tiles_in_group) // group_rows
+
+
+@triton.jit
+def _gemm_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The GEMM tile of program `pid` (grouped order): its row / column tiles, offsets, and the rows / columns
+    it reads, where those past the edge read a real row / column again (no masks in the K loop; the store
+    drops them)."""
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid_m, pid_n, offs_m, offs_n, (offs_m % M).to(tl.int64), (offs_n % N).to(tl.int64)
+
+
+@triton.jit
+def _gemm_scale_ptrs(A_SCALE, B_SCALE, rows, cols, pid_n, stride_asm, stride_bsn, BLOCK_N: tl.constexpr):
+    """The first K block's scale pointers of a GEMM tile: per row of A, and of B one scalar (BLOCK_N a power
+    of two <= 128 never straddles a 128-row scale block) or one per column."""
+    a_scale_ptrs = A_SCALE + rows * stride_asm
+    if BLOCK_N <= 128:
+        b_scale_ptrs = B_SCALE + (pid_n * BLOCK_N // 128) * stride_bsn
+    else:
+        b_scale_ptrs = B_SCALE + (cols // 128) * stride_bsn
+    return a_scale_ptrs, b_scale_ptrs
 
 
 @triton.jit

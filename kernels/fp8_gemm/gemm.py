@@ -17,7 +17,7 @@ import triton.language as tl
 from sglang_ext.kernels._util import interpreted
 from sglang_ext.kernels.tma import descriptor, tma_2d_ok
 
-from .common import MAX_SPLIT_TILES, _grouped_tile, _split_counters, _splitk_sum_kernel
+from .common import MAX_SPLIT_TILES, _gemm_scale_ptrs, _gemm_tile, _split_counters, _splitk_sum_kernel
 from .config import Fp8GemmConfig
 from .gemm_tma import _fp8_gemm_tma_kernel
 from .quantize import GROUP, _quantize_tile, _round_to_bf16_grid
@@ -50,22 +50,12 @@ def _fp8_gemm_kernel(
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
-    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Rows/columns past the edge load a real row/column again (no masks in the K loop); the
-    # store drops them.
-    rows = (offs_m % M).to(tl.int64)
-    cols = (offs_n % N).to(tl.int64)
+    pid_m, pid_n, offs_m, offs_n, rows, cols = _gemm_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = B + cols[None, :] * stride_bn + offs_k[:, None] * stride_bk
-    a_scale_ptrs = A_SCALE + rows * stride_asm
-    if BLOCK_N <= 128:  # a power of two <= 128 never straddles a 128-row scale block of B
-        b_scale_ptrs = B_SCALE + (pid_n * BLOCK_N // 128) * stride_bsn
-    else:
-        b_scale_ptrs = B_SCALE + (cols // 128) * stride_bsn
+    a_scale_ptrs, b_scale_ptrs = _gemm_scale_ptrs(A_SCALE, B_SCALE, rows, cols, pid_n, stride_asm, stride_bsn,
+                                                  BLOCK_N)
 
     k_blocks = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_blocks, num_splits)

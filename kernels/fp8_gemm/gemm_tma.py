@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import _grouped_tile
+from .common import _gemm_scale_ptrs, _gemm_tile
 from .quantize import _round_to_bf16_grid
 
 
@@ -30,16 +30,9 @@ def _fp8_gemm_tma_kernel(
     so no masks and no address tensors in the loop. The sums are _fp8_gemm_kernel's, in its order."""
     BLOCK_K: tl.constexpr = 128
     pid = tl.program_id(0)
-    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = (offs_m % M).to(tl.int64)
-    cols = (offs_n % N).to(tl.int64)
-    a_scale_ptrs = A_SCALE + rows * stride_asm
-    if BLOCK_N <= 128:
-        b_scale_ptrs = B_SCALE + (pid_n * BLOCK_N // 128) * stride_bsn
-    else:
-        b_scale_ptrs = B_SCALE + (cols // 128) * stride_bsn
+    pid_m, pid_n, offs_m, offs_n, rows, cols = _gemm_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    a_scale_ptrs, b_scale_ptrs = _gemm_scale_ptrs(A_SCALE, B_SCALE, rows, cols, pid_n, stride_asm, stride_bsn,
+                                                  BLOCK_N)
     if HAS_BIAS:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + tl.load(BIAS + cols).to(tl.float32)[None, :]
     else:
