@@ -43,7 +43,7 @@ import triton.language as tl
 from ._util import interpreted, num_sms
 from .pdl import pdl_launch_kwargs, pdl_wait_then_release
 from .probe_attention import _attend_key_range, probe_attention_ref
-from .probe_tail import probe_tail_ref
+from .probe_tail import _norm_classify_store, probe_tail_ref
 
 RMS_EPS = 1e-6  # probe/model.py RMS_EPS (kernels import nothing from probe/)
 
@@ -272,12 +272,7 @@ def _tail_kernel(Q, CTX, WO, NORM_W, WC, BC, H_BUF, COUNT, OUT, eps,
         last = True
     if last:
         hh = tl.load(H_BUF + row * HD + offs_k, cache_modifier=".cg")
-        hn = hh / tl.sqrt(tl.sum(hh * hh, axis=0) / HD + eps) * tl.load(NORM_W + offs_k).to(tl.float32)
-        offs_l = tl.arange(0, BLOCK_L)
-        l_ok = offs_l < L
-        wc = tl.load(WC + offs_l[:, None] * HD + offs_k[None, :], mask=l_ok[:, None], other=0.0).to(tl.float32)
-        logits = tl.sum(wc * hn[None, :], axis=1) + tl.load(BC + offs_l, mask=l_ok, other=0.0).to(tl.float32)
-        tl.store(OUT + row * L + offs_l, 1.0 / (1.0 + tl.exp(-logits)), mask=l_ok)
+        _norm_classify_store(hh, NORM_W, WC, BC, OUT, row, offs_k, eps, HD, L, BLOCK_L)
         if n_blk > 1:
             tl.store(COUNT + row, 0)
 

@@ -33,17 +33,25 @@ def _probe_oproj_kernel(Q, CTX, WO, H_OUT, HD: tl.constexpr, BLOCK_N: tl.constex
 
 
 @triton.jit
-def _probe_head_kernel(H_IN, NORM_W, WC, BC, OUT, eps, HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr):
-    """probs[row] = sigmoid(Wc @ rmsnorm(h[row]) + bc), all fp32."""
-    row = tl.program_id(0).to(tl.int64)
-    offs_k = tl.arange(0, HD)
-    h = tl.load(H_IN + row * HD + offs_k)
+def _norm_classify_store(h, NORM_W, WC, BC, OUT, row, offs_k, eps, HD: tl.constexpr, L: tl.constexpr,
+                         BLOCK_L: tl.constexpr):
+    """probs[row] = sigmoid(Wc @ rmsnorm(h) + bc) of the fp32 row h [HD], stored, all fp32: the tail's last stage,
+    here and in the decode step's _tail_kernel (probe_step.py), so that the two give the same bits."""
     hn = h / tl.sqrt(tl.sum(h * h, axis=0) / HD + eps) * tl.load(NORM_W + offs_k).to(tl.float32)
     offs_l = tl.arange(0, BLOCK_L)
     l_ok = offs_l < L
     wc = tl.load(WC + offs_l[:, None] * HD + offs_k[None, :], mask=l_ok[:, None], other=0.0).to(tl.float32)
     logits = tl.sum(wc * hn[None, :], axis=1) + tl.load(BC + offs_l, mask=l_ok, other=0.0).to(tl.float32)
     tl.store(OUT + row * L + offs_l, 1.0 / (1.0 + tl.exp(-logits)), mask=l_ok)
+
+
+@triton.jit
+def _probe_head_kernel(H_IN, NORM_W, WC, BC, OUT, eps, HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr):
+    """probs[row] = sigmoid(Wc @ rmsnorm(h[row]) + bc), all fp32."""
+    row = tl.program_id(0).to(tl.int64)
+    offs_k = tl.arange(0, HD)
+    h = tl.load(H_IN + row * HD + offs_k)
+    _norm_classify_store(h, NORM_W, WC, BC, OUT, row, offs_k, eps, HD, L, BLOCK_L)
 
 
 def probe_tail(q: torch.Tensor, ctx: torch.Tensor, wo: torch.Tensor, norm_w: torch.Tensor, wc: torch.Tensor,
