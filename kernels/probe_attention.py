@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ._util import interpreted, num_sms
+from .online_softmax import block_weights
 
 DEFAULT_BLOCK_N = 64
 
@@ -65,16 +66,8 @@ def _attend_key_range(q, KV, REQ_TO_TOKEN, req, pos, split, window, scale, strid
         kv_row = KV + slot[:, None] * stride_kv + offs_d[None, :]
         k = tl.load(kv_row, mask=key_ok[:, None], other=0.0)  # [BLOCK_N, D]
         v = tl.load(kv_row + D, mask=key_ok[:, None], other=0.0)
-        if SPLIT_BF16_DOT:
-            # 16-bit x 16-bit products are exact in the fp32 accumulator: same scores as an fp32 dot.
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        s = tl.where(key_ok[None, :], s * scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # natural-log units: the split LSEs and their merge are in them
+        m_new, alpha, p, l_i = block_weights(m_i, l_i, q, k, start, offs_n, hi, scale, False, SPLIT_BF16_DOT)
         if SPLIT_BF16_DOT:
             # fp32 p as hi + lo 16-bit parts: ~16 mantissa bits on tensor cores instead of an fp32
             # FMA dot that is 3-10x slower at decode sizes.

@@ -19,6 +19,7 @@ import triton.language as tl
 from sglang_ext.kernels._util import interpreted
 from sglang_ext.kernels.arrival_counters import arrival_counters
 from sglang_ext.kernels.fp8_gemm import _round_to_bf16_grid
+from sglang_ext.kernels.online_softmax import block_scores, block_weights, online_softmax_step
 from sglang_ext.kernels.pdl import pdl_launch_kwargs, pdl_wait_then_release
 from sglang_ext.kernels.rope_kv import check_rope_kv, rope_first_half, rope_second_half, rope_store_kv
 
@@ -44,6 +45,18 @@ def _load_kv(K, V, slot, key_ok, stride_kn, stride_vn, kv_head_off_k, kv_head_of
 
 
 @triton.jit
+def _pv(p, v, DOTS_16BIT: tl.constexpr):
+    """P.V [rows, D] of the fp32 weights p [rows, keys]: with 16-bit V on tensor cores, p entering as a hi + lo
+    pair of 16-bit values (~16 mantissa bits: a decode is bound by memory, not by these dots)."""
+    if DOTS_16BIT:
+        p_hi = p.to(v.dtype)
+        pv = tl.dot(p_hi, v) + tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v)
+    else:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return pv
+
+
+@triton.jit
 def _decode_key_range_prefetch(
     acc, m_i, l_i, q, K, V, tok_base, SLOT_MAP,
     stride_kn, stride_vn, kv_head_off_k, kv_head_off_v,
@@ -63,20 +76,8 @@ def _decode_key_range_prefetch(
         k_next, v_next = _load_kv(K, V, slot_next, start + BLOCK_N + offs_n < key_hi, stride_kn, stride_vn,
                                   kv_head_off_k, kv_head_off_v, D)
         slot_next = _load_slots(tok_base, SLOT_MAP, start + 2 * BLOCK_N + offs_n, key_hi, HAS_SLOT_MAP)
-        if DOTS_16BIT:
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        s = tl.where((start + offs_n < key_hi)[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOTS_16BIT:
-            p_hi = p.to(v.dtype)
-            pv = tl.dot(p_hi, v) + tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v)
-        else:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        m_new, alpha, p, l_i = block_weights(m_i, l_i, q, k, start, offs_n, key_hi, qk_scale_log2, True, DOTS_16BIT)
+        pv = _pv(p, v, DOTS_16BIT)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
         k = k_next
@@ -165,6 +166,29 @@ def _merge_splits(PART_O, PART_LSE, SINKS, b, kv_head, num_kv_heads, head0, n_us
 
 
 @triton.jit
+def _sinks_log2(SINKS, q_head, head_ok, HAS_SINKS: tl.constexpr):
+    """The q heads' sinks in log2 units (without sinks a 0 that nothing reads)."""
+    if HAS_SINKS:
+        sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    else:
+        sink = 0.0
+    return sink
+
+
+@triton.jit
+def _split_start(sink, single, BLOCK_H: tl.constexpr, D: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """(max, denominator, output) of a split's q heads before any key. The sink enters only where the split is
+    its request's single one (else the merge adds it, once), as the max with weight exp2(sink - sink) = 1."""
+    if HAS_SINKS:
+        m_i = tl.where(single, sink, -1.0e30)
+        l_i = tl.where(single, 1.0, 0.0) + tl.zeros([BLOCK_H], dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    return m_i, l_i, tl.zeros([BLOCK_H, D], dtype=tl.float32)
+
+
+@triton.jit
 def _sink_decode_kernel(
     Q, K, V, OUT, PART_O, PART_LSE, COUNTERS, SINKS, REQ_TO_TOKEN, SLOT_MAP, REQ_POOL_IDX, SEQ_LENS,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_r2t,
@@ -234,14 +258,7 @@ def _sink_decode_kernel(
                     other=0.0)
     if not DOTS_16BIT:
         q = q.to(tl.float32)
-    if HAS_SINKS:
-        sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_i = tl.where(single, sink, -1.0e30)
-        l_i = tl.where(single, 1.0, 0.0) + tl.zeros([BLOCK_H], dtype=tl.float32)
-    else:
-        m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
+    m_i, l_i, acc = _split_start(_sinks_log2(SINKS, q_head, head_ok, HAS_SINKS), single, BLOCK_H, D, HAS_SINKS)
     if PREFETCH:
         acc, m_i, l_i = _decode_key_range_prefetch(
             acc, m_i, l_i, q, K, V, REQ_TO_TOKEN + req_row * stride_r2t, SLOT_MAP, stride_kn, stride_vn,
@@ -355,26 +372,17 @@ def _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, is_new, 
     stall the program on K before the V (and q) loads after it are issued, one trip to memory each. A select
     is not a load, so K's conversion stays here, after every load of the chunk."""
     k = tl.where(key_ok[:, None], k, 0.0)
-    if DOTS_16BIT:
-        s = tl.dot(q, tl.trans(k))
-    else:
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    s = block_scores(q, k, DOTS_16BIT)
     s = tl.where(key_ok[None, :], s * qk_scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # m_i is finite (sink or -1e30): no -inf - -inf
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    # m_i is finite (sink or -1e30): no -inf - -inf
+    m_new, alpha, p, l_i = online_softmax_step(m_i, l_i, s, True)
     if V_LATE:
         if ROPE:
             v = tl.load(v_ptr, mask=(key_ok & ~is_new)[:, None], other=0.0)
             v = tl.where(is_new[:, None], v_new[None, :], v)
         else:
             v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
-    if DOTS_16BIT:
-        p_hi = p.to(v.dtype)
-        pv = tl.dot(p_hi, v) + tl.dot((p - p_hi.to(tl.float32)).to(v.dtype), v)
-    else:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    pv = _pv(p, v, DOTS_16BIT)
     return acc * alpha[:, None] + pv, m_new, l_i
 
 
@@ -508,18 +516,11 @@ def _sink_decode_oneshot_kernel(
             v = tl.load(v_ptr, mask=key_ok[:, None], other=0.0)
         is_new = key_ok  # ROPE's arguments of _oneshot_fold, unused without it
         v_new = offs_d
-    if HAS_SINKS:
-        sink = tl.load(SINKS + q_head, mask=head_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    sink = _sinks_log2(SINKS, q_head, head_ok, HAS_SINKS)
     q = tl.where(head_ok[:, None], q, 0.0)
     if not DOTS_16BIT:
         q = q.to(tl.float32)
-    if HAS_SINKS:
-        m_i = tl.where(single, sink, -1.0e30)
-        l_i = tl.where(single, 1.0, 0.0) + tl.zeros([BLOCK_H], dtype=tl.float32)
-    else:
-        m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
+    m_i, l_i, acc = _split_start(sink, single, BLOCK_H, D, HAS_SINKS)  # the chunk loop's state, in its order
     acc, m_i, l_i = _oneshot_fold(acc, m_i, l_i, q, k, v, v_ptr, key_ok, qk_scale_log2, is_new, v_new, V_LATE,
                                   DOTS_16BIT, ROPE)
     # Only when the request has more than num_splits * CHUNK keys: the split's further chunks.
