@@ -57,7 +57,7 @@ from sglang_ext.layers.lm_head import fp8_lm_head_enabled, quantize_lm_head, res
 from sglang_ext.layers.mxfp4 import CONVERT_CHUNK_ELEMENTS, DenseExperts, Mxfp4Experts, experts_to_fp8_block128
 from sglang_ext.layers.parallel import ParallelLayout
 from sglang_ext.models.gpt_oss_core import (Collectives, GptOssAttention, GptOssDecoder, GptOssExperts, RankGroups,
-                                            checkpoint_format, is_fp8_checkpoint, serves_fp8)
+                                            checkpoint_format, serves_fp8)
 
 logger = logging.getLogger(__name__)
 

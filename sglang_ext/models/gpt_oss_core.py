@@ -60,10 +60,6 @@ def checkpoint_format(config) -> str:
     return "fp8"
 
 
-def is_fp8_checkpoint(config) -> bool:
-    return checkpoint_format(config) == "fp8"
-
-
 def serves_fp8(config, quant_config=None) -> bool:
     """Whether the experts and the attention projections are e4m3 block-128 parameters: always for FP8
     and MXFP4 checkpoints (MXFP4 converted at load, exactly where a 128x128 block's values fit e4m3
