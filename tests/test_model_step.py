@@ -67,6 +67,42 @@ def test_prefill_equals_dense_reference(model):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+class _QShapedOutput(torch.nn.Module):
+    """The attention op with its output in a buffer shaped as q ([T, H, D]), as SGLang's RadixAttention
+    returns it from the eager attention of a breakable prefill CUDA graph (graph_utils.allocate_attention_outputs)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.tp_q_head_num, self.qk_head_dim, self.v_head_dim = inner.num_heads, inner.head_dim, inner.head_dim
+
+    @property
+    def applies_rope_kv(self):
+        return self.inner.applies_rope_kv
+
+    def forward(self, q, k, v, batch, **kwargs):
+        from sglang.srt.layers.attention.graph_utils import allocate_attention_outputs
+
+        out, _ = allocate_attention_outputs(self, q.view(q.shape[0], self.tp_q_head_num, -1), v, None)
+        out.view(-1).copy_(self.inner(q, k, v, batch, **kwargs).reshape(-1))
+        return out
+
+
+def test_attention_output_shaped_as_q(model):
+    inputs = model.prefill_inputs(30)
+    want = model.forward(**inputs)
+    attns = [layer.self_attn for layer in model.layers]
+    inner = [a.attn for a in attns]
+    try:
+        for a in attns:
+            a.attn = _QShapedOutput(a.attn)
+        got = model.forward(**inputs)
+    finally:
+        for a, op in zip(attns, inner):
+            a.attn = op
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_decode_after_prefill_equals_longer_prefill(model):
     inputs = model.prefill_inputs(21)
     want = model.forward(**inputs)[0]

@@ -189,7 +189,8 @@ class GptOssAttention(nn.Module):
         else:
             q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
             o = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.contiguous(), batch, sinks=self.sinks)
-        o = self.q_shard.pad_activation(o)
+        # [T, H * D]: SGLang's eager attention in a breakable prefill CUDA graph hands back a buffer shaped as q
+        o = self.q_shard.pad_activation(o.reshape(tokens, -1))
         if self.tp.attn_size == 1:
             return self.o_proj(o)
         reduce = self.tp.comm.attn_all_reduce if self.tp.dp_attention else self.tp.comm.all_reduce
