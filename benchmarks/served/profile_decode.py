@@ -4,6 +4,8 @@ The served batch-1 decode ran at 0.69 x the harness on the same card (served_gpu
 forward alone in a CUDA graph, the server adds its scheduler, sampling, the probe's host work and whatever runs
 outside the graph. This starts the real `launch_server` once and, for the same request:
   itl       the client's inter-token intervals of a streamed /generate (the step time a user sees)
+  stacks    the server processes' Python stacks over a longer streamed request (benchmarks/served/stack_sampler,
+            wall-clock weighted): which host code a decode step waits on, per process and thread
   profile   SGLang's /start_profile over a window of decode steps (torch profiler, CPU + GPU), read back as:
             GPU busy time per step (the union of kernel intervals), the idle gaps between kernels, the top
             kernels by time and how many ran outside a CUDA graph, and the top CPU ops of the scheduler
@@ -50,6 +52,45 @@ def stream_itl(url: str, ids: list, new_tokens: int) -> dict:
     return {"events": len(stamps), "itl_median_ms": statistics.median(gaps),
             "itl_p10_ms": sorted(gaps)[len(gaps) // 10], "itl_p90_ms": sorted(gaps)[9 * len(gaps) // 10],
             "tok_s": 1e3 / statistics.median(gaps)}
+
+
+SAMPLER = Path(__file__).resolve().parent / "stack_sampler"
+
+
+def sample_stacks(url: str, ids: list, new_tokens: int, folder: Path) -> dict:
+    """A streamed request with the sampler on (the server was started with SGLANG_EXT_STACKS=folder)."""
+    (folder / "on").touch()
+    try:
+        itl = stream_itl(url, ids, new_tokens)
+    finally:
+        (folder / "on").unlink()
+    time.sleep(1.0)  # each process writes its file once it sees the switch off
+    return {"itl_with_sampler": itl, "processes": summarize_stacks(folder)}
+
+
+def summarize_stacks(folder: Path, top: int = 25) -> list:
+    """Per process and thread: wall time sampled, the functions it spent it in (inclusive) and the leaves."""
+    out = []
+    for path in sorted(folder.glob("*.folded")):
+        threads: dict = defaultdict(lambda: {"us": 0, "incl": defaultdict(int), "leaf": defaultdict(int)})
+        for line in path.read_text().splitlines():
+            stack, _, us = line.rpartition(" ")
+            thread, *frames = stack.split(";")
+            row, us = threads[thread], int(us)
+            row["us"] += us
+            for f in set(frames):
+                row["incl"][f] += us
+            if frames:
+                row["leaf"][frames[-1]] += us
+        for thread, row in sorted(threads.items(), key=lambda kv: -kv[1]["us"]):
+            total = max(row["us"], 1)
+            out.append({"process": path.stem, "thread": thread, "sampled_ms": round(row["us"] / 1e3, 1),
+                        # frames on every stack (the process's entry and event loop) say nothing
+                        "inclusive": [{"frame": f, "pct": round(100 * us / total, 1)} for f, us in
+                                      sorted(row["incl"].items(), key=lambda kv: -kv[1]) if us < 0.995 * total][:top],
+                        "leaf": [{"frame": f, "pct": round(100 * us / total, 1)} for f, us in
+                                 sorted(row["leaf"].items(), key=lambda kv: -kv[1])[:top]]})
+    return out
 
 
 def profile(url: str, ids: list, new_tokens: int, steps: int, out_dir: Path, activities: list) -> Path | None:
@@ -130,6 +171,17 @@ def markdown(result: dict) -> str:
     if "itl_median_ms" in itl:
         lines.append(f"- streamed ITL median {itl['itl_median_ms']:.3f} ms ({itl['tok_s']:.1f} tok/s), "
                      f"p10 {itl['itl_p10_ms']:.3f}, p90 {itl['itl_p90_ms']:.3f}")
+    stacks = result.get("stacks", {})
+    if "itl_median_ms" in stacks.get("itl_with_sampler", {}):
+        lines.append(f"- with the stack sampler on: ITL median {stacks['itl_with_sampler']['itl_median_ms']:.3f} ms")
+    for t in stacks.get("processes", []):
+        if "scheduler" not in t["process"] or t["thread"] != "MainThread":
+            continue
+        lines += ["", f"Python stacks of `{t['process']}` {t['thread']} ({t['sampled_ms']} ms sampled): "
+                      "inclusive % of wall time | leaf %", "", "| frame | inclusive % | | leaf frame | % |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| `{a['frame']}` | {a['pct']} | | `{b['frame']}` | {b['pct']} |"
+                  for a, b in zip(t["inclusive"], t["leaf"])]
     prof = result.get("profile", {})
     if prof.get("kernels"):
         lines += [f"- profiled window: {prof['span_ms']:.2f} ms over ~{result['steps']} steps: GPU busy "
@@ -157,6 +209,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=64, help="forwards profiled (the first is the prefill)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--startup-timeout", type=float, default=600)
+    ap.add_argument("--stack-tokens", type=int, default=1024, help="streamed tokens sampled for stacks (0: none)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
@@ -166,10 +219,17 @@ def main(argv=None):
     result = {"model": args.model_name or Path(args.model_path).name, "context": args.context, "steps": args.steps,
               "device": device, "server_args": server_args,
               "command": "python benchmarks/served/profile_decode.py " + " ".join(sys.argv[1:] if argv else [])}
+    stacks_dir = args.out / "stacks"
+    if args.stack_tokens:
+        stacks_dir.mkdir(exist_ok=True)
+        os.environ["SGLANG_EXT_STACKS"] = str(stacks_dir)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SAMPLER), os.environ.get("PYTHONPATH")]))
     with SGLangServer(args.model_path, server_args, log_path=args.out / "server.log",
                       startup_timeout=args.startup_timeout, cpu=device == "cpu") as srv:
         stream_itl(srv.url, ids[:64], 8)  # warm-up: graphs, allocator, the first prefill's compiles
         result["itl"] = stream_itl(srv.url, ids, args.new_tokens)
+        if args.stack_tokens:
+            result["stacks"] = sample_stacks(srv.url, ids[:-2] + [ids[-2] ^ 1, ids[-1]], args.stack_tokens, stacks_dir)
         trace = profile(srv.url, ids[:-1] + [ids[-1] ^ 1], max(args.new_tokens, args.steps + 8), args.steps,
                         args.out / "trace", ["CPU", "GPU"] if device != "cpu" else ["CPU"])
         result["trace"] = trace and str(trace)
