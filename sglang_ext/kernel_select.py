@@ -7,6 +7,10 @@ CPU under `TRITON_INTERPRET=1` and compare it with the torch path:
   SGLANG_EXT_KERNELS=auto    (default) Triton on CUDA tensors, torch elsewhere
   SGLANG_EXT_KERNELS=triton  Triton everywhere (on CPU only with TRITON_INTERPRET=1)
   SGLANG_EXT_KERNELS=torch   torch everywhere (a fallback and a peer)
+
+`use_triton` runs many times a forward, so each variable here is read and checked once per process, at
+its first use (not at import: a script may set it, or TRITON_INTERPRET, after importing the package).
+`reload_settings()` reads them again, for code that changes them in-process (tests).
 """
 
 from __future__ import annotations
@@ -19,9 +23,14 @@ from sglang_ext.kernels._util import interpreted
 
 ENV_VAR = "SGLANG_EXT_KERNELS"
 CHOICES = ("auto", "triton", "torch")
+COMPILE_ENV_VAR = "SGLANG_EXT_COMPILE"
+
+# Variable name -> its parsed value. A plain dict rather than lru_cache: the readers may run inside a
+# forward that torch.compile traces, where a dict lookup is an ordinary guarded read.
+_settings: dict = {}
 
 
-def kernel_mode() -> str:
+def _read_kernel_mode() -> str:
     mode = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if mode not in CHOICES:
         raise ValueError(f"{ENV_VAR}={mode!r}: expected one of {', '.join(CHOICES)}")
@@ -30,7 +39,26 @@ def kernel_mode() -> str:
     return mode
 
 
-COMPILE_ENV_VAR = "SGLANG_EXT_COMPILE"
+def kernel_mode() -> str:
+    """SGLANG_EXT_KERNELS, validated, read once per process (a bad value is not kept: it raises at each call)."""
+    mode = _settings.get(ENV_VAR)
+    if mode is None:
+        mode = _settings[ENV_VAR] = _read_kernel_mode()
+    return mode
+
+
+def compile_enabled() -> bool:
+    """SGLANG_EXT_COMPILE != "0", read once per process."""
+    enabled = _settings.get(COMPILE_ENV_VAR)
+    if enabled is None:
+        enabled = _settings[COMPILE_ENV_VAR] = os.environ.get(COMPILE_ENV_VAR, "1") != "0"
+    return enabled
+
+
+def reload_settings() -> None:
+    """Read SGLANG_EXT_KERNELS and SGLANG_EXT_COMPILE (and TRITON_INTERPRET, for the former's check) again
+    at their next use."""
+    _settings.clear()
 
 
 def compiled_on_cuda(fn):
@@ -38,12 +66,12 @@ def compiled_on_cuda(fn):
 
     For the small elementwise maths between the big kernels (RMSNorm, RoPE): eager torch issues
     6-8 kernels for each, ~30 per layer, which dominate a batch-1 decode step. Same maths, fused;
-    SGLANG_EXT_COMPILE=0 turns it off (eager everywhere)."""
+    SGLANG_EXT_COMPILE=0 turns it off (eager everywhere; read once per process, `compile_enabled`)."""
     compiled = None
 
     def wrapper(x, *args, **kwargs):
         nonlocal compiled
-        if x.is_cuda and os.environ.get(COMPILE_ENV_VAR, "1") != "0":
+        if x.is_cuda and compile_enabled():
             if compiled is None:
                 compiled = torch.compile(fn, dynamic=True, fullgraph=True)
             return compiled(x, *args, **kwargs)

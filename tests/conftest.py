@@ -86,6 +86,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture()
+def ext_env(monkeypatch):
+    """`ext_env(name, value)` sets an SGLANG_EXT_* switch for this test (None unsets it) and makes the
+    modules that read theirs once per process read it again; after the test they read the restored
+    environment again too."""
+    from sglang_ext import kernel_select
+    from sglang_ext.layers import fp8_backend, lm_head
+
+    def reload():
+        kernel_select.reload_settings()
+        fp8_backend.reload_settings()
+        lm_head.reload_settings()
+
+    def set_env(name, value):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        reload()
+
+    yield set_env
+    # Runs before monkeypatch restores the variables (it was set up first): the caches are empty
+    # until the next read, which then sees the restored environment.
+    reload()
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints():
     """The tiny gpt-oss checkpoints (bf16, fp32, mxfp4), generated once into the repo's .cache/."""

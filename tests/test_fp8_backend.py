@@ -41,12 +41,14 @@ def _weights(n, k, device="cpu"):
     return quantize_weight_block128(torch.randn(n, k, generator=g) * 0.05)
 
 
-def test_mode_parsing(backend, monkeypatch):
-    monkeypatch.delenv(backend.ENV_VAR, raising=False)
+def test_mode_parsing(backend, ext_env, monkeypatch):
+    ext_env(backend.ENV_VAR, None)
     assert backend.backend_mode() == "triton"
-    monkeypatch.setenv(backend.ENV_VAR, " DeepGEMM ")
+    ext_env(backend.ENV_VAR, " DeepGEMM ")
     assert backend.backend_mode() == "deepgemm"
-    monkeypatch.setenv(backend.ENV_VAR, "cublas")
+    monkeypatch.setenv(backend.ENV_VAR, "auto")
+    assert backend.backend_mode() == "deepgemm"  # read once: a change without reload_settings is not seen
+    ext_env(backend.ENV_VAR, "cublas")
     with pytest.raises(ValueError, match="SGLANG_EXT_FP8_GEMM='cublas'"):
         backend.backend_mode()
 
@@ -75,13 +77,13 @@ def _fake_deep_gemm(api, calls):
     return mod
 
 
-def test_choice_without_cuda_or_out_of_range_never_imports(backend, monkeypatch):
+def test_choice_without_cuda_or_out_of_range_never_imports(backend, ext_env, monkeypatch):
     w, ws = _weights(256, 256)
     x = torch.randn(4, 256, dtype=torch.bfloat16)
     monkeypatch.setitem(sys.modules, "deep_gemm", None)  # an import would raise
-    monkeypatch.setenv(backend.ENV_VAR, "triton")
+    ext_env(backend.ENV_VAR, "triton")
     assert backend.choose(x, w, ws) == ("triton", None)
-    monkeypatch.setenv(backend.ENV_VAR, "auto")
+    ext_env(backend.ENV_VAR, "auto")
     assert backend.choose(x, w, ws) == ("triton", None)  # 4 rows: outside DEEPGEMM_AUTO_ROWS
     assert "result" not in backend._loaded
 
@@ -108,18 +110,18 @@ def test_missing_deep_gemm_raises_a_fresh_error_each_time(backend, monkeypatch):
     assert all(len(traceback.extract_tb(e.__traceback__)) <= 2 for e in errors)
 
 
-def test_missing_deep_gemm(backend, monkeypatch, caplog):
+def test_missing_deep_gemm(backend, ext_env, monkeypatch, caplog):
     w, ws = _weights(256, 256)
     monkeypatch.setattr(backend, "DEEPGEMM_AUTO_ROWS", {(256, 256): (17, 128)})
     x = torch.randn(32, 256, dtype=torch.bfloat16)  # in auto's range
     monkeypatch.setitem(sys.modules, "deep_gemm", None)
-    monkeypatch.setenv(backend.ENV_VAR, "auto")
+    ext_env(backend.ENV_VAR, "auto")
     _as_h200(backend, monkeypatch)
     with caplog.at_level(logging.WARNING, logger=backend.__name__):
         assert backend.choose(x, w, ws) == ("triton", None)
         assert backend.choose(x, w, ws) == ("triton", None)
     assert sum("DeepGEMM unavailable" in r.getMessage() for r in caplog.records) == 1  # logged once
-    monkeypatch.setenv(backend.ENV_VAR, "deepgemm")
+    ext_env(backend.ENV_VAR, "deepgemm")
     with pytest.raises(backend.DeepGemmUnavailable, match="SGLANG_EXT_FP8_GEMM=deepgemm: import deep_gemm failed"):
         backend.choose(x, w, ws)
 
@@ -149,11 +151,11 @@ def test_shape_rules(backend, monkeypatch):
     assert backend.deepgemm_unsupported("v2", torch.empty(8, 4096, dtype=torch.bfloat16), w4, ws4) is None
 
 
-def test_auto_takes_deepgemm_in_range_only(backend, monkeypatch):
+def test_auto_takes_deepgemm_in_range_only(backend, ext_env, monkeypatch):
     calls = []
     monkeypatch.setitem(sys.modules, "deep_gemm", _fake_deep_gemm("v1", calls))
     _as_h200(backend, monkeypatch)
-    monkeypatch.setenv(backend.ENV_VAR, "auto")
+    ext_env(backend.ENV_VAR, "auto")
     w, ws = _weights(256, 256)
     monkeypatch.setattr(backend, "DEEPGEMM_AUTO_ROWS", {(256, 256): (17, 128)})
     for rows, want in ((16, "triton"), (17, "deepgemm"), (128, "deepgemm"), (129, "triton")):
@@ -166,7 +168,7 @@ def test_auto_takes_deepgemm_in_range_only(backend, monkeypatch):
     monkeypatch.setattr(backend, "_device_capability", lambda device: (10, 0))  # auto's rows are the H200's
     assert backend.choose(x3, w, ws)[0] == "triton"
     _as_h200(backend, monkeypatch)
-    monkeypatch.setenv(backend.ENV_VAR, "deepgemm")
+    ext_env(backend.ENV_VAR, "deepgemm")
     assert backend.choose(torch.empty(1, 256, dtype=torch.bfloat16), w, ws)[0] == "deepgemm"
     assert backend.choose(torch.empty(1, 256), w, ws)[0] == "triton"  # fp32 x: ours (logged)
 
@@ -283,10 +285,12 @@ def gpu_check() -> list[dict]:
             lo, hi = fp8_backend.DEEPGEMM_AUTO_ROWS.get((n, k), (1, 0))
             for mode, want in (("deepgemm", got), ("triton", ours), ("auto", got if lo <= m <= hi else ours)):
                 os.environ[fp8_backend.ENV_VAR] = mode
+                fp8_backend.reload_settings()
                 try:
                     assert torch.equal(lin(x), want), (name, m, mode, "the layer took the other backend")
                 finally:
                     os.environ.pop(fp8_backend.ENV_VAR, None)
+                    fp8_backend.reload_settings()
             row = {"shape": name, "m": m, "api": api, "err_over_bound": round(over, 4),
                    "correctly_rounded": round(correctly_rounded, 4)}
             rows.append(row)

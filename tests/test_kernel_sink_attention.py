@@ -981,6 +981,7 @@ def backend_parity() -> dict:
         ctypes.CDLL(str(build_libcuda_stub() / "libcuda.so.1"), mode=ctypes.RTLD_GLOBAL)
     import test_attention_backend as tab
 
+    from sglang_ext import kernel_select
     from sglang_ext.kernels import sink_attention as sa
 
     prefill_calls = []
@@ -1010,6 +1011,7 @@ def backend_parity() -> dict:
         # through a wrong static buffer would show in its own output.
         for path in ("triton_graph_hooks", "triton", "torch"):
             os.environ["SGLANG_EXT_KERNELS"] = path.split("_")[0]
+            kernel_select.reload_settings()  # the mode is read once per process
             backends[path] = tab._make_backend(pools, req_to_token)
             assert backends[path].kernel_path == path.split("_")[0]
         backends["triton_graph_hooks"].init_cuda_graph_state(max_bs=8, max_num_tokens=8)

@@ -115,7 +115,7 @@ def test_mxfp4_dequant_matches_transformers():
 
 
 @pytest.mark.gpu
-def test_compiled_norm_and_rope_equal_eager_on_cuda(monkeypatch):
+def test_compiled_norm_and_rope_equal_eager_on_cuda(ext_env):
     """On CUDA, RMSNorm and RoPE run as torch.compile'd kernels: the same maths as eager, up to
     one rounding of the output dtype (Inductor may reorder fp32 sums)."""
     from sglang_ext.layers.norm import rms_norm
@@ -128,9 +128,9 @@ def test_compiled_norm_and_rope_equal_eager_on_cuda(monkeypatch):
         w = torch.randn(2880, device="cuda", generator=g).bfloat16()
         q = torch.randn(tokens, 64, 64, device="cuda", generator=g).bfloat16()
         pos = torch.randint(0, 9000, (tokens,), device="cuda", generator=g)
-        monkeypatch.setenv("SGLANG_EXT_COMPILE", "1")
+        ext_env("SGLANG_EXT_COMPILE", "1")
         got_n, got_r = rms_norm(x, w, 1e-5), apply_rope(q, cache[pos])
-        monkeypatch.setenv("SGLANG_EXT_COMPILE", "0")
+        ext_env("SGLANG_EXT_COMPILE", "0")
         want_n, want_r = rms_norm(x, w, 1e-5), apply_rope(q, cache[pos])
         torch.testing.assert_close(got_n.float(), want_n.float(), rtol=2 ** -7, atol=1e-2)
         torch.testing.assert_close(got_r.float(), want_r.float(), rtol=2 ** -7, atol=1e-2)

@@ -55,12 +55,14 @@ def test_fp8_head_error_is_small_on_random_weights():
     assert err["rel_fro"] < 0.05 and err["argmax_agree"] >= 0.75, err
 
 
-def test_env_switch(monkeypatch):
-    monkeypatch.delenv(FP8_LM_HEAD_ENV, raising=False)
+def test_env_switch(ext_env, monkeypatch):
+    ext_env(FP8_LM_HEAD_ENV, None)
     assert not fp8_lm_head_enabled()
-    monkeypatch.setenv(FP8_LM_HEAD_ENV, "1")
+    ext_env(FP8_LM_HEAD_ENV, "1")
     assert fp8_lm_head_enabled()
-    monkeypatch.setenv(FP8_LM_HEAD_ENV, "yes")
+    monkeypatch.setenv(FP8_LM_HEAD_ENV, "0")
+    assert fp8_lm_head_enabled()  # read once: a change without reload_settings is not seen
+    ext_env(FP8_LM_HEAD_ENV, "yes")
     with pytest.raises(ValueError, match=FP8_LM_HEAD_ENV):
         fp8_lm_head_enabled()
 

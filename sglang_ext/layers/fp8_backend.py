@@ -15,6 +15,9 @@ ours' rounding error (benchmarks/results/diag_fp8_backend.md).
                                 faster than ours on an H200 (`DEEPGEMM_AUTO_ROWS`), ours elsewhere
                                 and wherever DeepGEMM is missing (logged once)
 
+The variable is read and checked once per process, at the first dense FP8 GEMM (each one asks for the
+mode); `reload_settings()` reads it again, for code that changes it in-process (tests).
+
 Two DeepGEMM APIs are known: 1.x `gemm_fp8_fp8_bf16_nt` (its pure-Python JIT line, the one the
 project's H200 runs: benchmarks/deepgemm_peer.py) and 2.x `fp8_gemm_nt` (sgl-deep-gemm, a torch
 extension; its shape rule here is SGLang 0.5.23's own, `_deepgemm_block_fp8_supported`).
@@ -48,11 +51,29 @@ class DeepGemmUnavailable(RuntimeError):
     """`deep_gemm` cannot be used here; the message says why."""
 
 
-def backend_mode() -> str:
+# The parsed SGLANG_EXT_FP8_GEMM (a plain dict, as sglang_ext.kernel_select's, for the same reason: a
+# traced forward reads it as an ordinary guarded lookup).
+_settings: dict = {}
+
+
+def _read_backend_mode() -> str:
     mode = os.environ.get(ENV_VAR, "triton").strip().lower() or "triton"
     if mode not in CHOICES:
         raise ValueError(f"{ENV_VAR}={mode!r}: expected one of {', '.join(CHOICES)}")
     return mode
+
+
+def backend_mode() -> str:
+    """SGLANG_EXT_FP8_GEMM, validated, read once per process (a bad value is not kept: it raises at each call)."""
+    mode = _settings.get(ENV_VAR)
+    if mode is None:
+        mode = _settings[ENV_VAR] = _read_backend_mode()
+    return mode
+
+
+def reload_settings() -> None:
+    """Read SGLANG_EXT_FP8_GEMM again at its next use."""
+    _settings.clear()
 
 
 _loaded: dict = {}

@@ -11,6 +11,9 @@ SGLang's LogitsProcessor computes logits with `lm_head.quant_method.apply(lm_hea
 for a quant method it does not know as unquantised, so `quantize_lm_head` swaps the loaded bf16
 weight of a ParallelLMHead (or any module with a `weight`) for its codes, adds
 `weight_scale_inv` and sets `Fp8BlockLMHeadMethod`: no SGLang code changes.
+
+SGLANG_EXT_FP8_LM_HEAD is read once per process, at its first use (the model's load_weights);
+`reload_settings()` reads it again, for code that changes it in-process (tests).
 """
 
 from __future__ import annotations
@@ -25,11 +28,28 @@ from sglang_ext.layers.fp8 import BLOCK, fp8_linear_torch, quantize_weight_block
 FP8_LM_HEAD_ENV = "SGLANG_EXT_FP8_LM_HEAD"
 
 
-def fp8_lm_head_enabled() -> bool:
+_settings: dict = {}  # the parsed SGLANG_EXT_FP8_LM_HEAD
+
+
+def _read_fp8_lm_head() -> bool:
     value = os.environ.get(FP8_LM_HEAD_ENV, "0")
     if value not in ("0", "1"):
         raise ValueError(f"{FP8_LM_HEAD_ENV} must be 0 or 1, got {value!r}")
     return value == "1"
+
+
+def fp8_lm_head_enabled() -> bool:
+    """SGLANG_EXT_FP8_LM_HEAD == "1", validated, read once per process (a bad value is not kept: it raises at
+    each call)."""
+    enabled = _settings.get(FP8_LM_HEAD_ENV)
+    if enabled is None:
+        enabled = _settings[FP8_LM_HEAD_ENV] = _read_fp8_lm_head()
+    return enabled
+
+
+def reload_settings() -> None:
+    """Read SGLANG_EXT_FP8_LM_HEAD again at its next use."""
+    _settings.clear()
 
 
 def fp8_lm_head_logits(x: torch.Tensor, codes: torch.Tensor, scale_inv: torch.Tensor,
