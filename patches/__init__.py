@@ -13,6 +13,7 @@ PATCH_MODULES = (
     "probe_ckpt_flag",
     "sink_attention_backend",
     "gpt_oss_model",
+    "dummy_routing",
     "probe_kv_pool",
     "openai_probe_scores",
     "responses_api",

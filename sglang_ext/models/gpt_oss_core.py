@@ -204,6 +204,19 @@ class GptOssRouter(nn.Module):
         self.bias = nn.Parameter(torch.empty(config.num_local_experts), requires_grad=False)
 
 
+def redraw_routers(decoder: nn.Module, seed: int = 0) -> None:
+    """Router weights N(0, 1) and zero bias in every layer, the same draw on every rank (seeded on the CPU).
+
+    For weightless runs only (patches/dummy_routing.py): SGLang's dummy weights are one seeded
+    uniform(-1e-3, 1e-3) draw per shape, under which the router's bias outweighs its product with the
+    token and every token picks the same top-k experts. These make the choice depend on the token."""
+    gen = torch.Generator().manual_seed(seed)
+    for layer in decoder.layers:
+        router = layer.mlp.router
+        router.weight.copy_(torch.randn(router.weight.shape, generator=gen, dtype=torch.float32))
+        router.bias.zero_()
+
+
 class GptOssExperts(nn.Module):
     def __init__(self, config, tp: RankGroups, fp8: Optional[bool] = None):
         super().__init__()

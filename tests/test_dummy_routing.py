@@ -1,0 +1,78 @@
+"""Weightless serving (`--load-format dummy`) routes tokens as trained weights do (patches/dummy_routing.py).
+
+Oracle: SGLang's own dummy initialiser on the model's parameters, and the reference router
+(`layers.moe.route`) on token-like hidden states: under SGLang's draw every token picks the same experts
+(why the patch exists); after the patch's redraw, 64 tokens spread over most of the 32 experts.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from sglang.srt.model_loader.weight_utils import initialize_dummy_weights  # noqa: E402
+from transformers import GptOssConfig  # noqa: E402
+
+import sglang_ext.models.gpt_oss_core as core  # noqa: E402
+from sglang_ext.layers.moe import route  # noqa: E402
+from sglang_ext.layers.norm import rms_norm  # noqa: E402
+from sglang_ext.layers.parallel import ParallelLayout  # noqa: E402
+from sglang_ext.patches import dummy_routing  # noqa: E402
+
+EXPERTS, TOP_K, TOKENS = 32, 4, 64
+
+
+class _Model(torch.nn.Module):  # as GptOssForCausalLM holds its decoder
+    def __init__(self, decoder):
+        super().__init__()
+        self.model = decoder
+
+
+def experts_chosen(decoder, layer: int = 0) -> set:
+    mlp, norm = decoder.layers[layer].mlp, decoder.layers[layer].post_attention_layernorm
+    h = torch.empty(TOKENS, decoder.config.hidden_size).uniform_(-1e-3, 1e-3, generator=torch.Generator().manual_seed(1))
+    x = rms_norm(h, norm.weight, decoder.config.rms_norm_eps)
+    _, ids = route(x, mlp.router.weight.float(), mlp.router.bias.float(), TOP_K)
+    return set(ids.flatten().tolist())
+
+
+@pytest.fixture
+def dummy_decoder():
+    cfg = GptOssConfig(hidden_size=256, intermediate_size=256, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=64, num_hidden_layers=2,
+                       vocab_size=512, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    decoder = core.GptOssDecoder(cfg, core.RankGroups(ParallelLayout(1, 0)), fp8=False)
+    initialize_dummy_weights(decoder)
+    return decoder
+
+
+def test_sglang_dummy_weights_send_every_token_to_the_same_experts(dummy_decoder):
+    assert len(experts_chosen(dummy_decoder)) == TOP_K
+
+
+def test_patch_spreads_tokens_over_the_experts(dummy_decoder):
+    model = _Model(dummy_decoder)
+    assert dummy_routing._route_like_trained(model) is model
+    for layer in range(2):
+        assert len(experts_chosen(dummy_decoder, layer)) >= 24
+    assert not dummy_decoder.layers[0].mlp.router.bias.any()
+    again = core.GptOssDecoder(dummy_decoder.config, core.RankGroups(ParallelLayout(1, 0)), fp8=False)
+    initialize_dummy_weights(again)
+    dummy_routing._route_like_trained(_Model(again))  # every rank draws the same routers
+    assert torch.equal(again.layers[1].mlp.router.weight, dummy_decoder.layers[1].mlp.router.weight)
+
+
+def test_patch_leaves_other_models_alone():
+    other = _Model(torch.nn.Linear(4, 4))
+    before = other.model.weight.clone()
+    assert dummy_routing._route_like_trained(other) is other
+    assert torch.equal(other.model.weight, before)
+
+
+def test_patch_target_exists():
+    module, cls, fn = "sglang.srt.model_loader.loader.DummyModelLoader.load_model".rsplit(".", 2)
+    assert callable(getattr(getattr(importlib.import_module(module), cls), fn))
