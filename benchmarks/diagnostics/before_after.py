@@ -10,6 +10,7 @@ draw them alike (the report says which pairs are bit-equal; a change of the harn
 design, and only the times compare then).
 
     python benchmarks/diagnostics/before_after.py --trees before=/tmp/a after=/tmp/b --model 20b --out OUT
+    python benchmarks/diagnostics/before_after.py --render OUT/before_after.json   # its Markdown again
 """
 
 from __future__ import annotations
@@ -58,16 +59,48 @@ json.dump({"decode_ms": decode_ms, "prefill_ms": prefill_ms, "gpu": gpu}, open(o
 """
 
 
+def markdown(report: dict) -> str:
+    rows = report["rows"]
+    ref = rows[0]["tree"]
+    lines = [f"# Before / after: the {report['model']} harness of each checkout, one GPU, one call", "",
+             f"`{report['command']}` on {rows[0].get('gpu', '?')}; decode at context {report['context']} (CUDA graph "
+             f"replay), prefill of {report['prefill']} tokens, batch 1, median of each run's times.", ""]
+    lines += [f"- {name}: {what}" for name, what in report.get("trees_described", {}).items()]
+    lines += ["", f"| tree | decode ms | prefill ms | decode logits = {ref} | prefill logits = {ref} |",
+              "|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['tree']} | error | | | |")
+            continue
+        same = lambda part: ("reference" if r is rows[0] else  # noqa: E731
+                             "bit-equal" if r[f"{part}_logits_bit_equal_to_{ref}"]
+                             else f"differ (max {r[f'{part}_logits_max_abs_diff']:.3g})")
+        lines.append(f"| {r['tree']} | {r['decode_ms']:.4f} | {r['prefill_ms']:.2f} | {same('decode')} | "
+                     f"{same('prefill')} |")
+    if report.get("notes"):
+        lines += [""] + [f"- {n}" for n in report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trees", nargs="+", required=True, help="NAME=PATH, the first is the reference")
+    ap.add_argument("--render", help="write the Markdown beside this before_after.json and stop")
+    ap.add_argument("--trees", nargs="+", help="NAME=PATH, the first is the reference")
     ap.add_argument("--model", default="20b")
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cpu", action="store_true", help="on this CPU, torch path, no graphs (a check of the script)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            report = json.load(f)
+        with open(os.path.splitext(args.render)[0] + ".md", "w") as f:
+            f.write(markdown(report))
+        return
+    if not args.trees or not args.out:
+        ap.error("--trees and --out are needed (or --render)")
     os.makedirs(args.out, exist_ok=True)
     import torch
 
@@ -96,6 +129,8 @@ def main():
               "rows": rows}
     with open(os.path.join(args.out, "before_after.json"), "w") as f:
         json.dump(report, f, indent=1)
+    with open(os.path.join(args.out, "before_after.md"), "w") as f:
+        f.write(markdown(report))
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("_runs")}))
 
