@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "served_gpu"
 KEYS = {"serving": ("model", "concurrency", "probe", "device"), "parity": ("checkpoint", "cuda_graph"), "decode": ("model", "batch", "context", "probe", "device"),
-        "prefill": ("model", "input_tokens", "probe", "device"), "checks": ("name", "device")}
+        "prefill": ("model", "input_tokens", "probe", "device"), "checks": ("name", "device"),
+        "profile": ("model", "context", "probe", "device", "call")}
 
 
 def load(path: Path):
@@ -34,7 +35,7 @@ def merge(old: list, new: list, key: tuple) -> list:
 def rows_of_call(call: Path) -> dict:
     env = load(call / "env.json") or {}
     device = env.get("device", "unknown")
-    out = {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": [], "env": env}
+    out = {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": [], "profile": [], "env": env}
     for serving_file in sorted(call.rglob("serving_*.json")):
         data = load(serving_file)
         for r in data.get("rows", []):
@@ -82,6 +83,23 @@ def rows_of_call(call: Path) -> dict:
             elif "does_not_fit" in r or "error" in r:
                 out["checks"].append({"name": f"{grid_file.stem} {r.get('bench')} {r.get('batch', r.get('length'))}",
                                       "device": device, "result": r.get("does_not_fit") or r.get("error")})
+    for prof_file in sorted(call.rglob("profile_decode.json")):  # benchmarks/served/profile_decode.py
+        p = load(prof_file)
+        itl, prof = p.get("itl", {}), p.get("profile", {})
+        if "itl_median_ms" not in itl:
+            continue
+        h = harness.get(("decode", 1, p["context"]))
+        probe = "--probe-ckpt" in p.get("server_args", [])
+        h_tok = h and ((1e3 / h["probe_on_step_ms"] if h.get("probe_on_step_ms") else None) if probe
+                       else h.get("tok_s_per_user"))
+        out["profile"].append({"model": p["model"], "context": p["context"], "batch": 1, "probe": probe,
+                               "call": call.name,
+                               "itl_median_ms": round(itl["itl_median_ms"], 3), "itl_p10_ms": round(itl["itl_p10_ms"], 3),
+                               "itl_p90_ms": round(itl["itl_p90_ms"], 3), "served_tok_s_per_user": round(itl["tok_s"], 1),
+                               "harness_tok_s_per_user": h_tok and round(h_tok, 1),
+                               "served_over_harness": h_tok and round(itl["tok_s"] / h_tok, 3),
+                               "gpu_busy_ms_per_step": prof.get("per_step_busy_ms") and round(prof["per_step_busy_ms"], 3),
+                               "device": device, "source": str(prof_file.relative_to(call))})
     for check in (load(call / "checks.json") or []):
         out["checks"].append({**check, "device": device})
     return out
@@ -120,12 +138,12 @@ def markdown(result: dict) -> str:
                      f"{r['probe_max_abs_err']:.4f} / {r['probe_err_truth']:.4f} | {r['cached_equals_cold']} "
                      f"(gap {r['radix_hit_score_gap']:.1e}) | {prefix} | {streams} | {sdk} | {r.get('device')} |")
     lines += ["", "## Decode (tok/s per user)", "",
-              "| model | batch | context | probe | served | harness | served / harness | card |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| model | batch | context | probe | served | harness | served / harness | card | note |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(result["decode"], key=lambda r: (r["model"], r["probe"], r["batch"])):
         lines.append(f"| {r['model']} | {r['batch']} | {r['context']} | {'on' if r['probe'] else 'off'} | "
                      f"{r['served_tok_s_per_user']} | {r['harness_tok_s_per_user']} | {r['served_over_harness']} | "
-                     f"{r['device']} |")
+                     f"{r['device']} | {r.get('note', '')} |")
     lines += ["", "## Prefill (batch 1)", "", "| model | input tokens | served TTFT ms | harness ms | card |",
               "|---|---|---|---|---|"]
     for r in result["prefill"]:
@@ -139,6 +157,18 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['model']} | {r['concurrency']} | {'on' if r['probe'] else 'off'} | "
                          f"{r.get('tok_s_per_user') or r.get('error')} | {r.get('output_throughput')} | "
                          f"{r.get('median_ttft_ms')} | {r['device']} |")
+    if result.get("profile"):
+        lines += ["", "## Batch-1 decode as a client sees it (benchmarks/served/profile_decode.py)", "",
+                  "Streamed greedy /generate at the context shown, 256 tokens, inter-token interval (ITL) at the client; "
+                  "GPU busy: the union of kernel time per step in SGLang's profiler over 64 steps. `call`: one device "
+                  "call (one machine); the harness column is filled where that call ran it.", "",
+                  "| model | context | probe | ITL median ms (p10 / p90) | tok/s per user | harness | served / harness "
+                  "| GPU busy ms a step | call | card |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(result["profile"], key=lambda r: (r["model"], r["call"], r["probe"])):
+            lines.append(f"| {r['model']} | {r['context']} | {'on' if r['probe'] else 'off'} | {r['itl_median_ms']} "
+                         f"({r['itl_p10_ms']} / {r['itl_p90_ms']}) | {r['served_tok_s_per_user']} | "
+                         f"{r['harness_tok_s_per_user'] or ''} | {r['served_over_harness'] or ''} | "
+                         f"{r['gpu_busy_ms_per_step'] or ''} | {r['call']} | {r['device']} |")
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     if result.get("checks"):
