@@ -59,7 +59,10 @@ def _short_model(model: str) -> str:
 
 def render(data: dict, prov: tuple[str, str] | None) -> str:
     """The Markdown between the markers (without them)."""
-    decode = sorted(data.get("decode") or [], key=lambda r: (r["model"], r.get("device", ""), r["batch"]))
+    everything = data.get("decode") or []
+    withheld = sorted({r["batch"] for r in everything if str(r.get("note", "")).startswith("invalid")})
+    decode = sorted((r for r in everything if not str(r.get("note", "")).startswith("invalid")),
+                    key=lambda r: (r["model"], r.get("device", ""), r["batch"]))
     prefill = {(r["model"], r.get("device")): r for r in data.get("prefill") or []
                if r.get("input_tokens") == PREFILL_TOKENS}
     devices = sorted({r.get("device") for r in decode} | {d for _, d in prefill})
@@ -117,10 +120,25 @@ def render(data: dict, prov: tuple[str, str] | None) -> str:
         "same layers timed on their own paged cache in the same call. % copy BW: the bytes a step must read over "
         "the device's measured copy bandwidth (served where measured, else the harness's).",
         "",
-        "At batch > 1 the served rows run SGLang's dummy weights, whose router sends a batch's tokens to other "
-        "(possibly fewer) experts than the harness's routing, so served / harness compares only at batch 1.",
-        "",
+        *([f"Rows at batch {', '.join(map(str, withheld))} are withheld: they ran under SGLang's dummy routing (every "
+           "token on the same 4 experts, read less than a trained model must) and wait for a re-run with "
+           "`patches/dummy_routing.py`.", ""] if withheld else []),
+        *_profile_lines(data.get("profile") or []),
     ])
+
+
+def _profile_lines(rows: list) -> list:
+    """One sentence per model: batch-1 streamed decode at the client, per machine (served_gpu.md has the table)."""
+    out = []
+    for model in sorted({r["model"] for r in rows}):
+        parts = []
+        for r in sorted((r for r in rows if r["model"] == model), key=lambda r: (r["call"], not r["probe"])):
+            ratio = f", {r['served_over_harness']:.2f} x its harness" if r.get("served_over_harness") else ""
+            parts.append(f"{r['itl_median_ms']:.3f} ms probe {'on' if r['probe'] else 'off'} ({r['call']}{ratio})")
+        out += [f"Batch-1 decode streamed to a client, {_short_model(model)} at {rows[0]['context'] // 1024}k, "
+                f"median inter-token time: {'; '.join(parts)} (served_gpu.md: the harness on each machine, and why "
+                "one was slower).", ""]
+    return out
 
 
 def replace_block(text: str, block: str) -> str:
