@@ -13,7 +13,9 @@ What the stand-in `sgl_kernel` cannot do is switched off by SGLang's own setting
   SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1        the stand-in has no real version
   SGLANG_FORCE_FUSED_OP_BACKEND=torch            positions and other fused ops in torch, not sgl_kernel's JIT
   SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python  the Rust radix core is built for torch 2.14 (inserts fail on 2.11)
-and by launch flags (`SERVER_FLAGS`): sampling in torch (sgl_kernel's top-k/top-p kernels otherwise).
+and by launch flags (`SERVER_FLAGS`): sampling in torch (sgl_kernel's top-k/top-p kernels otherwise), and no
+prefill CUDA graphs (SGLang's breakable prefill graphs, its default without `--probe-ckpt`, hold their
+intermediates through `sgl_kernel.weak_ref_tensor`; with the probe they are off anyway).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ DEST = Path(os.environ.get("SGLANG_EXT_CARRY_DEST", "/tmp/sglang_ext_carry"))
 # The package's import layout (pyproject.toml [tool.setuptools.package-dir]).
 SUBPACKAGES = {"kernels": "kernels", "probe": "probe", "patches": "patches", "launch": "launch"}
 VERSION = "0.1.0"
-SERVER_FLAGS = ("--sampling-backend", "pytorch")
+SERVER_FLAGS = ("--sampling-backend", "pytorch", "--disable-prefill-cuda-graph")
 ENV = {
     "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
     "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",

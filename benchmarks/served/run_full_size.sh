@@ -35,8 +35,9 @@ cd /tmp
 python3 "$R/benchmarks/served/gpu_env.py" --describe >"$OUT/env.json"
 FULL=/tmp/sglang_ext_full
 python3 "$R/benchmarks/served/full_size.py" --out "$FULL" --models "$MODEL" --variants mxfp4,fp8 >/dev/null
-# The carry's stand-in sgl_kernel has no sampling kernels: the only flag this machine adds (gpu_env.SERVER_FLAGS).
-MACHINE_FLAGS=(--sampling-backend pytorch)
+# The carry's stand-in sgl_kernel has no sampling kernels and no weak_ref_tensor (SGLang's breakable prefill graphs):
+# the only flags this machine adds (gpu_env.SERVER_FLAGS).
+MACHINE_FLAGS=(--sampling-backend pytorch --disable-prefill-cuda-graph)
 grid() {  # grid NAME PROBE_ARGS...
     local name="$1"; shift
     timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" --model-path "$FULL/gpt-oss-$MODEL-$VARIANT" \
