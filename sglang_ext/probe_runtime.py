@@ -39,18 +39,24 @@ def _capturing(device) -> bool:
 
 
 class ProbeScoreRows(Sequence):
-    """One forward's score rows, `{label: prob}` per sampling request, read from the device once,
-    on first use. On CUDA an event recorded behind the step orders the read after the kernels
-    that wrote the rows, whichever thread or stream reads them (SGLang's overlap scheduler)."""
+    """One forward's score rows, `{label: prob}` per sampling request, read once, on first use.
+
+    On CUDA the rows are copied to pinned host memory at creation, in stream order behind the kernels that
+    wrote them, with an event behind the copy: the first read waits on that event only, from whichever thread
+    (SGLang's overlap scheduler reads them while the next forward runs). A read of the device tensor instead
+    would launch a copy and wait for the reading thread's stream, on the scheduler's host path every step."""
 
     def __init__(self, probs: torch.Tensor, labels: Sequence[str]):
-        self._probs = probs
         self._labels = list(labels)
         self._rows: list[dict] | None = None
         self._ready = None
         if probs.is_cuda:
+            host = torch.empty(probs.shape, dtype=probs.dtype, pin_memory=True)
+            host.copy_(probs, non_blocking=True)
             self._ready = torch.cuda.Event()
             self._ready.record()
+            probs = host
+        self._probs = probs
 
     def _materialize(self) -> list[dict]:
         if self._rows is None:
@@ -73,14 +79,16 @@ class ProbeScoreRows(Sequence):
 class CapturedProbeScores:
     """Stands in the captured output of a decode CUDA graph for its scores: `probs` is the graph's
     static output tensor (rewritten by every replay, padded rows included). `rows_after_replay`
-    copies the first `num_rows` rows out before the next replay can overwrite them."""
+    copies the first `num_rows` rows out (to the host, in stream order) before the next replay can
+    overwrite them."""
 
     def __init__(self, probs: torch.Tensor, labels: Sequence[str]):
         self.probs = probs
         self.labels = list(labels)
 
     def rows_after_replay(self, num_rows: int) -> ProbeScoreRows:
-        return ProbeScoreRows(self.probs[:num_rows].clone(), self.labels)
+        rows = self.probs[:num_rows]
+        return ProbeScoreRows(rows if rows.is_cuda else rows.clone(), self.labels)
 
     def __len__(self) -> int:  # never read as rows: a replay hook that did not run must not pass
         raise RuntimeError("sglang-ext: probe scores of a CUDA graph were read without the replay "

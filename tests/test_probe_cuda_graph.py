@@ -6,7 +6,8 @@ rows already handed over; unreadable if the replay hook did not run), and the la
 prefill graphs off with the probe. GPU (`gpu`): `ProbeRuntime` at gpt-oss-120b probe dims captured
 in a CUDA graph for a padded decode batch (its step on the side stream from the last tap), replayed
 over fresh batches; every replay's rows equal the same runtime run eagerly (in order, one stream) on
-that batch, and the float64 reference head within 2e-2.
+that batch, and the float64 reference head within 2e-2; and a step's rows read without waiting for GPU
+work queued after them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,27 @@ def test_score_rows_are_dicts_read_once():
     assert list(rows) == [dict(zip(LABELS, [0.0] * 10))] * 3
     probs.copy_(torch.tensor([list(d.values()) for d in want]))
     assert rows[0] == dict(zip(LABELS, [0.0] * 10))  # ...and only once
+
+
+@pytest.mark.gpu
+def test_score_rows_read_waits_only_for_their_step():
+    """Reading a step's rows must not wait for work queued after it (the next forward, under SGLang's overlap
+    scheduler): the rows leave for the host at creation, in stream order."""
+    import time
+
+    probs = torch.rand(3, 10, device="cuda")
+    want = [dict(zip(LABELS, r)) for r in probs.tolist()]
+    captured = CapturedProbeScores(torch.cat([probs, torch.zeros(5, 10, device="cuda")]), LABELS)
+    for rows in (ProbeScoreRows(probs, LABELS), captured.rows_after_replay(3)):
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU time queued behind the rows' copy
+        probs.zero_()  # ...and a later write to the step's tensor
+        start = time.perf_counter()
+        got = list(rows)
+        waited = time.perf_counter() - start
+        torch.cuda.synchronize()
+        probs.copy_(torch.tensor([list(d.values()) for d in want]))
+        assert got == want
+        assert waited < 0.2, f"the read waited {waited:.3f} s for later work"
 
 
 def test_captured_scores_become_rows_of_the_replayed_batch():
