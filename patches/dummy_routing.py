@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def _route_like_trained(model, *args, **kwargs):
-    from sglang_ext.models.gpt_oss_core import GptOssDecoder, redraw_routers
+    from sglang_ext.models.gpt_oss_core import GptOssDecoder, redraw_routers  # model code: scheduler only
 
     decoder = getattr(model, "model", None)
     if not isinstance(decoder, GptOssDecoder):

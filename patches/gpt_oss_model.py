@@ -26,6 +26,10 @@ from __future__ import annotations
 
 import logging
 
+from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
+from sglang.srt.arg_groups.overrides import declare_resolution
+from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 logger = logging.getLogger(__name__)
@@ -36,7 +40,7 @@ GPT_OSS_ARCH = "GptOssForCausalLM"
 
 def _register_ours(registry, *args, **kwargs):
     if not getattr(registry, "_sglang_ext_registered", False):
-        from sglang.srt.models.registry import import_model_classes
+        from sglang.srt.models.registry import import_model_classes  # heavy: ~4400 modules
 
         registry.models.update(import_model_classes(MODEL_PACKAGE, strict=True))
         registry._sglang_ext_registered = True
@@ -46,10 +50,7 @@ def bf16_decode_graph_limit(server_args) -> int | None:
     """The largest decode batch a CUDA graph may capture for this launch, where sglang-ext must limit it:
     a bf16 gpt-oss checkpoint on CUDA served in bf16 (no quantization_config, no --quantization fp8)
     whose decode graph sizes the user left to SGLang. None otherwise."""
-    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Phase
-
-    from sglang_ext.layers.moe import GATHER_MAX_PAIRS
+    from sglang_ext.layers.moe import GATHER_MAX_PAIRS  # model code: loads sglang_ext.kernels
 
     cfg = resolving_view(server_args)
     if cfg.device != "cuda" or cfg.quantization is not None:
@@ -66,10 +67,6 @@ def bf16_decode_graph_limit(server_args) -> int | None:
 
 
 def _limit_bf16_decode_graphs(server_args, previous):
-    from sglang.srt.arg_groups.model_override_base import resolving_view
-    from sglang.srt.arg_groups.overrides import declare_resolution
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
-
     limit = bf16_decode_graph_limit(server_args)
     graphs = resolving_view(server_args).cuda_graph_config
     if limit is not None and graphs is not None and graphs.decode.backend != Backend.DISABLED:
@@ -84,8 +81,6 @@ def _limit_bf16_decode_graphs(server_args, previous):
 
 
 def register() -> None:
-    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
-
     HookRegistry.register(
         "sglang.srt.models.registry._ModelRegistry.resolve_model_cls",
         _register_ours,

@@ -33,7 +33,12 @@ import json
 import re
 from typing import Literal, Optional
 
+from fastapi.responses import ORJSONResponse, StreamingResponse
+from pydantic import create_model
+
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_ext.patches.request_isolation import RequestRejected, check_custom_params
 
 REFUSAL = "refusal"
 GUARD_FINISH = "content_filter"
@@ -71,8 +76,6 @@ def observe_output(content) -> None:
 
 async def _custom_params_of(raw_request) -> tuple[dict | None, str | None]:
     """(the body's custom_params, checked), or (None, why it is refused)."""
-    from sglang_ext.patches.request_isolation import RequestRejected, check_custom_params
-
     try:
         body = await raw_request.json()
     except Exception:  # noqa: BLE001 - no body to read: nothing to add
@@ -114,8 +117,6 @@ _REFUSABLE = {}
 def _refusable(response_cls):
     """`response_cls` whose stop_reason may also be "refusal" (upstream's Literal lacks it)."""
     if response_cls not in _REFUSABLE:
-        from pydantic import create_model
-
         stop = Optional[Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]]
         _REFUSABLE[response_cls] = create_model(f"Refusable{response_cls.__name__}", __base__=response_cls,
                                                 stop_reason=(stop, None))
@@ -149,8 +150,6 @@ async def _anthropic_stream_with_refusal(original, serving, *args, **kwargs):
 
 
 def _ollama_error(message: str, status: int = 400):
-    from fastapi.responses import ORJSONResponse
-
     return ORJSONResponse(status_code=status, content={"error": message})
 
 
@@ -171,8 +170,6 @@ async def _ndjson_with_done_reason(body_iterator):
 
 
 async def _ollama_handler(original, serving, request, raw_request, *args, **kwargs):
-    from fastapi.responses import StreamingResponse
-
     if getattr(request, "messages", True) == []:
         return _ollama_error("messages is empty: a chat needs at least one message")
     custom, problem = await _custom_params_of(raw_request)

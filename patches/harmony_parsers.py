@@ -32,6 +32,12 @@ import functools
 import inspect
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.runtime_context import get_serving
+
+from sglang_ext.harmony.detectors import (HarmonyReasoningDetector, HarmonyToolCallDetector, bind_response,
+                                          bind_stream)
+from sglang_ext.harmony.encoding import configure_offline_vocab, harmony_available
+from sglang_ext.harmony.streaming import OpenAIHarmonyStream, Route
 
 _STREAM_KEY = "sglang_ext_harmony_stream"
 _CHAT = "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat"
@@ -41,8 +47,6 @@ _response_route: contextvars.ContextVar = contextvars.ContextVar("sglang_ext_har
 
 def _incremental() -> bool:
     try:
-        from sglang.srt.runtime_context import get_serving
-
         return bool(get_serving().incremental_streaming_output)
     except Exception:  # noqa: BLE001
         return False
@@ -50,8 +54,6 @@ def _incremental() -> bool:
 
 def uses_harmony_parsers(serving) -> bool:
     """Our parsers run for this server, and no other parser reads the same output."""
-    from sglang_ext.harmony.encoding import harmony_available
-
     reasoning, tools = serving.reasoning_parser, serving.tool_call_parser
     if reasoning not in (None, "gpt-oss") or tools not in (None, "gpt-oss"):
         return False
@@ -59,8 +61,6 @@ def uses_harmony_parsers(serving) -> bool:
 
 
 def _route(serving, request):
-    from sglang_ext.harmony.streaming import Route
-
     separate = bool(serving.reasoning_parser) and bool(request.separate_reasoning)
     calls = serving.tool_call_parser == "gpt-oss" and serving._tool_call_parsing_active(request)
     return Route(separate_reasoning=separate, calls="tool_calls" if calls else "inline")
@@ -79,10 +79,7 @@ def _signature(fn) -> inspect.Signature:
 
 
 def _parse_stream_chunk(self, *args, **kwargs):
-    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-
-    from sglang_ext.harmony.detectors import bind_stream
-    from sglang_ext.harmony.streaming import OpenAIHarmonyStream
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat  # heavy: ~2900 modules
 
     if not uses_harmony_parsers(self) or self._encoding_output() is not None:
         bind_stream(None)
@@ -111,16 +108,11 @@ def _parse_stream_chunk(self, *args, **kwargs):
 
 
 def _bind_response_route(self, request, *args, **kwargs):
-    from sglang_ext.harmony.detectors import bind_response
-
     _response_route.set(_route(self, request) if uses_harmony_parsers(self) and self._encoding_output() is None else None)
     bind_response(None)
 
 
 def _parse_response(text, self, ret_item, *args, **kwargs):
-    from sglang_ext.harmony.detectors import bind_response
-    from sglang_ext.harmony.streaming import OpenAIHarmonyStream
-
     route = _response_route.get()
     if route is None or not isinstance(text, str) or "output_ids" not in ret_item:
         bind_response(None)
@@ -135,10 +127,9 @@ def _parse_response(text, self, ret_item, *args, **kwargs):
 
 
 def _parser_classes():
+    # Local names: the class REPLACE below rebinds every module-level copy of these two to our subclasses.
     from sglang.srt.function_call.function_call_parser import FunctionCallParser
     from sglang.srt.parser.reasoning_parser import ReasoningParser
-
-    from sglang_ext.harmony.detectors import HarmonyReasoningDetector, HarmonyToolCallDetector
 
     class HarmonyReasoningParser(ReasoningParser):
         DetectorMap = {**ReasoningParser.DetectorMap, "gpt-oss": HarmonyReasoningDetector}
@@ -150,8 +141,6 @@ def _parser_classes():
 
 
 def register() -> None:
-    from sglang_ext.harmony.encoding import configure_offline_vocab
-
     configure_offline_vocab()
     reasoning_parser, function_call_parser = _parser_classes()
     HookRegistry.register("sglang.srt.parser.reasoning_parser.ReasoningParser", reasoning_parser,

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_ext.patches.harmony_parsers import uses_harmony_parsers
+
 
 def _render_with_harmony(original, self, messages, request, thinking_mode, tools=None, **kwargs):
+    # imports openai_harmony, optional at plugin load (harmony_available falls back without it)
     from sglang_ext.harmony.chat_render import has_tool_history, render_chat_for_completion
-    from sglang_ext.patches.harmony_parsers import uses_harmony_parsers
 
     if getattr(self, "is_gpt_oss", False):
         # the caller renders these same dicts with the template after this hook returns None

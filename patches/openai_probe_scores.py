@@ -33,9 +33,12 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from typing import Any
+from typing import Any, List, Optional, get_args
+
+from pydantic import create_model
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.runtime_context import get_serving
 
 from sglang_ext.patches.guard_endpoints import observe_output
 from sglang_ext.patches.responses_api import record_of, with_processor
@@ -49,8 +52,6 @@ _SENT = "sglang_ext_probe_scores_sent"
 
 def _incremental_meta_info() -> bool:
     try:
-        from sglang.srt.runtime_context import get_serving
-
         return bool(get_serving().incremental_streaming_output)
     except Exception:
         return False
@@ -156,10 +157,6 @@ def _scored_response_class(response_cls):
     subclass, so every caller that checks the type still accepts it (the Anthropic /v1/messages handler
     calls the chat handler and turned anything else into "Request failed"), and `model_json_response`
     writes it as upstream writes the response, plus the scores."""
-    from typing import List, Optional, get_args
-
-    from pydantic import create_model
-
     choice_cls = get_args(response_cls.model_fields["choices"].annotation)[0]
     scored_choice = create_model(f"Scored{choice_cls.__name__}", __base__=choice_cls,
                                  **{SCORES_KEY: (Optional[list], None)})

@@ -52,6 +52,7 @@ import logging
 import os
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.utils.auth import AuthDecision, AuthLevel
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +126,6 @@ def _operator_routes_open_to_api_key() -> bool:
 
 
 def _decide_request_auth(original, *args, **kwargs):
-    from sglang.srt.utils.auth import AuthDecision, AuthLevel
-
     decision = original(*args, **kwargs)
     if (kwargs.get("auth_level") == AuthLevel.ADMIN_OPTIONAL and kwargs.get("api_key")
             and not kwargs.get("admin_api_key") and kwargs.get("method") != "OPTIONS"

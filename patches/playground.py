@@ -31,7 +31,14 @@ import logging
 import os
 from pathlib import Path
 
+from fastapi.responses import JSONResponse, Response
+
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.utils.auth import AuthDecision
+
+import sglang_ext
+from sglang_ext.patches.probe_stop import ENV_VAR as STOP_ENV
+from sglang_ext.patches.request_isolation import _probe_labels
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +56,6 @@ PUBLIC_PATHS = frozenset({ROUTE, ROUTE + "/"} | {f"{ROUTE}/{name}" for name in S
 
 def static_dir() -> Path:
     """The page's folder: inside the installed package (package-data), or the checkout's."""
-    import sglang_ext
-
     return Path(sglang_ext.__file__).resolve().parent / "playground"
 
 
@@ -77,9 +82,6 @@ def _carry_flag(server_args, cls, args):
 
 def playground_info() -> dict:
     """What the page needs before its first request: the probe's labels and the operator's guard."""
-    from sglang_ext.patches.probe_stop import ENV_VAR as STOP_ENV
-    from sglang_ext.patches.request_isolation import _probe_labels
-
     try:
         labels = _probe_labels()
     except Exception as e:  # noqa: BLE001 - an unreadable config: the page still works, uncoloured
@@ -94,8 +96,6 @@ def playground_info() -> dict:
 
 
 def _page_file(name: str):
-    from fastapi.responses import Response
-
     media_type = STATIC_FILES.get(name)
     if media_type is None:
         return Response(status_code=404, content=f"no such playground file: {name}", media_type="text/plain")
@@ -111,8 +111,6 @@ def _page_file(name: str):
 
 def add_routes(app) -> None:
     """The page's routes on `app` (once)."""
-    from fastapi.responses import JSONResponse
-
     if any(getattr(route, "path", None) == ROUTE for route in app.router.routes):
         return
 
@@ -135,15 +133,13 @@ def add_routes(app) -> None:
 def _install_routes(*args, **kwargs):
     if not playground_enabled():
         return
-    from sglang.srt.entrypoints.http_server import app
+    from sglang.srt.entrypoints.http_server import app  # builds the HTTP app on import: ~3700 modules
 
     add_routes(app)
     logger.info("sglang-ext: playground at %s", ROUTE)
 
 
 def _page_without_key(decision, *args, **kwargs):
-    from sglang.srt.utils.auth import AuthDecision
-
     if (not decision.allowed and playground_enabled() and kwargs.get("method") in ("GET", "HEAD")
             and kwargs.get("path") in PUBLIC_PATHS):
         return AuthDecision(allowed=True)

@@ -23,7 +23,13 @@ from __future__ import annotations
 import logging
 import os
 
+import torch
+from transformers import AutoConfig
+
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_ext.probe.checkpoint import (ProbeCheckpointError, check_finite, load_probe_checkpoint,
+                                         resolve_probe_path, validate_against_base)
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +54,6 @@ def resolve_probe_ckpt(spec: str | None) -> str | None:
     looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
     if not looks_like_hub_id:
         raise ProbeCkptNotFound(f"{FLAG}: no such file or directory: {spec}")
-    from sglang_ext.probe.checkpoint import ProbeCheckpointError, resolve_probe_path
-
     try:
         return resolve_probe_path(spec)
     except ProbeCheckpointError as e:
@@ -58,11 +62,6 @@ def resolve_probe_ckpt(spec: str | None) -> str | None:
 
 def validate_probe_for_model(folder: str, args) -> None:
     """Load the probe's config and tensors and check them against the base model's config."""
-    import torch
-    from transformers import AutoConfig
-
-    from sglang_ext.probe.checkpoint import check_finite, load_probe_checkpoint, validate_against_base
-
     try:
         cfg, tensors = load_probe_checkpoint(folder)
         base = AutoConfig.from_pretrained(args.model_path, revision=getattr(args, "revision", None))

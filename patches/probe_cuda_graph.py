@@ -26,6 +26,7 @@ Without `--probe-ckpt` nothing changes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -79,13 +80,11 @@ def _scores_of_this_replay(output, runner, forward_batch, *args, **kwargs):
     info = getattr(output, "customized_info", None)
     if not info:
         return output
-    from sglang_ext.probe_runtime import materialize_captured_scores
+    from sglang_ext.probe_runtime import materialize_captured_scores  # Triton kernels: scheduler only
 
     fresh = materialize_captured_scores(info, int(forward_batch.batch_size))
     if fresh is info:
         return output
-    import dataclasses
-
     return dataclasses.replace(output, customized_info=fresh)
 
 

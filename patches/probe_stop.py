@@ -32,9 +32,13 @@ import logging
 import math
 import os
 
+import torch
+
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_ext.patches.probe_ckpt_flag import ENV_VAR as PROBE_ENV
 from sglang_ext.probe import SCORES_KEY
+from sglang_ext.probe.config import ProbeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +137,6 @@ def _carry_flag(server_args, cls, args):
     probe = getattr(server_args, "_probe_ckpt", None)
     if probe is None:
         raise SystemExit(f"{FLAG} needs --probe-ckpt")
-    from sglang_ext.probe.config import ProbeConfig
-
     labels = ProbeConfig.from_json_file(os.path.join(probe, "config.json")).labels
     unknown = sorted(set(thresholds) - set(labels))
     if unknown:
@@ -169,7 +171,7 @@ class FINISH_CONTENT_FILTER:  # noqa: N801 (SGLang's naming for finish reasons)
 
 
 def _bad_spec_finish(message: str):
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT  # heavy: ~2700 modules
 
     return FINISH_ABORT(message=message, status_code=None, err_type="BadRequestError")
 
@@ -182,12 +184,10 @@ _agreed: tuple = (None, None)
 def _request_group():
     """SGLang's group of schedulers that run the same requests (the TP group, or one DP group's attention-TP
     ranks), where it has more than one rank and the probe is on; else None."""
-    from sglang_ext.patches.probe_ckpt_flag import ENV_VAR as PROBE_ENV
-
     if not os.environ.get(PROBE_ENV):
         return None
     try:
-        from sglang.srt.layers.dp_attention import get_dp_tp_group
+        from sglang.srt.layers.dp_attention import get_dp_tp_group  # heavy: ~100 modules
 
         group = get_dp_tp_group()
     except Exception:  # noqa: BLE001 - no groups (one process, tests)
@@ -229,8 +229,6 @@ def agreed_score_rows(result, batch):
     first = group.rank_in_group == 0
     needed = _batch_guarded(batch)
     if not needed:
-        import torch
-
         flag = torch.tensor([int(first and bool(rows) and any(row_unscored(row) for row in rows))], dtype=torch.int32)
         torch.distributed.broadcast(flag, src=group.ranks[0], group=group.cpu_group)
         needed = bool(flag.item())

@@ -67,12 +67,22 @@ import functools
 import logging
 import math
 import os
+import re
 from http import HTTPStatus
+from typing import get_args, get_type_hints
 
 import torch
 from fastapi import HTTPException
+from pydantic import TypeAdapter, ValidationError
 
+from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.runtime_context import get_exec
+from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+
+from sglang_ext.patches.probe_ckpt_flag import ENV_VAR as PROBE_CKPT_ENV
+from sglang_ext.patches.probe_stop import ProbeStopSpecError, agreed_score_rows, parse_probe_stop, row_unscored
+from sglang_ext.probe.config import ProbeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +159,7 @@ def check_one_request_scalars(obj) -> None:
         raise RequestRejected(f"logprob_start_len must be -1 (output only) or a prompt position >= 0, got {start}")
     overrides = getattr(obj, "positional_embed_overrides", None)
     if overrides is not None:
-        from sglang.srt.managers.io_struct import PositionalEmbeds
+        from sglang.srt.managers.io_struct import PositionalEmbeds  # heavy: ~2700 modules
 
         if not isinstance(overrides, PositionalEmbeds):
             # An Engine-API object no JSON body can express: a string or object from HTTP reached the
@@ -163,8 +173,6 @@ def check_sampling_params(sampling_params, vocab_size: int) -> None:
     min_new_tokens they index a vocabulary-wide tensor), top_k past int32 (its batch tensor), a
     stop_regex Python cannot compile (a 500 from the tokenizer manager); and a logit_bias so large
     that the logits over the temperature overflow (the sampler ended, or greedy served token 0)."""
-    import re
-
     if not isinstance(sampling_params, dict):
         raise RequestRejected(f"sampling_params of one request must be a JSON object, got "
                               f"{type(sampling_params).__name__}")
@@ -205,9 +213,7 @@ def check_sampling_params(sampling_params, vocab_size: int) -> None:
 def check_session_params(session_params) -> None:
     """Field names and types of SGLang's SessionParams (a msgspec struct, built without type checks):
     a session id that is not a string ended the scheduler (unhashable), an unknown field was a 500."""
-    from typing import get_args, get_type_hints
-
-    from sglang.srt.managers.io_struct import SessionParams
+    from sglang.srt.managers.io_struct import SessionParams  # heavy: ~2700 modules
 
     if session_params is None:
         return
@@ -263,22 +269,16 @@ def check_batch_lengths(result, obj, *args, **kwargs):
 
 
 def _probe_labels() -> list[str] | None:
-    from sglang_ext.patches.probe_ckpt_flag import ENV_VAR
-
-    folder = os.environ.get(ENV_VAR) or None
+    folder = os.environ.get(PROBE_CKPT_ENV) or None
     return None if folder is None else _labels_of(folder)
 
 
 @functools.lru_cache(maxsize=4)
 def _labels_of(folder: str) -> list[str]:
-    from sglang_ext.probe.config import ProbeConfig
-
     return list(ProbeConfig.from_json_file(os.path.join(folder, "config.json")).labels)
 
 
 def check_probe_stop(spec, labels: list[str] | None) -> None:
-    from sglang_ext.patches.probe_stop import ProbeStopSpecError, parse_probe_stop
-
     try:
         thresholds = parse_probe_stop(spec)
     except ProbeStopSpecError as e:
@@ -328,8 +328,6 @@ def check_custom_params(sampling_params: dict, has_processor: bool) -> None:
 
 
 def check_custom_logit_processor(serialized) -> None:
-    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
-
     for text in serialized if isinstance(serialized, list) else [serialized]:
         if text is None:
             continue
@@ -365,8 +363,6 @@ def _fields_that_do_not_validate(model, body: dict) -> list[str]:
     """"name: pydantic's message" for each field of `body` whose value fails that field's own type,
     validated alone (nothing else of the model runs): names the culprit the model's validator
     tripped on, which its exception does not."""
-    from pydantic import TypeAdapter, ValidationError
-
     fields = {(info.alias or name): info for name, info in getattr(model, "model_fields", {}).items()}
     bad = []
     for key, value in body.items():
@@ -411,8 +407,7 @@ def _unreadable_prompt_is_400(original, obj, *args, **kwargs):
 
 
 def _check_request(tokenizer_manager, obj, input_ids) -> None:
-    from sglang.srt.managers.io_struct import GenerateReqInput
-    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.managers.io_struct import GenerateReqInput  # heavy: ~2700 modules
 
     has_embeds = getattr(obj, "input_embeds", None) is not None
     has_mm = bool(getattr(obj, "contains_mm_input", lambda: False)())
@@ -473,8 +468,6 @@ def check_logging_config(tokenizer_manager, obj, *args, **kwargs):
     """/configure_logging: upstream applied the request's fields one by one and raised on the first bad
     one (a 500 for an unknown log_level, the fields before it already applied); a request_log level
     past 3 was stored and made every later request's logging raise. All are checked first now."""
-    import logging
-
     level = getattr(obj, "log_requests_level", None)
     if level is not None and level not in REQUEST_LOG_LEVELS:
         raise RequestRejected(f"log_requests_level must be one of {list(REQUEST_LOG_LEVELS)}, got {level!r}")
@@ -506,7 +499,7 @@ def _from_str_or_stand_in(original, cls, json_str, *args, **kwargs):
 
 
 def _finish_with_error(req, message: str, err_type: str, status: HTTPStatus) -> None:
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT  # heavy: ~2700 modules
 
     if req.finished() or getattr(req, "to_finish", None) is not None:
         return
@@ -586,7 +579,7 @@ def apply_custom_logit_processor(logits: torch.Tensor, sampling_batch_info, num_
 def refuse_grammar_without_a_first_token(grammar, backend, *args, **kwargs):
     """A compiled grammar that allows no token at its start can never be satisfied: refused at
     compile time (HTTP 400 "Failed to compile ... grammar"), not found by the sampler mid-batch."""
-    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject
+    from sglang.srt.constrained.base_grammar_backend import InvalidGrammarObject  # heavy: ~700 modules
 
     matcher = getattr(grammar, "matcher", None)
     if matcher is None or matcher.is_terminated():
@@ -637,8 +630,6 @@ def _score_or_nan(original, runtime, forward_batch, *args, **kwargs):
 def _finish_unscored(processor, batch, result, *args, **kwargs):
     # Every step, not only after a raise: NaN scores from the numerics (or a replayed graph) must
     # not let a guarded request run on unscored. Cost: one pass over the rows SGLang already holds.
-    from sglang_ext.patches.probe_stop import agreed_score_rows, row_unscored
-
     rows = agreed_score_rows(result, batch)  # every scheduler of a TP / DP-attention group finishes the same ones
     if not rows:
         return
@@ -686,10 +677,8 @@ async def _stream_failing_alone(original, serving, adapted_request, *args, **kwa
 
 def _expert_distribution_needs_mode(original, tokenizer_manager, *args, **kwargs):
     if getattr(tokenizer_manager.server_args, "expert_distribution_recorder_mode", None) is None:
-        import fastapi
-
-        raise fastapi.HTTPException(status_code=400, detail="expert distribution recording needs a server "
-                                    "started with --expert-distribution-recorder-mode")
+        raise HTTPException(status_code=400, detail="expert distribution recording needs a server "
+                            "started with --expert-distribution-recorder-mode")
     return original(tokenizer_manager, *args, **kwargs)
 
 
@@ -742,7 +731,7 @@ def check_completion_request(result, serving, request, *args, **kwargs):
 
 def check_weights_load_format(tokenizer_manager, obj, *args, **kwargs):
     """/update_weights_from_disk: an unknown load_format raised in the scheduler and ended the server."""
-    from sglang.srt.configs.load_config import LoadFormat
+    from sglang.srt.configs.load_config import LoadFormat  # heavy: ~150 modules
 
     load_format = getattr(obj, "load_format", None)
     known = [f.value for f in LoadFormat]
@@ -753,8 +742,6 @@ def check_weights_load_format(tokenizer_manager, obj, *args, **kwargs):
 def check_memory_occupation(tokenizer_manager, obj, *args, **kwargs):
     """/release_memory_occupation, /resume_memory_occupation: an unknown tag (a KeyError) or a server
     without a GPU (its CUDA synchronise) raised in the scheduler and ended the server."""
-    from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
-
     unknown = [t for t in (getattr(obj, "tags", None) or []) if t not in GPU_MEMORY_ALL_TYPES]
     if unknown:
         raise RequestRejected(f"unknown memory tag(s) {unknown}; the tags are {GPU_MEMORY_ALL_TYPES}")
@@ -767,7 +754,7 @@ def _weights_update_failing_alone(original, updater, recv_req, *args, **kwargs):
     try:
         return original(updater, recv_req, *args, **kwargs)
     except Exception as e:
-        from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
+        from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput  # heavy: ~2700 modules
 
         logger.exception("sglang-ext: update_weights_from_disk failed; the server keeps serving")
         return UpdateWeightFromDiskReqOutput(success=False, message=f"update failed: {type(e).__name__}: {e}")
@@ -778,7 +765,7 @@ def _memory_occupation_failing_alone(original, updater, recv_req, *args, **kwarg
     try:
         return original(updater, recv_req, *args, **kwargs)
     except Exception as e:
-        from sglang.srt.managers import io_struct
+        from sglang.srt.managers import io_struct  # heavy: ~2700 modules
 
         logger.warning("sglang-ext: %s failed: %s: %s", type(recv_req).__name__, type(e).__name__, e)
         name = type(recv_req).__name__.replace("ReqInput", "ReqOutput")
@@ -812,7 +799,7 @@ def _profile_stop_failing_alone(original, manager, *args, **kwargs):
     try:
         return original(manager, *args, **kwargs)
     except Exception as e:
-        from sglang.srt.managers.io_struct import ProfileReqOutput
+        from sglang.srt.managers.io_struct import ProfileReqOutput  # heavy: ~2700 modules
 
         logger.exception("sglang-ext: stopping the profile failed; the server keeps serving")
         manager.profile_in_progress = False  # a stop at every later batch would fail the same way
@@ -824,7 +811,7 @@ def _expert_distribution_failing_alone(original, scheduler, recv_req, *args, **k
     try:
         return original(scheduler, recv_req, *args, **kwargs)
     except Exception as e:
-        from sglang.srt.managers.io_struct import ExpertDistributionReqOutput
+        from sglang.srt.managers.io_struct import ExpertDistributionReqOutput  # heavy: ~2700 modules
 
         logger.warning("sglang-ext: expert distribution request %s failed: %s: %s", getattr(recv_req, "action", None),
                        type(e).__name__, e)

@@ -60,8 +60,14 @@ import logging
 import re
 from typing import Any
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from fastapi.responses import Response
 
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.runtime_context import get_exec
+
+from sglang_ext.harmony.encoding import render_for_completion_linear
+from sglang_ext.patches.request_isolation import (RequestRejected, check_custom_logit_processor,
+                                                  check_custom_params)
 from sglang_ext.probe import SCORES_KEY, json_scores
 
 logger = logging.getLogger(__name__)
@@ -225,8 +231,6 @@ async def _create_responses_with_scores(original, self, request, *args, **kwargs
         return _stream_with_scores(self, result, record)
     if not record.scores or not hasattr(result, "model_dump_json") or result.status == "queued":
         return result
-    from fastapi.responses import Response
-
     payload = json.loads(result.model_dump_json())
     payload[SCORES_KEY] = json_scores(record.scores)
     return Response(content=json.dumps(payload, ensure_ascii=False), media_type="application/json")
@@ -240,8 +244,6 @@ def check_input_items(items) -> None:
     raised on, a 500 each: a tool output without the call_id of the call it answers; a message without a
     string role or with content that is neither text nor a list of part objects; a function / custom tool
     call without a name; an item that is not an object (found by fuzzing)."""
-    from sglang_ext.patches.request_isolation import RequestRejected
-
     if items is None or isinstance(items, str):
         return
     if not isinstance(items, list):
@@ -281,19 +283,12 @@ def check_input_items(items) -> None:
 def check_max_output_tokens(value) -> None:
     """Upstream keeps two tokens of `max_output_tokens` as headroom, so 0 came back as "max_new_tokens must be
     at least 0, got -2" (a field the client never sent); refused here in the client's own terms."""
-    from sglang_ext.patches.request_isolation import RequestRejected
-
     if value is not None and value < 1:
         raise RequestRejected(f"max_output_tokens must be at least 1, got {value}")
 
 
 def check_extras(extras: dict) -> None:
     """The chat path's checks of the extras (raises `RequestRejected`, a ValueError, naming the problem)."""
-    from sglang.srt.runtime_context import get_exec
-
-    from sglang_ext.patches.request_isolation import (RequestRejected, check_custom_logit_processor,
-                                                      check_custom_params)
-
     processor = extras.get("custom_logit_processor")
     if "custom_params" in extras:
         check_custom_params({"custom_params": extras["custom_params"]}, bool(processor))
@@ -375,10 +370,9 @@ def _streaming_append_with_usage(original, self, output, *args, **kwargs):
 
 
 def _render_linear(original, messages):
+    # openai_harmony: optional at plugin load (harmony_available falls back); harmony_utils: ~570 modules
     from openai_harmony import Conversation, Role
     from sglang.srt.entrypoints.harmony_utils import get_encoding
-
-    from sglang_ext.harmony.encoding import render_for_completion_linear
 
     return render_for_completion_linear(get_encoding(), Conversation.from_messages(messages), Role.ASSISTANT)
 

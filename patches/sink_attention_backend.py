@@ -27,7 +27,13 @@ from __future__ import annotations
 
 import logging
 
+import sglang.srt.arg_groups.model_overrides.gpt_oss  # noqa: F401  (upstream's gpt-oss providers, before ours)
+from sglang.srt.arg_groups import choices
+from sglang.srt.arg_groups import model_override_base as mob
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.runtime_context import get_platform
+from sglang.srt.utils.common import is_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +42,12 @@ GPT_OSS_ARCH = "GptOssForCausalLM"
 
 
 def _register_backend() -> None:
-    from sglang.srt.arg_groups import choices
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-
     if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
         choices.ATTENTION_BACKEND_CHOICES.append(BACKEND_NAME)
     if BACKEND_NAME not in ATTENTION_BACKENDS:
 
         def create(runner):
-            from sglang_ext.attention_backend import SinkAttnBackend
+            from sglang_ext.attention_backend import SinkAttnBackend  # heavy, scheduler only; imports this module
 
             return SinkAttnBackend(runner)
 
@@ -52,9 +55,6 @@ def _register_backend() -> None:
 
 
 def _cpu_with_amx() -> bool:
-    from sglang.srt.runtime_context import get_platform
-    from sglang.srt.utils.common import is_cpu
-
     return is_cpu() and get_platform().has_amx
 
 
@@ -75,18 +75,13 @@ def gpt_oss_overrides(server_args, hf_config) -> dict:
 
 
 def _register_override() -> None:
-    from sglang.srt.arg_groups import model_override_base as mob
-
     providers = mob._MODEL_OVERRIDE_FNS.setdefault(GPT_OSS_ARCH, [])
     if gpt_oss_overrides not in providers:
-        # Import upstream's providers first so ours is appended after them.
-        import sglang.srt.arg_groups.model_overrides.gpt_oss  # noqa: F401
-
         mob.register_model_override(GPT_OSS_ARCH)(gpt_oss_overrides)
 
 
 def _accept_ext_sinks_for_gpt_oss(original, server_args, *args, **kwargs):
-    from sglang.srt.arg_groups import model_hook
+    from sglang.srt.arg_groups import model_hook  # heavy: ~200 modules
 
     upstream_backends_of = model_hook.attention_backends_of
 
