@@ -28,6 +28,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
 from sglang_ext.kernel_select import use_triton
+from sglang_ext.layers.rope import apply_rope
 from sglang_ext.layers.sink_attention import sink_attention_torch
 from sglang_ext.patches.sink_attention_backend import BACKEND_NAME
 
@@ -182,8 +183,6 @@ class SinkAttnBackend(AttentionBackend):
         (`sink_attention_prefill`); or, at decode on that path, q unrotated, None and the RopeKV that the
         decode launcher rotates and writes (inside the one-shot kernel's launch where it runs,
         `kernels/sink_attention/decode.py`)."""
-        from sglang_ext.layers.rope import apply_rope
-
         q3 = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         k3 = k.view(-1, layer.tp_k_head_num, layer.qk_head_dim)
         if save_kv_cache and self.kernel_path == "triton":
@@ -195,6 +194,7 @@ class SinkAttnBackend(AttentionBackend):
                      and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
                      and getattr(layer, "k_scale", None) is None and getattr(layer, "v_scale", None) is None)
             if plain:
+                # @triton.jit reads TRITON_INTERPRET at import
                 from sglang_ext.kernels.rope_kv import rope_store_kv
                 from sglang_ext.kernels.sink_attention import RopeKV, prefill_applies
 
@@ -281,6 +281,7 @@ class SinkAttnBackend(AttentionBackend):
 
     def _forward_triton(self, q3, k_cache, v_cache, out, sinks, window_left, scale, in_swa_pool, rope=None,
                         rows=None):
+        # @triton.jit reads TRITON_INTERPRET at import
         from sglang_ext.kernels.sink_attention import (sink_attention_decode, sink_attention_extend,
                                                        sink_attention_prefill)
 

@@ -12,6 +12,7 @@ import importlib.metadata
 import logging
 
 from sglang_ext import PINNED_SGLANG_VERSION, __version__
+from sglang_ext.patches import register_all
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,6 @@ def load() -> None:
     if _loaded:
         return
     check_sglang_version()
-    from sglang_ext.patches import register_all
-
     register_all()
     _loaded = True
     logger.info("sglang-ext %s loaded", __version__)

@@ -12,6 +12,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
+import secrets
+
+import tiktoken
+
+from sglang_ext.launch.tokenizer import VOCAB_MISSING_HINT, find_o200k_vocab_offline, harmony_env
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +47,6 @@ def configure_offline_vocab() -> str | None:
     done = os.environ.get(_RESOLVED_ENV)
     if done:
         return None if done == _MISSING else done
-    from sglang_ext.launch.tokenizer import VOCAB_MISSING_HINT, find_o200k_vocab_offline, harmony_env
-
     try:
         vocab_dir = find_o200k_vocab_offline()
     except Exception as e:  # noqa: BLE001 - a broken cache must not stop the server
@@ -62,7 +66,7 @@ def configure_offline_vocab() -> str | None:
 @functools.lru_cache(maxsize=1)
 def harmony_encoding():
     """The HARMONY_GPT_OSS encoding (loaded once per process; raises if the vocabulary is unavailable)."""
-    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding  # optional: harmony_available falls back
 
     configure_offline_vocab()
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
@@ -87,8 +91,6 @@ LINEAR_MIN_CHARS = 2048
 
 @functools.lru_cache(maxsize=1)
 def _o200k():
-    import tiktoken
-
     configure_offline_vocab()
     return tiktoken.get_encoding("o200k_base")
 
@@ -101,8 +103,6 @@ def _ordinary_tokens(text: str) -> list[int]:
 def _special_split(enc, allowed: frozenset):
     """(the regex splitting text at these special tokens' text, their ids): built once per set; an encode
     with allowed_special={text} costs harmony ~3 ms a call (0.14 ms with "all")."""
-    import re
-
     ordered = sorted(allowed, key=len, reverse=True)
     return re.compile("(" + "|".join(re.escape(t) for t in ordered) + ")"), {
         t: enc.encode(t, allowed_special="all")[0] for t in ordered}
@@ -152,9 +152,7 @@ def render_for_completion_linear(encoding, conversation, next_role) -> list[int]
     tiktoken's tokens of the text. Anything unexpected (a marker found twice, or missing from a message
     harmony does not drop; text that is not valid Unicode, which harmony refuses) falls back to harmony's
     own rendering."""
-    import secrets
-
-    from openai_harmony import Conversation, TextContent
+    from openai_harmony import Conversation, TextContent  # optional: harmony_available falls back without it
 
     nonce = secrets.token_hex(8)
     markers, texts, owners, messages = [], [], [], []

@@ -112,7 +112,7 @@ class HarmonyStreamParser:
     """
 
     def __init__(self, role: str | None = "assistant", encoding=None):
-        from openai_harmony import StreamableParser
+        from openai_harmony import StreamableParser  # optional: harmony_available falls back without it
 
         self._enc = encoding or harmony_encoding()
         self._new_inner = lambda: StreamableParser(self._enc, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from sglang_ext.harmony.encoding import encode_bounded
 from sglang_ext.harmony.parser import ContentDelta, HarmonyStreamParser, MessageEnd, MessageStart
 
 logger = logging.getLogger(__name__)
@@ -103,8 +104,6 @@ class OpenAIHarmonyStream:
     def feed_text(self, text: str) -> None:
         """For callers that only have text (special tokens spelled out): encode, then feed."""
         if text:
-            from sglang_ext.harmony.encoding import encode_bounded
-
             self.feed(encode_bounded(self.parser._enc, text, allowed_special="all"))
 
     def finish(self) -> None:

@@ -159,6 +159,7 @@ def deepgemm_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Ten
     """y [..., N] bf16 = x W^T + b by DeepGEMM: x quantised per 1x128 group by our quantiser (or
     `x_quant`, its producer's codes and scales: copied into DeepGEMM's scale layout if not in it),
     DeepGEMM's GEMM into bf16, the bias added in place. `module`/`api` default to `load_deep_gemm()`."""
+    # @triton.jit reads TRITON_INTERPRET at import
     from sglang_ext.kernels.fp8_gemm import _check_x_quant, quantize_activation_group128
 
     if module is None:
@@ -228,6 +229,6 @@ def dense_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Te
     kind, dg = choose(x, w_fp8, w_scale_inv)
     if kind == "deepgemm":
         return deepgemm_linear(x, w_fp8, w_scale_inv, bias, x_quant=x_quant, module=dg[0], api=dg[1])
-    from sglang_ext.kernels.fp8_gemm import fp8_linear
+    from sglang_ext.kernels.fp8_gemm import fp8_linear  # @triton.jit reads TRITON_INTERPRET at import
 
     return fp8_linear(x, w_fp8, w_scale_inv, bias, x_quant=x_quant)

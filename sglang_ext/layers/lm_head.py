@@ -23,6 +23,7 @@ import os
 import torch
 from torch import nn
 
+from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.fp8 import BLOCK, fp8_linear_torch, quantize_weight_block128
 
 FP8_LM_HEAD_ENV = "SGLANG_EXT_FP8_LM_HEAD"
@@ -55,10 +56,8 @@ def reload_settings() -> None:
 def fp8_lm_head_logits(x: torch.Tensor, codes: torch.Tensor, scale_inv: torch.Tensor,
                        bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., H] against the e4m3 head: the FP8 GEMM kernels where they run, else the torch path."""
-    from sglang_ext.kernel_select import use_triton
-
     if use_triton(x.device):
-        from sglang_ext.kernels.fp8_gemm import fp8_linear
+        from sglang_ext.kernels.fp8_gemm import fp8_linear  # @triton.jit reads TRITON_INTERPRET at import
 
         return fp8_linear(x, codes, scale_inv, bias)
     return fp8_linear_torch(x, codes, scale_inv, bias)

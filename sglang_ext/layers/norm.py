@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from sglang_ext.kernel_select import compiled_on_cuda
+from sglang_ext.kernel_select import compiled_on_cuda, use_triton
+from sglang_ext.layers.fp8 import quantize_activation_group128
+from sglang_ext.probe.model import rms_normalize
 
 
 @compiled_on_cuda
@@ -25,21 +27,16 @@ def residual_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch
     result, the norm's FP8 form (e4m3 codes, fp32 1x128 scales) exactly as
     `quantize_activation_group128` gives it, for `fp8_linear(x_quant=...)`. On the kernel path one
     launch does all of it (`sglang_ext.kernels.residual_norm`); elsewhere the unfused ops."""
-    from sglang_ext.kernel_select import use_triton
-
     if use_triton(h.device):
+        # @triton.jit reads TRITON_INTERPRET at import
         from sglang_ext.kernels.residual_norm import residual_rms_norm as fused
 
         return fused(h, delta, weight, eps, tap, quantize=quantize)
     s = h + delta if delta is not None else h
     if tap is not None:
-        from sglang_ext.probe.model import rms_normalize
-
         features, col0, tap_eps = tap
         features[: s.shape[0], col0 : col0 + s.shape[1]] = rms_normalize(s, tap_eps).to(features.dtype)
     x = rms_norm(s, weight, eps)
     if quantize:
-        from sglang_ext.layers.fp8 import quantize_activation_group128
-
         return s, x, quantize_activation_group128(x)
     return s, x

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from sglang_ext.layers.fp8 import BLOCK, E4M3_MAX, _div_448, dequantize_weight_block128, fp8_linear_torch
@@ -143,8 +144,6 @@ class TorchDistGroup:
     """`Collective` over a torch.distributed process group (gloo on CPU, NCCL on GPUs)."""
 
     def __init__(self, group=None):
-        import torch.distributed as dist
-
         self._dist, self.group = dist, group
         self.size = dist.get_world_size(group)
 

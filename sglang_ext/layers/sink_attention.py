@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang_ext.kernel_select import use_triton
+
 
 def sink_attention_torch(
     q: torch.Tensor,
@@ -92,15 +94,13 @@ def paged_sink_attention(
     `sglang_ext.kernel_select.use_triton` says so (graph-safe, no host reads); the torch path
     reads the lengths on the host and is for CPUs and tests.
     """
-    from sglang_ext.kernel_select import use_triton
-
     if use_triton(q.device):
-        from sglang_ext.kernels.sink_attention import paged_attention
+        from sglang_ext.kernels.sink_attention import paged_attention  # @triton.jit reads TRITON_INTERPRET at import
 
         return paged_attention(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, q_start, q_len,
                                sinks, window_left, scale, rope=rope, no_prefix=no_prefix)
     if rope is not None:
-        from sglang_ext.kernels.rope_kv import rope_store_kv_ref
+        from sglang_ext.kernels.rope_kv import rope_store_kv_ref  # @triton.jit reads TRITON_INTERPRET at import
 
         q = rope_store_kv_ref(q, rope.k, rope.v, rope.cos_sin, k_buffer, v_buffer, rope.loc)
     out = torch.empty_like(q)

@@ -41,16 +41,19 @@ from typing import Iterable, Tuple
 import torch
 from torch import nn
 
+from sglang.srt.distributed import parallel_state as ps
 from sglang.srt.distributed.communication_op import tensor_model_parallel_all_reduce
 from sglang.srt.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
+from sglang.srt.layers import dp_attention
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_attn_backend, has_forward_context
+from sglang.srt.runtime_context import get_parallel, get_server_args
 
 from sglang_ext.layers.fp8 import Block128Report, convert_block128, summarize_block128_report
 from sglang_ext.layers.lm_head import fp8_lm_head_enabled, quantize_lm_head, restore_bf16_lm_head
@@ -58,6 +61,7 @@ from sglang_ext.layers.mxfp4 import CONVERT_CHUNK_ELEMENTS, DenseExperts, Mxfp4E
 from sglang_ext.layers.parallel import ParallelLayout
 from sglang_ext.models.gpt_oss_core import (Collectives, GptOssAttention, GptOssDecoder, GptOssExperts, RankGroups,
                                             checkpoint_format, serves_fp8)
+from sglang_ext.patches.probe_ckpt_flag import probe_ckpt_of
 
 logger = logging.getLogger(__name__)
 
@@ -69,25 +73,18 @@ class SglangCollectives(Collectives):
         return tensor_model_parallel_all_reduce(x)
 
     def attn_all_reduce(self, x):
-        from sglang.srt.layers.dp_attention import attn_tp_all_reduce
-
-        return attn_tp_all_reduce(x)
+        return dp_attention.attn_tp_all_reduce(x)
 
     def dp_gather(self, x, batch):
         # SGLang's dp_gather_replicate into its global buffer: one attention-TP rank of each group places its
         # rows, then a TP all-reduce or all-gather, SGLang's choice by padding mode.
-        from sglang.srt.layers.dp_attention import dp_gather_replicate, get_global_dp_buffer
-        from sglang.srt.runtime_context import get_parallel
-
-        tokens = get_global_dp_buffer(get_parallel().tp_group)
-        dp_gather_replicate(tokens, x.contiguous(), batch)
+        tokens = dp_attention.get_global_dp_buffer(get_parallel().tp_group)
+        dp_attention.dp_gather_replicate(tokens, x.contiguous(), batch)
         return tokens
 
     def dp_scatter(self, out, x, batch):
-        from sglang.srt.layers.dp_attention import dp_scatter
-
         local = torch.empty_like(x)
-        dp_scatter(local, out.contiguous(), batch)
+        dp_attention.dp_scatter(local, out.contiguous(), batch)
         return local
 
 
@@ -97,8 +94,6 @@ def sglang_rank_groups(layout: ParallelLayout | None = None) -> RankGroups:
 
 
 def _sglang_layout() -> ParallelLayout:
-    from sglang.srt.distributed import parallel_state as ps
-
     tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
     try:
         ep_size = ps.get_moe_expert_parallel_world_size()
@@ -153,24 +148,18 @@ class GptOssForCausalLM(nn.Module):
         self.model = GptOssModel(config, self.tp, self.fp8)
         # As SGLang's gpt-oss: vocab-parallel over the TP group (the logits processor gathers the DP groups'
         # rows), or over the attention-TP group with --enable-dp-lm-head.
-        from sglang.srt.runtime_context import get_parallel
-
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
                                       use_attn_tp_group=self.tp.dp_attention and get_parallel().enable_dp_lm_head)
         self.logits_processor = LogitsProcessor(config)
         self.probe = self._make_probe(config)
 
     def _make_probe(self, config):
-        from sglang.srt.runtime_context import get_server_args
-
-        from sglang_ext.patches.probe_ckpt_flag import probe_ckpt_of
-
         folder = probe_ckpt_of(get_server_args())
         # One rank of each attention group emits its requests' scores (the group's attention-TP rank 0: the
         # TP rank 0 without DP attention); the others skip the probe entirely.
         if folder is None or self.tp.attn_rank != 0:
             return None
-        from sglang_ext.probe_runtime import ProbeRuntime
+        from sglang_ext.probe_runtime import ProbeRuntime  # Triton kernels: only a served probe needs them
 
         return ProbeRuntime(folder, config, torch.get_default_dtype())
 
