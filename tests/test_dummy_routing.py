@@ -66,6 +66,26 @@ def test_patch_spreads_tokens_over_the_experts(dummy_decoder):
     assert torch.equal(again.layers[1].mlp.router.weight, dummy_decoder.layers[1].mlp.router.weight)
 
 
+def test_patch_redraws_upstreams_gpt_oss_too(dummy_decoder):
+    """The GPU machine times upstream's gpt-oss with this patch alone: its layers hold routers of the same shapes."""
+    class Router(torch.nn.Module):
+        def __init__(self, mine):
+            super().__init__()
+            self.weight, self.bias = torch.nn.Parameter(mine.weight.clone()), torch.nn.Parameter(mine.bias.clone())
+
+    layers = torch.nn.ModuleList(torch.nn.Module() for _ in dummy_decoder.layers)
+    for theirs, mine in zip(layers, dummy_decoder.layers):
+        theirs.mlp = torch.nn.Module()
+        theirs.mlp.router = Router(mine.mlp.router)
+    upstream = type("GptOssForCausalLM", (torch.nn.Module,), {})()
+    upstream.model = torch.nn.Module()
+    upstream.model.layers = layers
+    dummy_routing._route_like_trained(upstream)
+    dummy_routing._route_like_trained(_Model(dummy_decoder))
+    for theirs, mine in zip(layers, dummy_decoder.layers):
+        assert torch.equal(theirs.mlp.router.weight, mine.mlp.router.weight) and not theirs.mlp.router.bias.any()
+
+
 def test_patch_leaves_other_models_alone():
     other = _Model(torch.nn.Linear(4, 4))
     before = other.model.weight.clone()

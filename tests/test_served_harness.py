@@ -72,14 +72,16 @@ def test_gpu_env_links_this_checkout_as_the_installed_plugin(tmp_path):
 import importlib.metadata as md
 eps = [e for e in md.entry_points(group="sglang.srt.plugins") if str(e.dist._path).startswith(%r)]
 import sglang_ext.kernels.pdl, sglang_ext.probe.config, sglang_ext.patches, sglang_ext.launch.server
-print(len(eps), eps[0].value, sglang_ext.kernels.pdl.__file__)
+print(",".join(sorted(f"{e.name}={e.value}" for e in eps)), sglang_ext.kernels.pdl.__file__)
 """ % str(tmp_path / "dest" / "ext")
     # run from outside the checkout, as on the GPU machine (its root's sglang_ext/ would shadow the link)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env={**os.environ, **env}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    count, value, path = out.stdout.split()
-    assert (int(count), value) == (1, "sglang_ext.plugin:load")
+    eps, path = out.stdout.split()
+    # the plugin, and its weightless-routing patch alone for the upstream peer's runs
+    assert eps.split(",") == ["sglang_ext=sglang_ext.plugin:load",
+                              "sglang_ext_weightless_routing=sglang_ext.patches.dummy_routing:register"]
     assert path == str(tmp_path / "dest" / "ext" / "sglang_ext" / "kernels" / "pdl.py")
     assert Path(path).resolve() == (ROOT / "kernels" / "pdl.py").resolve()
 

@@ -57,7 +57,10 @@ def unpack(carry: Path = ROOT / ".carry", dest: Path = DEST) -> dict[str, str]:
     info = ext / f"sglang_ext-{VERSION}.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang-ext\nVersion: {VERSION}\n")
-    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nsglang_ext = sglang_ext.plugin:load\n")
+    # sglang_ext_weightless_routing: patches/dummy_routing.py alone, for upstream's gpt-oss timed as the peer
+    # (SGLANG_PLUGINS=sglang_ext_weightless_routing): its dummy routers otherwise send every token to 4 experts
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nsglang_ext = sglang_ext.plugin:load\n"
+                                           "sglang_ext_weightless_routing = sglang_ext.patches.dummy_routing:register\n")
     (info / "top_level.txt").write_text("sglang_ext\n")
     env = dict(ENV)
     env["PYTHONPATH"] = os.pathsep.join([str(ext), str(site), *filter(None, [os.environ.get("PYTHONPATH")])])

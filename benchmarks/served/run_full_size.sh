@@ -13,8 +13,9 @@
 #   serving  SGLang's online benchmark (benchmarks/served/serving_grid.py) at concurrency 1/8/32/128
 #   profile  where a batch-1 decode step's time goes in the server (benchmarks/served/profile_decode.py: streamed
 #            inter-token intervals and SGLang's profiler over 64 steps); profile_noprobe the same without the probe
-#   upstream the peer a user would pick instead: SGLang's own gpt-oss with the plugin not loaded (SGLANG_PLUGINS=none),
-#            its triton attention backend and, where `triton_kernels` imports, its MXFP4 MoE
+#   upstream the peer a user would pick instead: SGLang's own gpt-oss with the plugin not loaded (only its weightless
+#            routing patch: SGLANG_PLUGINS=sglang_ext_weightless_routing, gpu_env.py), its triton attention backend and,
+#            where `triton_kernels` imports, its MXFP4 MoE
 set -u
 R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CARRY="${1:?carry folder}"
@@ -61,7 +62,7 @@ for stage in $STAGES; do
         upstream)  # the peer: SGLang's own gpt-oss (plugin not loaded), MXFP4 through triton_kernels where present
             python3 -c "import triton_kernels.matmul" >"$OUT/upstream_triton_kernels.txt" 2>&1 \
                 && echo "triton_kernels imports under this Triton" >>"$OUT/upstream_triton_kernels.txt"
-            SGLANG_PLUGINS=none timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
+            SGLANG_PLUGINS=sglang_ext_weightless_routing timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
                 --model-path "$FULL/gpt-oss-$MODEL-mxfp4" --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" \
                 --contexts "$CONTEXT" --lengths "$PREFILL" --output-len "$OUTPUT_LEN" --prefill-repeats 3 \
                 --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" --out "$OUT/upstream" --stem grid_upstream \
