@@ -25,9 +25,24 @@ ENV_VAR = "SGLANG_EXT_KERNELS"
 CHOICES = ("auto", "triton", "torch")
 COMPILE_ENV_VAR = "SGLANG_EXT_COMPILE"
 
-# Variable name -> its parsed value. A plain dict rather than lru_cache: the readers may run inside a
-# forward that torch.compile traces, where a dict lookup is an ordinary guarded read.
+# Variable name -> its parsed value, for every sglang_ext switch (kernel_select's, layers.fp8_backend's,
+# layers.lm_head's). A plain dict rather than lru_cache: the readers may run inside a forward that
+# torch.compile traces, where a dict lookup is an ordinary guarded read.
 _settings: dict = {}
+
+
+def read_once(name: str, read):
+    """`read()` (parse and check variable `name`) on first use, then its cached value. A bad value is not
+    kept: it raises at each call."""
+    value = _settings.get(name)
+    if value is None:
+        value = _settings[name] = read()
+    return value
+
+
+def reload_settings() -> None:
+    """Every sglang_ext switch (and TRITON_INTERPRET, for SGLANG_EXT_KERNELS's check) read again at its next use."""
+    _settings.clear()
 
 
 def _read_kernel_mode() -> str:
@@ -40,25 +55,13 @@ def _read_kernel_mode() -> str:
 
 
 def kernel_mode() -> str:
-    """SGLANG_EXT_KERNELS, validated, read once per process (a bad value is not kept: it raises at each call)."""
-    mode = _settings.get(ENV_VAR)
-    if mode is None:
-        mode = _settings[ENV_VAR] = _read_kernel_mode()
-    return mode
+    """SGLANG_EXT_KERNELS, validated, read once per process."""
+    return read_once(ENV_VAR, _read_kernel_mode)
 
 
 def compile_enabled() -> bool:
     """SGLANG_EXT_COMPILE != "0", read once per process."""
-    enabled = _settings.get(COMPILE_ENV_VAR)
-    if enabled is None:
-        enabled = _settings[COMPILE_ENV_VAR] = os.environ.get(COMPILE_ENV_VAR, "1") != "0"
-    return enabled
-
-
-def reload_settings() -> None:
-    """Read SGLANG_EXT_KERNELS and SGLANG_EXT_COMPILE (and TRITON_INTERPRET, for the former's check) again
-    at their next use."""
-    _settings.clear()
+    return read_once(COMPILE_ENV_VAR, lambda: os.environ.get(COMPILE_ENV_VAR, "1") != "0")
 
 
 def compiled_on_cuda(fn):

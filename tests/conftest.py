@@ -91,13 +91,7 @@ def ext_env(monkeypatch):
     """`ext_env(name, value)` sets an SGLANG_EXT_* switch for this test (None unsets it) and makes the
     modules that read theirs once per process read it again; after the test they read the restored
     environment again too."""
-    from sglang_ext import kernel_select
-    from sglang_ext.layers import fp8_backend, lm_head
-
-    def reload():
-        kernel_select.reload_settings()
-        fp8_backend.reload_settings()
-        lm_head.reload_settings()
+    from sglang_ext.kernel_select import reload_settings as reload
 
     def set_env(name, value):
         if value is None:

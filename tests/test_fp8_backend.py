@@ -248,6 +248,7 @@ def _load_real_deep_gemm():
 
 def gpu_check() -> list[dict]:
     from sglang_ext.kernels.fp8_gemm import fp8_linear
+    from sglang_ext import kernel_select
     from sglang_ext.layers import fp8_backend
     from sglang_ext.layers.fp8 import dequantize_activation_group128, dequantize_weight_block128, quantize_weight_block128
     from sglang_ext.layers.fp8 import quantize_activation_group128 as quantize_torch
@@ -285,12 +286,12 @@ def gpu_check() -> list[dict]:
             lo, hi = fp8_backend.DEEPGEMM_AUTO_ROWS.get((n, k), (1, 0))
             for mode, want in (("deepgemm", got), ("triton", ours), ("auto", got if lo <= m <= hi else ours)):
                 os.environ[fp8_backend.ENV_VAR] = mode
-                fp8_backend.reload_settings()
+                kernel_select.reload_settings()
                 try:
                     assert torch.equal(lin(x), want), (name, m, mode, "the layer took the other backend")
                 finally:
                     os.environ.pop(fp8_backend.ENV_VAR, None)
-                    fp8_backend.reload_settings()
+                    kernel_select.reload_settings()
             row = {"shape": name, "m": m, "api": api, "err_over_bound": round(over, 4),
                    "correctly_rounded": round(correctly_rounded, 4)}
             rows.append(row)

@@ -16,7 +16,7 @@ ours' rounding error (benchmarks/results/diag_fp8_backend.md).
                                 and wherever DeepGEMM is missing (logged once)
 
 The variable is read and checked once per process, at the first dense FP8 GEMM (each one asks for the
-mode); `reload_settings()` reads it again, for code that changes it in-process (tests).
+mode); `kernel_select.reload_settings()` reads it again, for code that changes it in-process (tests).
 
 Two DeepGEMM APIs are known: 1.x `gemm_fp8_fp8_bf16_nt` (its pure-Python JIT line, the one the
 project's H200 runs: benchmarks/deepgemm_peer.py) and 2.x `fp8_gemm_nt` (sgl-deep-gemm, a torch
@@ -33,6 +33,8 @@ from functools import lru_cache
 from typing import Optional
 
 import torch
+
+from sglang_ext.kernel_select import read_once
 
 ENV_VAR = "SGLANG_EXT_FP8_GEMM"
 CHOICES = ("triton", "deepgemm", "auto")
@@ -51,11 +53,6 @@ class DeepGemmUnavailable(RuntimeError):
     """`deep_gemm` cannot be used here; the message says why."""
 
 
-# The parsed SGLANG_EXT_FP8_GEMM (a plain dict, as sglang_ext.kernel_select's, for the same reason: a
-# traced forward reads it as an ordinary guarded lookup).
-_settings: dict = {}
-
-
 def _read_backend_mode() -> str:
     mode = os.environ.get(ENV_VAR, "triton").strip().lower() or "triton"
     if mode not in CHOICES:
@@ -64,16 +61,8 @@ def _read_backend_mode() -> str:
 
 
 def backend_mode() -> str:
-    """SGLANG_EXT_FP8_GEMM, validated, read once per process (a bad value is not kept: it raises at each call)."""
-    mode = _settings.get(ENV_VAR)
-    if mode is None:
-        mode = _settings[ENV_VAR] = _read_backend_mode()
-    return mode
-
-
-def reload_settings() -> None:
-    """Read SGLANG_EXT_FP8_GEMM again at its next use."""
-    _settings.clear()
+    """SGLANG_EXT_FP8_GEMM, validated, read once per process (kernel_select.read_once)."""
+    return read_once(ENV_VAR, _read_backend_mode)
 
 
 _loaded: dict = {}

@@ -13,7 +13,7 @@ weight of a ParallelLMHead (or any module with a `weight`) for its codes, adds
 `weight_scale_inv` and sets `Fp8BlockLMHeadMethod`: no SGLang code changes.
 
 SGLANG_EXT_FP8_LM_HEAD is read once per process, at its first use (the model's load_weights);
-`reload_settings()` reads it again, for code that changes it in-process (tests).
+`kernel_select.reload_settings()` reads it again, for code that changes it in-process (tests).
 """
 
 from __future__ import annotations
@@ -23,13 +23,10 @@ import os
 import torch
 from torch import nn
 
-from sglang_ext.kernel_select import use_triton
+from sglang_ext.kernel_select import read_once, use_triton
 from sglang_ext.layers.fp8 import BLOCK, fp8_linear_torch, quantize_weight_block128
 
 FP8_LM_HEAD_ENV = "SGLANG_EXT_FP8_LM_HEAD"
-
-
-_settings: dict = {}  # the parsed SGLANG_EXT_FP8_LM_HEAD
 
 
 def _read_fp8_lm_head() -> bool:
@@ -40,17 +37,8 @@ def _read_fp8_lm_head() -> bool:
 
 
 def fp8_lm_head_enabled() -> bool:
-    """SGLANG_EXT_FP8_LM_HEAD == "1", validated, read once per process (a bad value is not kept: it raises at
-    each call)."""
-    enabled = _settings.get(FP8_LM_HEAD_ENV)
-    if enabled is None:
-        enabled = _settings[FP8_LM_HEAD_ENV] = _read_fp8_lm_head()
-    return enabled
-
-
-def reload_settings() -> None:
-    """Read SGLANG_EXT_FP8_LM_HEAD again at its next use."""
-    _settings.clear()
+    """SGLANG_EXT_FP8_LM_HEAD == "1", validated, read once per process (kernel_select.read_once)."""
+    return read_once(FP8_LM_HEAD_ENV, _read_fp8_lm_head)
 
 
 def fp8_lm_head_logits(x: torch.Tensor, codes: torch.Tensor, scale_inv: torch.Tensor,
