@@ -131,11 +131,11 @@ def _profile_lines(rows: list) -> list:
     """One sentence per model: batch-1 streamed decode at the client, per machine (served_gpu.md has the table)."""
     out = []
     for model in sorted({r["model"] for r in rows}):
-        parts = []
-        for r in sorted((r for r in rows if r["model"] == model), key=lambda r: (r["call"], not r["probe"])):
+        parts, mine = [], sorted((r for r in rows if r["model"] == model), key=lambda r: (r["call"], not r["probe"]))
+        for r in mine:
             ratio = f", {r['served_over_harness']:.2f} x its harness" if r.get("served_over_harness") else ""
             parts.append(f"{r['itl_median_ms']:.3f} ms probe {'on' if r['probe'] else 'off'} ({r['call']}{ratio})")
-        out += [f"Batch-1 decode streamed to a client, {_short_model(model)} at {rows[0]['context'] // 1024}k, "
+        out += [f"Batch-1 decode streamed to a client, {_short_model(model)} at {mine[0]['context'] // 1024}k, "
                 f"median inter-token time: {'; '.join(parts)} (served_gpu.md: the harness on each machine, and why "
                 "one was slower).", ""]
     return out
