@@ -15,9 +15,14 @@ not), prefill lengths up to 8192, contexts 4k..128k, full and sliding layers (th
 opt-in FP8 LM head, the SingProbe at 3 taps of 2880; then, once each, the few shipped kernels and helpers no
 served row compiles (_drive_alternatives). A launch whose configuration (kernel, constexprs, launch options,
 argument dtypes) was compiled already is skipped: the sweep visits every batch size, but compiles each
-configuration once, in one of the two processes.
+configuration once, in one of the two processes. By default it compiles one configuration of each class: a kernel
+with one set of flag constexprs (booleans, strings), launch options and argument types, whatever its tile sizes and
+row counts (the first launch of the class in the sweep; plus the first of each GPU_REGIMES entry), about half the
+configurations and every code path the flags choose. SGLANG_EXT_TEST_COMPILE_ALL=1 compiles every configuration
+(~5 min on two cores; run it when a tile table changes).
 
-Asserted: no launch raised; every launcher reached a kernel; every configuration has a non-empty cubin from PTX
+Asserted: no launch raised; every launcher reached a kernel, and each configuration it reached is compiled or of a
+compiled class; every compiled configuration has a non-empty cubin from PTX
 whose `.target` is sm_90a, with griddepcontrol where it waits for PDL and TMA copies where it takes descriptors;
 every `@triton.jit` function of the shipped kernel modules was code-generated into a compiled kernel; no configuration of the sweep is an interpreter-only form; and the GPU-only regimes
 (GPU_REGIMES) are among the compiled configurations.
@@ -92,6 +97,8 @@ GPU_REGIMES = [
 # Driver processes, each compiling its share of the configurations (the sweep itself runs in each). Why two: a
 # compile is single-threaded, and two use both cores of the 2-core CI machine (~2 min of wall time instead of ~4).
 SHARDS = 2
+# Every configuration instead of one per class (see the module docstring).
+COMPILE_ALL = os.environ.get("SGLANG_EXT_TEST_COMPILE_ALL") == "1"
 
 
 def _run_driver(tmp_path) -> dict:
@@ -106,7 +113,7 @@ def _run_driver(tmp_path) -> dict:
             [sys.executable, os.path.abspath(__file__), str(out), str(shard), str(SHARDS)], cwd=ROOT,
             env={**env, "TRITON_CACHE_DIR": str(tmp_path / f"triton_cache{shard}")}, stdout=log,
             stderr=subprocess.STDOUT, text=True)))
-    merged = {"configs": [], "launchers": {}, "reached": set(), "errors": [], "compile_seconds": 0.0}
+    merged = {"configs": [], "launchers": {}, "classes": {}, "reached": set(), "errors": [], "compile_seconds": 0.0}
     for out, log, proc in procs:
         try:
             proc.wait(timeout=1200)
@@ -121,6 +128,7 @@ def _run_driver(tmp_path) -> dict:
         merged["configs"] += report["configs"]
         for launcher, keys in report["launchers"].items():
             merged["launchers"].setdefault(launcher, set()).update(keys)
+        merged["classes"].update(report["classes"])
         merged["reached"] |= set(report["reached"])
         merged["errors"] += report["errors"]
         merged["compile_seconds"] += report["compile_seconds"]
@@ -173,9 +181,13 @@ def test_every_shipped_kernel_compiles_for_sm90a(tmp_path):
             for flag in INTERPRETER_ONLY_FLAGS:
                 assert not c["constexprs"].get(flag), (
                     f"{c['kernel']} ({c['launcher']}): compiled in an interpreter-only form ({flag})")
+    compiled_classes = {report["classes"][k] for k in compiled}
     for launcher, keys in report["launchers"].items():
         assert keys, f"launcher {launcher} reached no kernel"
-        assert keys <= compiled, f"launcher {launcher}: {len(keys - compiled)} configurations compiled nowhere"
+        missing = {k for k in keys - compiled if report["classes"][k] not in compiled_classes}
+        assert not missing, f"launcher {launcher}: {len(missing)} configurations of a class compiled nowhere"
+    if COMPILE_ALL:
+        assert set(report["classes"]) == compiled, "SGLANG_EXT_TEST_COMPILE_ALL: a configuration was not compiled"
     # every @triton.jit function of the shipped modules, compiled at least once
     shipped, reached = set(report["jit_functions"]), report["reached"]
     assert shipped, "no @triton.jit function found in the shipped modules"
@@ -193,8 +205,8 @@ def test_every_shipped_kernel_compiles_for_sm90a(tmp_path):
             f"no compiled {kernel} with {want}: did a launcher take its CPU / interpreter branch?")
     kernels = {c["kernel"] for c in configs}
     served = {c["key"] for c in configs if not c["launcher"].startswith(ALTERNATIVES)}
-    print(f"triton {report['triton']}: {len(kernels)} kernels in {len(configs)} configurations ({len(served)} "
-          f"from the served sweep), {len(reached & shipped)} of {len(shipped)} shipped @triton.jit functions, "
+    print(f"triton {report['triton']}: {len(kernels)} kernels in {len(configs)} of {len(report['classes'])} "
+          f"configurations, {len(compiled_classes)} classes ({len(served)} from the served sweep), {len(reached & shipped)} of {len(shipped)} shipped @triton.jit functions, "
           f"sm_90a; {report['compile_seconds']:.0f} s compiling, {time.time() - t0:.0f} s wall")
 
 
@@ -231,6 +243,10 @@ class _Sweep:
         self.configs: dict = {}  # key -> record, compiled here
         self.failed: dict = {}  # key -> error text
         self.launchers: dict = {}  # launcher -> keys it reached (compiled here or by another shard)
+        self.classes: dict = {}  # key -> its class, for every configuration the sweep reached
+        self.selected: set = set()  # keys to compile (in some shard): each class's first, each GPU regime's first
+        self._selected_classes: set = set()
+        self._regimes_met: set = set()
         self.reached: set = set()  # "module.function" of every @triton.jit function in a kernel compiled here
         self.errors: list = []
         self.compile_seconds = 0.0
@@ -250,8 +266,8 @@ class _Sweep:
             sweep.launchers[sweep.launcher].add(key)
             if key in sweep.failed:
                 raise RuntimeError(sweep.failed[key])
-            if key in sweep.configs or zlib.crc32(key.encode()) % shards != shard:
-                return None  # compiled already, or another shard's
+            if not sweep._select(key, record) or key in sweep.configs or zlib.crc32(key.encode()) % shards != shard:
+                return None  # a compiled class, compiled already, or another shard's
             sweep._record, sweep._calls = record, set()
             record["launcher"] = sweep.launcher
             t0 = time.time()
@@ -279,6 +295,27 @@ class _Sweep:
             return call_jit(generator, fn, *args, **kwargs)
 
         code_generator.CodeGenerator.call_JitFunction = call_jit_function
+
+    def _select(self, key: str, record: dict) -> bool:
+        """Whether the configuration is compiled (by some shard): every one under COMPILE_ALL, else the first of its
+        class and the first matching each GPU_REGIMES entry. Every shard runs the same sweep, so every shard
+        makes the same choices."""
+        if key in self.selected:
+            return True
+        if key in self.classes:
+            return False
+        cls = self.classes[key] = json.dumps([record["module"], record["kernel"], record["signature"], record["options"],
+                                              {k: v for k, v in record["constexprs"].items()
+                                               if not isinstance(v, (int, float)) or isinstance(v, bool)}],
+                                             sort_keys=True)
+        regimes = {i for i, (kernel, want) in enumerate(GPU_REGIMES) if kernel == record["kernel"] and all(
+            {**record["constexprs"], **record["options"]}.get(k) == v for k, v in want.items())}
+        if COMPILE_ALL or cls not in self._selected_classes or regimes - self._regimes_met:
+            self.selected.add(key)
+            self._selected_classes.add(cls)
+            self._regimes_met |= regimes
+            return True
+        return False
 
     def _config(self, fn, args, kwargs):
         """(key, record) of a launch: the kernel, its constexprs, the launch options and the argument types
@@ -621,6 +658,7 @@ def _drive(out_path: str, shard: int, shards: int) -> None:
         "triton": triton.__version__,
         "configs": list(sweep.configs.values()),
         "launchers": {k: sorted(v) for k, v in sweep.launchers.items()},
+        "classes": sweep.classes,
         "reached": sorted(sweep.reached),
         "jit_functions": _jit_functions(),
         "errors": sweep.errors,
