@@ -1,7 +1,7 @@
 """The tiny CPU server's intra-op threads, alone and beside another busy process (why the shims set one).
 
 Starts the tiny fp32 gpt-oss with the tiny SingProbe on this CPU (`launch/server.py`, ids only), and times
-the workload of `tests/test_probe_serving.py::test_eight_concurrent_streams_equal_each_alone`: eight
+the workload of `tests/served/test_probe_serving.py::test_eight_concurrent_streams_equal_each_alone`: eight
 prompts of 30..289 tokens, 12 greedy tokens each, one after another and then all eight at once. Each
 server runs with OMP_NUM_THREADS=1 (what `launch/cpu_shims.py` now gives it) or with torch's default
 (one thread a core), on an idle machine or beside a "neighbour": a torch matmul loop at torch's default

@@ -1,7 +1,7 @@
 """Compile Triton kernels for an H200 (sm_90) on a machine without a GPU: Triton's view of a device that never
 launches. Every `kernel[grid](...)` call compiles (PTX, then a cubin through Triton's bundled ptxas) and hands the
-compiled kernel to a callback; the launch itself never happens. Used by tests/test_sglang_peers.py's opt-in
-sm_90 check (SGLANG_PEERS_SM90=1), benchmarks/diag_norm_ptx.py and tests/test_compile_sm90.py; the caller tells
+compiled kernel to a callback; the launch itself never happens. Used by tests/benchmarks/test_sglang_peers.py's opt-in
+sm_90 check (SGLANG_PEERS_SM90=1), benchmarks/diag_norm_ptx.py and tests/kernels/test_compile_sm90.py; the caller tells
 torch it has a GPU where
 the launchers ask (torch.cuda.is_available and the device's properties: `pretend_torch_has_h200`). `ptxas_resources`
 and `sass_of` read a compiled kernel's registers, spills and machine code.

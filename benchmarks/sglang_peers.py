@@ -34,7 +34,7 @@ replaced by SGLang's own Triton equivalent, listed in `SUBSTITUTIONS`):
   - make_fp8_linear quantises x with that Triton quant too (SGLang's CUDA linear: JIT CUDA).
 
 On the GPU machine: carry `.peers/sglang_src` (about 1 MB); `load_sglang_kernels()` finds it there
-or at $SGLANG_PEERS_SRC. Checked by tests/test_sglang_peers.py (CPU interpreter; sm_90 compile).
+or at $SGLANG_PEERS_SRC. Checked by tests/benchmarks/test_sglang_peers.py (CPU interpreter; sm_90 compile).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 # stamp with the sha256 of pyproject.toml, so reruns take a second. No prompts: safe
 # under CI=true with no stdin.
 #
-# Then Chromium and its driver for the browser test (tests/test_playground.py): Debian's `chromium` and
+# Then Chromium and its driver for the browser test (tests/served/test_playground.py): Debian's `chromium` and
 # `chromium-driver` through apt-get, when they are missing, apt-get exists and this runs as root or with
 # passwordless sudo; otherwise a line says how, and that test skips. Already there: nothing is run.
 #
@@ -81,18 +81,18 @@ else
     say "installed; stamp written to $STAMP"
 fi
 
-# 3. The browser for tests/test_playground.py (system packages, not pip: selenium drives Debian's build).
+# 3. The browser for tests/served/test_playground.py (system packages, not pip: selenium drives Debian's build).
 # `--browser-in-background` (launch/test.sh): return at once and let the install finish beside the tests.
 browser_in_background=0
 [ "${1:-}" = "--browser-in-background" ] && browser_in_background=1
-BROWSER_PENDING=.cache/browser-install.pending  # tests/test_playground.py reads this path
+BROWSER_PENDING=.cache/browser-install.pending  # tests/served/test_playground.py reads this path
 browser_hint="apt-get install chromium chromium-driver"
 if [ "${SGLANG_EXT_SETUP_BROWSER:-1}" = "0" ]; then
     :
 elif command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
     say "chromium and chromedriver found (browser test)"
 elif ! command -v apt-get >/dev/null 2>&1; then
-    say "no apt-get here: install Chromium and chromedriver for tests/test_playground.py (it skips without them)"
+    say "no apt-get here: install Chromium and chromedriver for tests/served/test_playground.py (it skips without them)"
 else
     sudo_cmd=()
     if [ "$(id -u)" -ne 0 ]; then
@@ -118,7 +118,7 @@ else
         }
         if [ "$browser_in_background" = 1 ]; then
             # launch/test.sh: the install (a minute or two of download and unpacking) runs beside the first test
-            # files; tests/test_playground.py waits while this marker names a live process
+            # files; tests/served/test_playground.py waits while this marker names a live process
             mkdir -p .cache
             ( install_browser; rm -f "$BROWSER_PENDING" ) >.cache/browser-install.log 2>&1 &
             echo $! >"$BROWSER_PENDING"

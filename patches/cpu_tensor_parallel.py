@@ -21,7 +21,7 @@ Targets
 Why it matters: our sharded gpt-oss (heads, experts and each expert's intermediate dimension on the
 128-block grid, sglang_ext/layers/parallel.py) and the probe under TP can then run inside real
 multi-rank SGLang servers on this CPU, not only rank by rank in one process
-(tests/test_served_parallel.py).
+(tests/served/test_served_parallel.py).
 """
 
 from __future__ import annotations

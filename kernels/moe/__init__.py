@@ -71,7 +71,7 @@ or picks the other of two experts whose logits are within that ulp. The routing 
 logits is bit for bit `route`'s top-k + softmax, and fixed run to run (split order, not
 arrival order). x's quantisation equals `quantize_activation_group128` bit for bit. The
 expert GEMMs differ from `moe_ref` only by fp32 summation order, which can flip a rare e4m3
-rounding of h (tests/test_kernel_moe.py states the tolerances); where y is stored as bf16
+rounding of h (tests/kernels/test_kernel_moe.py states the tolerances); where y is stored as bf16
 (`MoeConfig.pair_out_bf16`: the prefill row, bf16 x) each y's rounding comes on top, which
 `moe_ref(pair_out_bf16=True)` reproduces (compiled, y from the tensor cores' FP8 accumulation can
 round to the other bf16 neighbour; the tests bound that against the fp32-pair kernel).

@@ -49,7 +49,7 @@ Numerics vs the existing paths: x's and h's quantisation and the combine are the
 operations; the GEMV sums are the same exact e4m3 products summed in another fp32 order (per
 128-block sums, scaled, summed over blocks in one pass; split-K sums per split first), so h can
 differ from the split-K path's in its last bits and, rarely, round to the neighbouring e4m3 value
-(tests/test_kernel_moe_decode.py reports the measured differences). No atomic adds of values
+(tests/kernels/test_kernel_moe_decode.py reports the measured differences). No atomic adds of values
 (the per-pair mlp2's counters only pick who combines): results are bit-reproducible run to run.
 CUDA-graph capturable (no host syncs). Every kernel here is a programmatic dependent launch at
 T <= 4 (kernels/pdl.py).

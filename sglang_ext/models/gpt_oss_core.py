@@ -65,8 +65,8 @@ def serves_fp8(config, quant_config=None) -> bool:
     and MXFP4 checkpoints (MXFP4 converted at load, exactly where a 128x128 block's values fit e4m3
     under a power-of-two scale: launch/convert.py's conversion), and for a bf16 checkpoint launched
     with SGLang's `--quantization fp8` (its online FP8, here block-128 converted at load, lossy).
-    A bf16 checkpoint otherwise stays bf16: its numbers are transformers' (tests/test_served_parity.py,
-    tests/test_probe_serving_bf16.py, and on a GPU tests/test_served_gpu.py)."""
+    A bf16 checkpoint otherwise stays bf16: its numbers are transformers' (tests/served/test_served_parity.py,
+    tests/served/test_probe_serving_bf16.py, and on a GPU tests/benchmarks/test_served_gpu.py)."""
     if checkpoint_format(config) != "dense":
         return True
     name = quant_config.get_name() if quant_config is not None else None

@@ -46,7 +46,7 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:  # run as a script on a machine without the package installed
     sys.path.insert(0, ROOT)
 
@@ -1129,8 +1129,8 @@ def test_full_shapes_gemv_and_cuda_graph(case):
 
 
 if __name__ == "__main__":
-    # python tests/test_kernel_moe.py --sweep [--device cuda]   (interpreter: TRITON_INTERPRET=1)
-    # python tests/test_kernel_moe.py --gpu                     (small dims compiled, full shapes + graph, routing)
+    # python tests/kernels/test_kernel_moe.py --sweep [--device cuda]   (interpreter: TRITON_INTERPRET=1)
+    # python tests/kernels/test_kernel_moe.py --gpu                     (small dims compiled, full shapes + graph, routing)
     args = sys.argv[1:]
     if "--gpu" in args:
         print(json.dumps(sweep("cuda")), flush=True)
@@ -1148,7 +1148,7 @@ if __name__ == "__main__":
         print(json.dumps(check_one_dot(_kernel_module(), "cuda")), flush=True)
         for config in gpu_one_dot_configs():
             print(json.dumps(gpu_one_dot_vs_default(config)), flush=True)
-    elif "--one-dot" in args:  # python tests/test_kernel_moe.py --one-dot [--device cuda]
+    elif "--one-dot" in args:  # python tests/kernels/test_kernel_moe.py --one-dot [--device cuda]
         dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
         t0 = time.time()
         print(json.dumps({**check_one_dot(_kernel_module(), dev), **check_pair_out_bf16(_kernel_module(), dev),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVED = ROOT / "benchmarks" / "served"
 sys.path.insert(0, str(SERVED))
 

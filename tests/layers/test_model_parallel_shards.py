@@ -1,6 +1,6 @@
 """The SGLang model's own sharding (loader + forward) at TP 2/4, EP 2, TP 2 x EP 2, FP8 and bf16.
 
-tests/test_parallel_maths.py proves the maths of sglang_ext.layers.parallel in real gloo
+tests/layers/test_parallel_maths.py proves the maths of sglang_ext.layers.parallel in real gloo
 processes; this proves the model file uses it right: each rank's parameters are cut from
 the full checkpoint tensors by the model's loader (`shard_checkpoint_tensor`), its modules
 run their forward with the all-reduce replaced by the sum over the ranks' partials, and

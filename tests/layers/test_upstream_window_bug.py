@@ -6,7 +6,7 @@ iff i-128 < j <= i; transformers and SGLang's own prefill agree). SGLang passes
 and the triton backend's decode path then gathers `min(seq_len, 127)` keys, with
 seq_len counting the current token: 127 keys, not 128. Once a sequence is longer than the
 window, upstream decode diverges from transformers (cpu_recipes.md: the 8th token of a
-200-token prompt). Our `ext_sinks` backend reads 128 (tests/test_attention_backend.py).
+200-token prompt). Our `ext_sinks` backend reads 128 (tests/layers/test_attention_backend.py).
 
 This test calls the upstream function itself and pins the buggy count; when upstream
 fixes it, this test fails and the workaround notes can go.

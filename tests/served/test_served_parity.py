@@ -84,7 +84,7 @@ def test_concurrent_batch_equals_single(fp32_server, fp32_reference):
     assert results[1:] == solo
 
 
-# Chunked prefill against transformers' greedy tokens: tests/test_probe_serving.py
+# Chunked prefill against transformers' greedy tokens: tests/served/test_probe_serving.py
 # (test_chunked_prefill_scores_equal_one_shot), one server for tokens and probe scores.
 
 
@@ -153,7 +153,7 @@ def test_mxfp4_checkpoint_serves_on_the_fp8_path_with_the_converters_report(tiny
 
 FP8_HEAD_TOKENS = 24  # the server's start is the cost; a few dozen steps show the head in use
 # Opt-in (one more server start, ~2 min of CI on two cores, for an opt-in feature; CI keeps
-# tests/test_lm_head.py): SGLANG_EXT_TEST_FP8_HEAD_SERVER=1 runs it. Its output is committed in
+# tests/layers/test_lm_head.py): SGLANG_EXT_TEST_FP8_HEAD_SERVER=1 runs it. Its output is committed in
 # benchmarks/results/logs/cpu_session11_fp8_lm_head_served.log.
 needs_fp8_head_opt_in = pytest.mark.skipif(os.environ.get("SGLANG_EXT_TEST_FP8_HEAD_SERVER") != "1",
                                            reason="opt-in, ~2 min: SGLANG_EXT_TEST_FP8_HEAD_SERVER=1 serves "

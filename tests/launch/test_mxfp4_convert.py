@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:  # the GPU image runs the tests without the package installed
     sys.path.insert(0, ROOT)
 

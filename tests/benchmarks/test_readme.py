@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 MAX_README_BYTES = 25_000
 # The contract: .ci/run calls the second, and a newcomer types both.

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a folder of the repo, not installed
     sys.path.insert(0, ROOT)
 

@@ -17,16 +17,21 @@ in test_probe_serving_bf16.py.
 
 import datetime
 import json
+import os
+import sys
 import time
 
 import pytest
 import requests
 import torch
 from openai_harmony import Conversation, DeveloperContent, Message, Role, SystemContent, ToolDescription
-from test_harmony_parser import assistant, call, completion_tokens, enc, openai_view, raw, tool_result
 
-from sglang_ext.launch.make_tiny import random_prompt
-from sglang_ext.launch.server import IDS_ONLY_ARGS, SGLangServer
+# The Harmony helpers are test_harmony_parser's (tests/harmony); pytest puts only this file's folder on sys.path.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "harmony"))
+from test_harmony_parser import assistant, call, completion_tokens, enc, openai_view, raw, tool_result  # noqa: E402
+
+from sglang_ext.launch.make_tiny import random_prompt  # noqa: E402
+from sglang_ext.launch.server import IDS_ONLY_ARGS, SGLangServer  # noqa: E402
 
 pytestmark = pytest.mark.server
 

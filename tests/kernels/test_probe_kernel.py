@@ -33,7 +33,7 @@ def _kernel_module():
 
         return mod
     except ImportError:
-        path = os.path.join(HERE, "..", "kernels", "probe_attention.py")
+        path = os.path.join(HERE, "..", "..", "kernels", "probe_attention.py")
         spec = importlib.util.spec_from_file_location("_probe_attention_checkout", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -224,7 +224,7 @@ def test_kernel_compiled_and_graph_captured(dtype_name):
 
 
 if __name__ == "__main__":
-    # python tests/test_probe_kernel.py --sweep DTYPE[,DTYPE...] [--device cuda] [--graph]
+    # python tests/kernels/test_probe_kernel.py --sweep DTYPE[,DTYPE...] [--device cuda] [--graph]
     args = sys.argv[1:]
     dev = args[args.index("--device") + 1] if "--device" in args else "cpu"
     for name in args[args.index("--sweep") + 1].split(","):

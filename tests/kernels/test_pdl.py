@@ -17,7 +17,7 @@ import torch
 
 from sglang_ext.kernels import pdl
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a package of the checkout
     sys.path.insert(0, ROOT)
 

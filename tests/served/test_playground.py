@@ -24,7 +24,7 @@ from test_probe_serving import tiny_probe  # noqa: F401  (the module fixture, sh
 from sglang_ext.launch.demo import pick_threshold
 from sglang_ext.launch.server import SGLangServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "playground.png"
 # greedy on the tiny random model, this prompt gets mostly Latin-script tokens: the screenshot needs no CJK fonts
 PROMPT = "Summarise the plot of Hamlet."
@@ -33,7 +33,7 @@ LABEL = "label_8"
 LABELS = [f"label_{i}" for i in range(10)]
 
 
-BROWSER_PENDING = Path(__file__).resolve().parents[1] / ".cache" / "browser-install.pending"
+BROWSER_PENDING = Path(__file__).resolve().parents[2] / ".cache" / "browser-install.pending"
 
 
 def _wait_for_background_browser_install(timeout_s: float = 900) -> None:

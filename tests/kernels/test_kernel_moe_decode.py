@@ -7,7 +7,7 @@ combine.py's `_combine_kernel` run on the one-shot kernel's own per-pair outputs
 one-shot combine must give the same bits.
 
 Interpreted checks (``TRITON_INTERPRET=1``, this file run as a script in two subprocesses at
-once, as tests/test_kernel_moe.py does it: the variable must be set before the kernels are
+once, as tests/kernels/test_kernel_moe.py does it: the variable must be set before the kernels are
 imported) on fresh random small shapes whose every edge is ragged: hidden / intermediate 160 or
 288 (1.25 / 2.25 groups of 128; 2I = 320 / 576 W1 rows), 4-8 experts, T = 1..4, biases on and
 off, expert parallelism (experts 2..6 of 8 local, b2 left to the caller), routing given or from
@@ -16,7 +16,7 @@ arriver combines), wide and narrow tiles. The
 interpreter's per-op cost makes narrow tiles slow, so most cases use the widest tiles the config
 allows; the GPU tests run the H200 variants.
 
-Bounds: vs `moe_ref` the stated bounds of tests/test_kernel_moe.py (`compare_to_ref`). Vs the
+Bounds: vs `moe_ref` the stated bounds of tests/kernels/test_kernel_moe.py (`compare_to_ref`). Vs the
 shipped path only the fp32 summation order of the GEMVs can differ, which can flip a rare e4m3
 rounding of h (asserted: max relative <= REF_MAX_REL). Measured, interpreted: equal bits, fp32
 and bf16 (at <= 3 K blocks the shipped split-K GEMV, 3 splits of one block each, sums in the
@@ -40,7 +40,7 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 for path in (ROOT, HERE):  # as a script on a machine without the package installed
     if path not in sys.path:
         sys.path.insert(0, path)
@@ -410,8 +410,8 @@ def test_oneshot_120b_and_cuda_graph(num_tokens, which):
 
 
 if __name__ == "__main__":
-    # TRITON_INTERPRET=1 python tests/test_kernel_moe_decode.py --part 0|1 [--device cuda]
-    # python tests/test_kernel_moe_decode.py --gpu      (full 120b shapes, every GPU case)
+    # TRITON_INTERPRET=1 python tests/kernels/test_kernel_moe_decode.py --part 0|1 [--device cuda]
+    # python tests/kernels/test_kernel_moe_decode.py --gpu      (full 120b shapes, every GPU case)
     args = sys.argv[1:]
     if "--gpu" in args:
         for t, which in GPU_CASES:

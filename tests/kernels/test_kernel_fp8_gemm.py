@@ -11,8 +11,8 @@ the two-step result.
 Kernel checks run under ``TRITON_INTERPRET=1`` in a subprocess (this file run as a script),
 as in test_probe_kernel.py: the variable must be set before triton is imported. On a CUDA
 machine the ``gpu`` tests run the full gpt-oss shapes compiled and inside a CUDA graph:
-    python tests/test_kernel_fp8_gemm.py --gpu           # all of it
-    python tests/test_kernel_fp8_gemm.py --gpu-decode    # the fixed-cost decode variants only
+    python tests/kernels/test_kernel_fp8_gemm.py --gpu           # all of it
+    python tests/kernels/test_kernel_fp8_gemm.py --gpu-decode    # the fixed-cost decode variants only
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 M_VALUES = (1, 3, 16, 33, 130)
 
@@ -794,12 +794,12 @@ def test_decode_fixed_cost_variants_full_shapes():
 
 
 if __name__ == "__main__":
-    # python tests/test_kernel_fp8_gemm.py --sweep        (run under TRITON_INTERPRET=1)
-    # python tests/test_kernel_fp8_gemm.py --gpu          (on a CUDA machine: everything)
-    # python tests/test_kernel_fp8_gemm.py --gpu-decode   (on a CUDA machine: the fixed-cost decode
+    # python tests/kernels/test_kernel_fp8_gemm.py --sweep        (run under TRITON_INTERPRET=1)
+    # python tests/kernels/test_kernel_fp8_gemm.py --gpu          (on a CUDA machine: everything)
+    # python tests/kernels/test_kernel_fp8_gemm.py --gpu-decode   (on a CUDA machine: the fixed-cost decode
     #                                                      variants at full shapes only)
-    # python tests/test_kernel_fp8_gemm.py --oneshot      (under TRITON_INTERPRET=1: the one-shot GEMV)
-    # python tests/test_kernel_fp8_gemm.py --gpu-oneshot  (on a CUDA machine: the one-shot GEMV compiled)
+    # python tests/kernels/test_kernel_fp8_gemm.py --oneshot      (under TRITON_INTERPRET=1: the one-shot GEMV)
+    # python tests/kernels/test_kernel_fp8_gemm.py --gpu-oneshot  (on a CUDA machine: the one-shot GEMV compiled)
     if "--oneshot" in sys.argv:
         print(json.dumps(oneshot_sweep()), flush=True)
     elif "--gpu-oneshot" in sys.argv:

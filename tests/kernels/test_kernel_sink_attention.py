@@ -45,7 +45,7 @@ def _kernel_module():
 
         return mod
     except ImportError:
-        path = os.path.join(HERE, "..", "kernels", "sink_attention")
+        path = os.path.join(HERE, "..", "..", "kernels", "sink_attention")
         spec = importlib.util.spec_from_file_location("_sink_attention_checkout", os.path.join(path, "__init__.py"),
                                                       submodule_search_locations=[path])
         mod = importlib.util.module_from_spec(spec)
@@ -274,7 +274,7 @@ def test_extend_picks_the_path_for_the_window(monkeypatch):
     assert launches == []
 
 
-SWEEP_JSON = os.path.join(HERE, "..", "benchmarks", "results", "sweeps", "bench_sink_attention_decode_sweep.json")
+SWEEP_JSON = os.path.join(HERE, "..", "..", "benchmarks", "results", "sweeps", "bench_sink_attention_decode_sweep.json")
 H200_SMS = 132
 
 
@@ -351,7 +351,7 @@ def test_decode_config_picks_near_the_oneshot_sweep_winners(monkeypatch):
         assert worst_pick <= ONESHOT_SLACK or worst_pick <= min(rivals) + 1e-9, (key, picked, worst_pick, rivals)
 
 
-ROPE_FUSION_JSON = os.path.join(HERE, "..", "benchmarks", "results", "diag_rope_fusion.json")
+ROPE_FUSION_JSON = os.path.join(HERE, "..", "..", "benchmarks", "results", "diag_rope_fusion.json")
 
 
 def test_batch1_pick_is_the_in_step_winner():
@@ -967,14 +967,14 @@ def rope_sweep(dtype_name: str, device: str = "cpu") -> dict:
 
 
 def backend_parity() -> dict:
-    """Run tests/test_attention_backend.py's mixed-batch case through two ext_sinks backends on the same
+    """Run tests/layers/test_attention_backend.py's mixed-batch case through two ext_sinks backends on the same
     SGLang KV pools, one on the Triton path (SGLANG_EXT_KERNELS=triton), one on the torch path, and
     compare every output: prefix extends, a ragged extend batch, one decode step; both layer kinds.
     The decode step also runs through the CUDA-graph hooks (static buffers, capture-time then
     replay-time metadata, eagerly: CPUs have no graphs), which route the hybrid pool's KV write
     through the backend's static slot buffer."""
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "layers"))  # test_attention_backend's folder
     from sglang_ext.launch.cpu_shims import build_libcuda_stub, has_cuda_driver
 
     if not has_cuda_driver():
@@ -1361,12 +1361,12 @@ def test_kernels_compiled_full_shapes_and_graph():
 
 
 if __name__ == "__main__":
-    # python tests/test_kernel_sink_attention.py --sweep DTYPE[,DTYPE...] [--device cuda]
-    # python tests/test_kernel_sink_attention.py --oneshot DTYPE[,DTYPE...] [--rope DTYPE[,...]] [--device cuda]
-    # python tests/test_kernel_sink_attention.py --prefill DTYPE[,DTYPE...] [--device cuda]
-    # python tests/test_kernel_sink_attention.py --backend          (interpreter: TRITON_INTERPRET=1)
-    # python tests/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
-    # python tests/test_kernel_sink_attention.py --gpu-full         (full shapes + graph only)
+    # python tests/kernels/test_kernel_sink_attention.py --sweep DTYPE[,DTYPE...] [--device cuda]
+    # python tests/kernels/test_kernel_sink_attention.py --oneshot DTYPE[,DTYPE...] [--rope DTYPE[,...]] [--device cuda]
+    # python tests/kernels/test_kernel_sink_attention.py --prefill DTYPE[,DTYPE...] [--device cuda]
+    # python tests/kernels/test_kernel_sink_attention.py --backend          (interpreter: TRITON_INTERPRET=1)
+    # python tests/kernels/test_kernel_sink_attention.py --gpu              (sweep fp32/bf16 + full shapes + graph)
+    # python tests/kernels/test_kernel_sink_attention.py --gpu-full         (full shapes + graph only)
     argv = sys.argv[1:]
     if "--prefill" in argv or "--oneshot" in argv or "--rope" in argv:
         dev = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"

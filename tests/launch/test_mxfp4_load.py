@@ -5,7 +5,7 @@ what a default launch resolves to for each checkpoint format.
 Oracles: transformers' `convert_moe_packed_tensors` (the MXFP4 values, independent of our dequantiser),
 launch/convert.py run on the same checkpoint (its bytes and its report), and the FP8 checkpoint path's
 own sharding (`shard_checkpoint_tensor` on the converted tensors) for TP/EP ranks. The served check
-(an MXFP4 server's greedy tokens equal its converted copy's) is in tests/test_served_parity.py.
+(an MXFP4 server's greedy tokens equal its converted copy's) is in tests/served/test_served_parity.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ rounded to bf16) under ``TRITON_INTERPRET=1`` (our quantiser runs in the adapter
 machine with DeepGEMM (`benchmarks/deepgemm_peer.py` loads its 1.x JIT release) the `gpu` test runs
 the real DeepGEMM at gpt-oss's dense shapes against a float64 oracle, through the layers and in a
 CUDA graph:
-    python tests/test_fp8_backend.py --gpu
+    python tests/layers/test_fp8_backend.py --gpu
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+KERNEL_TESTS = os.path.join(os.path.dirname(HERE), "kernels")
 
 
 @pytest.fixture()
@@ -215,6 +216,8 @@ def adapter_sweep() -> dict:
 
 
 def test_adapter_matches_both_apis_interpreted():
+    if KERNEL_TESTS not in sys.path:  # interpreted.py, the kernel tests' helper, sits in tests/kernels
+        sys.path.insert(0, KERNEL_TESTS)
     from interpreted import run_interpreted
 
     result = run_interpreted(__file__, ["--adapter"])[-1]
@@ -315,8 +318,8 @@ def test_deepgemm_backend_full_shapes():
 
 
 if __name__ == "__main__":
-    # python tests/test_fp8_backend.py --adapter   (under TRITON_INTERPRET=1: both API stand-ins)
-    # python tests/test_fp8_backend.py --gpu       (on a CUDA machine with DeepGEMM)
+    # python tests/layers/test_fp8_backend.py --adapter   (under TRITON_INTERPRET=1: both API stand-ins)
+    # python tests/layers/test_fp8_backend.py --gpu       (on a CUDA machine with DeepGEMM)
     sys.path.insert(0, ROOT)
     if "--gpu" in sys.argv:
         print(json.dumps({"gpu_rows": gpu_check()}), flush=True)

@@ -23,7 +23,7 @@ def _load(name):
     try:
         return importlib.import_module(f"sglang_ext.launch.{name}")
     except ImportError:
-        path = os.path.join(HERE, "..", "launch", f"{name}.py")
+        path = os.path.join(HERE, "..", "..", "launch", f"{name}.py")
         spec = importlib.util.spec_from_file_location(f"_test_launch_{name}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)

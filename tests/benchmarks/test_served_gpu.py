@@ -11,7 +11,7 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.server]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "served"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "served"))
 
 
 @pytest.fixture(scope="module")

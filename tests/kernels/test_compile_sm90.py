@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Constexprs that only the interpreter's forms set (TRITON_INTERPRET, CPU tensors): a compiled configuration
 # carrying one of them True means a launcher took its CPU branch.
@@ -211,7 +211,7 @@ def test_every_shipped_kernel_compiles_for_sm90a(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The driver (the subprocesses): python tests/test_compile_sm90.py OUT.json SHARD SHARDS
+# The driver (the subprocesses): python tests/kernels/test_compile_sm90.py OUT.json SHARD SHARDS
 # ------------------------------------------------------------------------------------------------------------
 
 HIDDEN, HEAD_DIM, Q_HEADS, KV_HEADS, TOP_K, LIMIT = 2880, 64, 64, 8, 4, 7.0
