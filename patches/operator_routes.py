@@ -49,10 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.utils.auth import AuthDecision, AuthLevel
+
+from sglang_ext.patches.server_switch import ServerSwitch
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +122,13 @@ def _repr_without_secrets(original, server_args, *args, **kwargs):
 # -- operator routes -------------------------------------------------------------------------
 
 
+SWITCH = ServerSwitch(FLAG, ENV_VAR, help="With --api-key and no --admin-api-key, let the API key open the operator "
+                      "routes (weight updates, profiling, logging, cache flush, /abort_request, ...); by default "
+                      "they answer 403 (sglang-ext).")
+
+
 def _operator_routes_open_to_api_key() -> bool:
-    return os.environ.get(ENV_VAR) == "1"
+    return SWITCH.is_on()
 
 
 def _decide_request_auth(original, *args, **kwargs):
@@ -132,24 +138,6 @@ def _decide_request_auth(original, *args, **kwargs):
             and not _operator_routes_open_to_api_key()):
         return AuthDecision(allowed=False, error_status_code=403)
     return decision
-
-
-def _add_flag(result, parser):
-    if FLAG in parser._option_string_actions:
-        return
-    parser.add_argument(
-        FLAG, action="store_true", default=False,
-        help="With --api-key and no --admin-api-key, let the API key open the operator routes (weight "
-        "updates, profiling, logging, cache flush, /abort_request, ...); by default they answer 403 "
-        "(sglang-ext).")
-
-
-def _carry_flag(server_args, cls, args):
-    if getattr(args, "operator_routes_with_api_key", False):
-        os.environ[ENV_VAR] = "1"
-    else:
-        os.environ.pop(ENV_VAR, None)
-    return server_args
 
 
 # -- process-group rendezvous ----------------------------------------------------------------
@@ -229,8 +217,7 @@ def register() -> None:
     HookRegistry.register(f"{core}.redact_watermark_command_line", _redact_command_line, HookType.AROUND)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.__repr__", _repr_without_secrets, HookType.AROUND)
     HookRegistry.register("sglang.srt.utils.auth.decide_request_auth", _decide_request_auth, HookType.AROUND)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _carry_flag, HookType.AFTER)
+    SWITCH.register()
     mixin = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
     HookRegistry.register(f"{mixin}.init_weights_update_group", _init_update_group_checked, HookType.AROUND)
     HookRegistry.register(f"{mixin}.init_weights_send_group_for_remote_instance", _init_send_group_checked,

@@ -39,6 +39,7 @@ from sglang.srt.utils.auth import AuthDecision
 import sglang_ext
 from sglang_ext.patches.probe_stop import ENV_VAR as STOP_ENV
 from sglang_ext.patches.request_isolation import _probe_labels
+from sglang_ext.patches.server_switch import ServerSwitch
 
 logger = logging.getLogger(__name__)
 
@@ -59,25 +60,12 @@ def static_dir() -> Path:
     return Path(sglang_ext.__file__).resolve().parent / "playground"
 
 
+SWITCH = ServerSwitch(FLAG, ENV_VAR, help="Serve GET /playground: a page that streams a chat and colours each token "
+                      "by its SingProbe score, with a threshold slider for the guard (sglang-ext).")
+
+
 def playground_enabled() -> bool:
-    return os.environ.get(ENV_VAR) == "1"
-
-
-def _add_flag(result, parser):
-    if FLAG in parser._option_string_actions:
-        return
-    parser.add_argument(
-        FLAG, action="store_true", default=False,
-        help="Serve GET /playground: a page that streams a chat and colours each token by its SingProbe "
-        "score, with a threshold slider for the guard (sglang-ext).")
-
-
-def _carry_flag(server_args, cls, args):
-    if getattr(args, "enable_playground", False):
-        os.environ[ENV_VAR] = "1"
-    else:
-        os.environ.pop(ENV_VAR, None)
-    return server_args
+    return SWITCH.is_on()
 
 
 def playground_info() -> dict:
@@ -147,7 +135,6 @@ def _page_without_key(decision, *args, **kwargs):
 
 
 def register() -> None:
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _carry_flag, HookType.AFTER)
+    SWITCH.register()
     HookRegistry.register("sglang.srt.entrypoints.http_server.launch_server", _install_routes, HookType.BEFORE)
     HookRegistry.register("sglang.srt.utils.auth.decide_request_auth", _page_without_key, HookType.AFTER)

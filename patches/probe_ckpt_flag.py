@@ -28,13 +28,13 @@ from transformers import AutoConfig
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_ext.probe.checkpoint import (ProbeCheckpointError, check_finite, load_probe_checkpoint,
-                                         resolve_probe_path, validate_against_base)
+from sglang_ext.probe.checkpoint import (ENV_VAR, SERVER_ARGS_ATTR, ProbeCheckpointError, check_finite,
+                                         load_probe_checkpoint, probe_ckpt_of, resolve_probe_path,
+                                         validate_against_base)
 
 logger = logging.getLogger(__name__)
 
 FLAG = "--probe-ckpt"
-ENV_VAR = "SGLANG_EXT_PROBE_CKPT"
 
 
 class ProbeCkptNotFound(SystemExit):
@@ -94,18 +94,12 @@ def _carry_flag(server_args, cls, args):
     probe_ckpt = resolve_probe_ckpt(getattr(args, "probe_ckpt", None))
     if probe_ckpt is not None:
         validate_probe_for_model(probe_ckpt, args)
-    server_args._probe_ckpt = probe_ckpt
+    setattr(server_args, SERVER_ARGS_ATTR, probe_ckpt)
     if probe_ckpt is None:
         os.environ.pop(ENV_VAR, None)
     else:
         os.environ[ENV_VAR] = probe_ckpt
     return server_args
-
-
-def probe_ckpt_of(server_args) -> str | None:
-    """The value carried into this process (scheduler side)."""
-    value = getattr(server_args, "_probe_ckpt", None)
-    return value if value is not None else os.environ.get(ENV_VAR) or None
 
 
 def _log_in_scheduler(result, scheduler, server_args, *args, **kwargs):

@@ -25,7 +25,7 @@ import os
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_ext.patches.probe_ckpt_flag import ENV_VAR as PROBE_ENV
+from sglang_ext.probe.checkpoint import ENV_VAR as PROBE_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,10 @@ import torch
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_ext.patches.probe_ckpt_flag import ENV_VAR as PROBE_ENV
 from sglang_ext.probe import SCORES_KEY
+from sglang_ext.probe.checkpoint import ENV_VAR as PROBE_ENV
+from sglang_ext.probe.checkpoint import SERVER_ARGS_ATTR as PROBE_ATTR
+from sglang_ext.patches.server_switch import ServerSwitch
 from sglang_ext.probe.config import ProbeConfig
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,9 @@ FLAG = "--probe-stop"
 ENV_VAR = "SGLANG_EXT_PROBE_STOP"
 LOOSEN_FLAG = "--probe-stop-clients-may-loosen"
 LOOSEN_ENV_VAR = "SGLANG_EXT_PROBE_STOP_LOOSEN"
+LOOSEN = ServerSwitch(LOOSEN_FLAG, LOOSEN_ENV_VAR, help="Let a request's custom_params.probe_stop raise the "
+                      "--probe-stop thresholds too (by default it may only lower them: the lower of the two wins "
+                      "per label; sglang-ext).")
 
 
 class ProbeStopSpecError(ValueError):
@@ -114,17 +119,9 @@ def _add_flag(result, parser):
         help="Stop a request with finish_reason content_filter when its SingProbe score for a "
         "label exceeds the threshold, e.g. label_8=0.9,label_1=0.8, or a JSON object (needs --probe-ckpt; "
         "sglang-ext). A request's own custom_params.probe_stop may only lower these thresholds.")
-    parser.add_argument(
-        LOOSEN_FLAG, action="store_true", default=False,
-        help="Let a request's custom_params.probe_stop raise the --probe-stop thresholds too (by default it "
-        "may only lower them: the lower of the two wins per label; sglang-ext).")
 
 
 def _carry_flag(server_args, cls, args):
-    if getattr(args, "probe_stop_clients_may_loosen", False):
-        os.environ[LOOSEN_ENV_VAR] = "1"
-    else:
-        os.environ.pop(LOOSEN_ENV_VAR, None)
     spec = getattr(args, "probe_stop", None)
     if spec is None:
         os.environ.pop(ENV_VAR, None)
@@ -134,7 +131,7 @@ def _carry_flag(server_args, cls, args):
         thresholds = parse_probe_stop(spec)
     except ProbeStopSpecError as e:
         raise SystemExit(f"{FLAG}: {e}") from None
-    probe = getattr(server_args, "_probe_ckpt", None)
+    probe = getattr(server_args, PROBE_ATTR, None)
     if probe is None:
         raise SystemExit(f"{FLAG} needs --probe-ckpt")
     labels = ProbeConfig.from_json_file(os.path.join(probe, "config.json")).labels
@@ -157,7 +154,7 @@ def _server_thresholds() -> dict[str, float]:
 
 
 def _clients_may_loosen() -> bool:
-    return os.environ.get(LOOSEN_ENV_VAR) == "1"
+    return LOOSEN.is_on()
 
 
 class FINISH_CONTENT_FILTER:  # noqa: N801 (SGLang's naming for finish reasons)
@@ -267,6 +264,7 @@ def _check_batch(processor, batch, result, *args, **kwargs):
 def register() -> None:
     HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _carry_flag, HookType.AFTER)
+    LOOSEN.register()
     processor = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
     for step in ("process_batch_result_prefill", "process_batch_result_decode"):
         HookRegistry.register(f"{processor}.{step}", _check_batch, HookType.BEFORE)

@@ -80,8 +80,8 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.runtime_context import get_exec
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
-from sglang_ext.patches.probe_ckpt_flag import ENV_VAR as PROBE_CKPT_ENV
 from sglang_ext.patches.probe_stop import ProbeStopSpecError, agreed_score_rows, parse_probe_stop, row_unscored
+from sglang_ext.probe.checkpoint import ENV_VAR as PROBE_CKPT_ENV
 from sglang_ext.probe.config import ProbeConfig
 
 logger = logging.getLogger(__name__)

@@ -35,9 +35,11 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.runtime_context import get_platform
 from sglang.srt.utils.common import is_cpu
 
+from sglang_ext import ATTENTION_BACKEND
+
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "ext_sinks"
+BACKEND_NAME = ATTENTION_BACKEND
 GPT_OSS_ARCH = "GptOssForCausalLM"
 
 

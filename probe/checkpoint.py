@@ -27,6 +27,11 @@ WEIGHTS_FILE = "model.safetensors"
 # enough for a sigmoid head (bf16 is the release format).
 SERVABLE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
+# Where a server process finds the folder `--probe-ckpt` resolved to: this ServerArgs attribute (pickled with the
+# struct into every scheduler / TP process), else this environment variable (inherited by spawned children).
+SERVER_ARGS_ATTR = "_probe_ckpt"
+ENV_VAR = "SGLANG_EXT_PROBE_CKPT"
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -240,3 +245,9 @@ def validate_against_base(cfg: ProbeConfig, base_config: Any, model_dtype: Any) 
             f"probe binding: probe torch_dtype {cfg.torch_dtype!r} cannot be cast to model dtype {model_dtype} "
             f"(accepted for both: {accepted})"
         )
+
+
+def probe_ckpt_of(server_args) -> str | None:
+    """The served probe's folder as this process received it (None: the server runs without a probe)."""
+    value = getattr(server_args, SERVER_ARGS_ATTR, None)
+    return value if value is not None else os.environ.get(ENV_VAR) or None

@@ -9,3 +9,6 @@ __version__ = "0.1.0"
 
 # The patches in sglang_ext.patches are written against this exact release.
 PINNED_SGLANG_VERSION = "0.5.23"
+
+# The `--attention-backend` name of sglang_ext.attention_backend (registered by patches.sink_attention_backend).
+ATTENTION_BACKEND = "ext_sinks"

@@ -30,7 +30,7 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.rope import apply_rope
 from sglang_ext.layers.sink_attention import sink_attention_torch
-from sglang_ext.patches.sink_attention_backend import BACKEND_NAME
+from sglang_ext import ATTENTION_BACKEND as BACKEND_NAME
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention

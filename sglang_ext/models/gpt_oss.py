@@ -61,7 +61,7 @@ from sglang_ext.layers.mxfp4 import CONVERT_CHUNK_ELEMENTS, DenseExperts, Mxfp4E
 from sglang_ext.layers.parallel import ParallelLayout
 from sglang_ext.models.gpt_oss_core import (Collectives, GptOssAttention, GptOssDecoder, GptOssExperts, RankGroups,
                                             checkpoint_format, serves_fp8)
-from sglang_ext.patches.probe_ckpt_flag import probe_ckpt_of
+from sglang_ext.probe.checkpoint import probe_ckpt_of
 
 logger = logging.getLogger(__name__)
 
