@@ -22,25 +22,25 @@ if not has_cuda_driver():
 # collection order: the longest go first so that the short ones fill the end and both workers
 # finish together (in xdist's own order, most tests first, a 490 s file with five tests went
 # last). A new long file belongs here.
-FILE_SECONDS = {  # junit times of a full run (the trimmed files re-measured alone after it)
-    "test_faults.py": 437,
-    "test_kernel_sink_attention.py": 320,
-    "test_compile_sm90.py": 275,
-    "test_probe_serving.py": 250,
-    "test_served_parity.py": 200,
-    "test_fp8.py": 172,
-    "test_tenants.py": 164,
-    "test_kernel_moe.py": 154,
-    "test_playground.py": 113,  # one CPU server with the probe and a headless Chromium
-    "test_kernel_fp8_gemm.py": 78,
-    "test_served_parallel.py": 65,
-    "test_probe_serving_bf16.py": 60,
-    "test_cli.py": 59,
+FILE_SECONDS = {  # summed durations of a full run (pytest --durations=0)
+    "test_faults.py": 421,
+    "test_kernel_sink_attention.py": 363,
+    "test_served_parity.py": 240,
+    "test_probe_serving.py": 223,
+    "test_tenants.py": 210,
+    "test_fp8.py": 192,
+    "test_kernel_moe.py": 160,
+    "test_compile_sm90.py": 151,
+    "test_playground.py": 131,  # one CPU server with the probe and a headless Chromium
+    "test_served_parallel.py": 99,
+    "test_kernel_fp8_gemm.py": 82,
+    "test_probe_serving_bf16.py": 79,
+    "test_cli.py": 75,
     "test_sglang_server_grid.py": 40,
-    "test_probe_kernel.py": 33,
-    "test_kernel_moe_decode.py": 29,
-    "test_probe_step.py": 25,
-    "test_mxfp4_load.py": 23,
+    "test_probe_kernel.py": 35,
+    "test_kernel_moe_decode.py": 30,
+    "test_probe_step.py": 27,
+    "test_mxfp4_load.py": 26,
 }
 
 
