@@ -35,6 +35,7 @@ def merge(old: list, new: list, key: tuple) -> list:
 def rows_of_call(call: Path) -> dict:
     env = load(call / "env.json") or {}
     device = env.get("device", "unknown")
+    host_loop = (env.get("host") or {}).get("python_loop_ms")  # gpu_env.host(): how fast this machine runs Python
     out = {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": [], "profile": [], "env": env}
     for serving_file in sorted(call.rglob("serving_*.json")):
         data = load(serving_file)
@@ -73,7 +74,8 @@ def rows_of_call(call: Path) -> dict:
                                       # token either way); at larger batches dummy weights route differently
                                       "served_pct_copy_bw": (h and r["batch"] == 1 and copy_bw and round(
                                           100 * h["bytes_per_gpu_step"] * r["tok_s_per_user"] / copy_bw, 1)) or None,
-                                      "device": device, "config": r.get("config"), "source": grid_file.name})
+                                      "device": device, "host_python_loop_ms": host_loop, "config": r.get("config"),
+                                      "source": grid_file.name})
             elif r.get("bench") == "prefill" and "latency_ms" in r:
                 h = harness.get(("prefill", r["length"]))
                 out["prefill"].append({"model": model, "input_tokens": r["length"], "probe": probe,
@@ -99,7 +101,8 @@ def rows_of_call(call: Path) -> dict:
                                "harness_tok_s_per_user": h_tok and round(h_tok, 1),
                                "served_over_harness": h_tok and round(itl["tok_s"] / h_tok, 3),
                                "gpu_busy_ms_per_step": prof.get("per_step_busy_ms") and round(prof["per_step_busy_ms"], 3),
-                               "device": device, "source": str(prof_file.relative_to(call))})
+                               "device": device, "host_python_loop_ms": host_loop,
+                               "source": str(prof_file.relative_to(call))})
     for check in (load(call / "checks.json") or []):
         out["checks"].append({**check, "device": device})
     return out
@@ -168,7 +171,8 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['model']} | {r['context']} | {'on' if r['probe'] else 'off'} | {r['itl_median_ms']} "
                          f"({r['itl_p10_ms']} / {r['itl_p90_ms']}) | {r['served_tok_s_per_user']} | "
                          f"{r['harness_tok_s_per_user'] or ''} | {r['served_over_harness'] or ''} | "
-                         f"{r['gpu_busy_ms_per_step'] or ''} | {r['call']} | {r['device']} |")
+                         f"{r['gpu_busy_ms_per_step'] or ''} | {r['call']} | {r['device']}"
+                         + (f" (host loop {r['host_python_loop_ms']} ms)" if r.get("host_python_loop_ms") else "") + " |")
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     if result.get("checks"):

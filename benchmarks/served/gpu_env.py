@@ -88,7 +88,32 @@ def describe() -> dict:
     return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "triton": triton.__version__, "sglang": sglang.__version__,
             "transformers": transformers.__version__, "flags": list(SERVER_FLAGS),
-            "env": {k: v for k, v in ENV.items() if k.startswith("SGLANG")}, "sgl_kernel": "stand-in (carry)"}
+            "env": {k: v for k, v in ENV.items() if k.startswith("SGLANG")}, "sgl_kernel": "stand-in (carry)",
+            "host": host()}
+
+
+def host() -> dict:
+    """The host the scheduler's Python runs on: the served batch-1 step waits on its loop, and two machines of the
+    same card have differed twice over there. CPU model, cores, load average, and a fixed pure-Python loop's
+    time (the median of 5), which compares hosts directly."""
+    import statistics
+    import time
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(200_000):
+            total += i % 7
+        runs.append((time.perf_counter() - t0) * 1e3)
+    return {"cpu": model, "cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
+            "python_loop_ms": round(statistics.median(runs), 2)}
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
     call = tmp_path / "call"
     (call / "probe").mkdir(parents=True)
     (call / "env.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0",
-                                               "sglang": "0.5.23", "flags": ["--sampling-backend", "pytorch"]}))
+                                               "sglang": "0.5.23", "flags": ["--sampling-backend", "pytorch"],
+                                               "host": {"cpu": "x", "cores": 16, "python_loop_ms": 7.5}}))
     (call / "parity.json").write_text(json.dumps({"parity": [
         {"checkpoint": "fp8", "cuda_graph": True, "tokens_match": 48, "tokens_total": 48, "probe_max_abs_err": 0.004,
          "probe_err_truth": 0.003, "logprob_err": 0.01, "ref_err": 0.02, "flip_margin": 0.0,
@@ -114,6 +115,7 @@ def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
     (decode,) = result["decode"]
     assert decode["probe"] and decode["harness_tok_s_per_user"] == pytest.approx(400.0)  # 1 / 2.5 ms, probe on
     assert decode["served_over_harness"] == pytest.approx(1.0)
+    assert decode["host_python_loop_ms"] == 7.5  # the machine's Python speed beside each served row
     assert set(decode) >= {"model", "batch", "context", "probe", "served_tok_s_per_user", "harness_tok_s_per_user"}
     assert set(result["prefill"][0]) >= {"model", "input_tokens", "served_ttft_ms", "harness_ms"}
     assert "KV" in result["checks"][0]["result"]
@@ -142,3 +144,10 @@ def test_profile_summary_splits_busy_idle_and_graph_launches():
     assert got["outside_graph"] == 1 and got["per_step_busy_ms"] == pytest.approx(0.015)
     assert got["top_kernels"][0] == {"name": "gemm", "count": 2, "total_ms": 0.02, "outside_graph": 0}
     assert [c["name"] for c in got["top_cpu"]] == ["aten::argmax"]  # stack frames are not ops
+
+
+def test_host_describes_the_cpu_and_times_a_python_loop():
+    import gpu_env
+
+    got = gpu_env.host()
+    assert got["cores"] == os.cpu_count() and got["python_loop_ms"] > 0 and "loadavg_1m" in got
