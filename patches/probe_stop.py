@@ -36,10 +36,10 @@ import torch
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_ext.patches.server_switch import ServerSwitch
 from sglang_ext.probe import SCORES_KEY
 from sglang_ext.probe.checkpoint import ENV_VAR as PROBE_ENV
 from sglang_ext.probe.checkpoint import SERVER_ARGS_ATTR as PROBE_ATTR
-from sglang_ext.patches.server_switch import ServerSwitch
 from sglang_ext.probe.config import ProbeConfig
 
 logger = logging.getLogger(__name__)
