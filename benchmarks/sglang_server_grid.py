@@ -74,6 +74,8 @@ def bench_command(args, url: str, batches: list[int], input_len: int, output_len
     cmd = [sys.executable, "-m", "sglang.benchmark.one_batch_server", "--model", "None", "--base-url", url,
            "--batch-size", *map(str, batches), "--input-len", str(input_len), "--output-len", str(output_len),
            "--dataset-name", "random-ids", "--result-filename", result]
+    if args.temperature:
+        cmd += ["--temperature", str(args.temperature)]
     return cmd + (["--skip-warmup"] if args.skip_warmup else [])
 
 
@@ -278,6 +280,10 @@ def main():
                     "(sglang_ext.launch.tokenizer.ensure_o200k_vocab; the CPU tests pass theirs)")
     ap.add_argument("--startup-timeout", type=float, default=1800)
     ap.add_argument("--bench-timeout", type=float, default=3600, help="seconds for one one_batch_server run")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="one_batch_server's sampling temperature (0: greedy, its default). A weightless server "
+                    "(--load-format dummy) wants 1: greedy, its requests repeat a few tokens, route alike and read "
+                    "fewer experts than a trained model's batch")
     ap.add_argument("--skip-warmup", action="store_true")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "sglang_servers"))

@@ -21,6 +21,12 @@ KEYS = {"serving": ("model", "concurrency", "probe", "device"), "parity": ("chec
         "profile": ("model", "context", "probe", "device", "call")}
 
 
+# A batch decoded greedily on --load-format dummy weights: each request repeats a few tokens (on the CPU, 4 distinct
+# across 8 requests), so the batch routes alike and reads fewer experts than a trained model's would.
+GREEDY_WEIGHTLESS = ("invalid: greedy decoding on dummy weights repeats a few tokens per request, so the batch "
+                     "routes alike and reads fewer experts (sglang_server_grid.py --temperature 1 fixes it)")
+
+
 def load(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -58,6 +64,9 @@ def rows_of_call(call: Path) -> dict:
     for grid_file in sorted(call.rglob("grid_*.json")):
         grid = load(grid_file)
         probe = "probe" in grid_file.stem and "noprobe" not in grid_file.stem
+        command = grid.get("meta", {}).get("command", "").split()
+        greedy_weightless = "dummy" in command and ("--temperature" not in command or
+                                                   float(command[command.index("--temperature") + 1]) == 0)
         for r in grid.get("rows", []):
             model = r.get("model", "gpt-oss-20b")
             if r.get("bench") == "decode" and "tok_s_per_user" in r:
@@ -76,6 +85,8 @@ def rows_of_call(call: Path) -> dict:
                                           100 * h["bytes_per_gpu_step"] * r["tok_s_per_user"] / copy_bw, 1)) or None,
                                       "device": device, "host_python_loop_ms": host_loop, "config": r.get("config"),
                                       "source": grid_file.name})
+                if greedy_weightless and r["batch"] > 1:
+                    out["decode"][-1]["note"] = GREEDY_WEIGHTLESS
             elif r.get("bench") == "prefill" and "latency_ms" in r:
                 h = harness.get(("prefill", r["length"]))
                 out["prefill"].append({"model": model, "input_tokens": r["length"], "probe": probe,

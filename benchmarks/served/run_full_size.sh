@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: full-size gpt-oss served by the real launch_server with this plugin
 # (weightless: --load-format dummy on the official config), measured with SGLang's own one_batch_server
-# (benchmarks/sglang_server_grid.py), and the harness on the same shapes in the same call.
+# (benchmarks/sglang_server_grid.py), and the harness on the same shapes in the same call. The grids sample at
+# temperature 1: greedy, a weightless model's requests repeat a few tokens and route alike (sglang_server_grid.py).
 #
 #   OUT=... MODEL=20b bash benchmarks/served/run_full_size.sh CARRY_DIR [STAGES]
 #
@@ -44,7 +45,7 @@ grid() {  # grid NAME PROBE_ARGS...
     timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" --model-path "$FULL/gpt-oss-$MODEL-$VARIANT" \
         --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" --contexts "$CONTEXT" --lengths "$PREFILL" \
         --output-len "$OUTPUT_LEN" --prefill-repeats 3 --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" \
-        --out "$OUT/$name" --stem "grid_$name" "$@" -- --load-format dummy "${MACHINE_FLAGS[@]}" $SERVER_EXTRA \
+        --temperature 1 --out "$OUT/$name" --stem "grid_$name" "$@" -- --load-format dummy "${MACHINE_FLAGS[@]}" $SERVER_EXTRA \
         >"$OUT/$name.log" 2>&1
     echo "grid $name: exit $?"; tail -5 "$OUT/$name.log"
 }
@@ -65,7 +66,7 @@ for stage in $STAGES; do
             SGLANG_PLUGINS=sglang_ext_weightless_routing timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
                 --model-path "$FULL/gpt-oss-$MODEL-mxfp4" --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" \
                 --contexts "$CONTEXT" --lengths "$PREFILL" --output-len "$OUTPUT_LEN" --prefill-repeats 3 \
-                --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" --out "$OUT/upstream" --stem grid_upstream \
+                --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" --temperature 1 --out "$OUT/upstream" --stem grid_upstream \
                 -- --load-format dummy "${MACHINE_FLAGS[@]}" --attention-backend triton $SERVER_EXTRA >"$OUT/upstream.log" 2>&1
             echo "upstream: exit $?"; tail -5 "$OUT/upstream.log" ;;
         profile|profile_noprobe)  # where a served batch-1 decode step's time goes (SGLang's profiler, one server)

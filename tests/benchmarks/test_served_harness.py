@@ -125,6 +125,26 @@ def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / "served_gpu.json").read_text())["decode"]) == 1
 
 
+def test_collect_withholds_greedy_weightless_batches(tmp_path, monkeypatch):
+    """A weightless grid decoded greedily: its batch > 1 rows are marked invalid (they route alike); batch 1 and a
+    grid sampled at temperature 1 are not."""
+    import collect
+
+    for name, temperature in (("greedy", ""), ("sampled", " --temperature 1.0")):
+        call = tmp_path / name
+        (call / "probe").mkdir(parents=True)
+        (call / "env.json").write_text(json.dumps({"device": f"card {name}"}))
+        (call / "probe" / "grid_probe.json").write_text(json.dumps({
+            "meta": {"command": f"python benchmarks/sglang_server_grid.py{temperature} -- --load-format dummy"},
+            "rows": [{"model": "gpt-oss-20b", "bench": "decode", "batch": b, "context": 8192, "tok_s_per_user": 100.0}
+                     for b in (1, 8)]}))
+        monkeypatch.setattr(collect, "OUT", tmp_path / f"served_{name}")
+        collect.main(["--call", str(call)])
+        rows = {r["batch"]: r for r in json.loads((tmp_path / f"served_{name}.json").read_text())["decode"]}
+        assert "note" not in rows[1]
+        assert str(rows[8].get("note", "")).startswith("invalid") == (name == "greedy")
+
+
 def test_profile_summary_splits_busy_idle_and_graph_launches():
     import profile_decode
 

@@ -39,6 +39,15 @@ def test_dry_run_names_each_configuration_and_benchmark():
     assert all("--dataset-name random-ids" in b for b in benches)  # exact lengths, no hub download
     assert sum("--batch-size 1 8 32 128 --input-len 8192 --output-len 64" in b for b in benches) == 3
     assert sum("--batch-size 1 1 1 --input-len 8192 --output-len 1" in b for b in benches) == 3  # prefill repeats
+    assert not any("--temperature" in b for b in benches)  # one_batch_server's greedy default
+
+
+def test_temperature_reaches_one_batch_server():
+    p = _run("--model-path", "/models/gpt-oss-20b", "--device", "cuda", "--temperature", "1", "--dry-run", "--",
+             "--load-format", "dummy")
+    assert p.returncode == 0, p.stderr[-2000:]
+    benches = [line for line in p.stdout.splitlines() if "one_batch_server" in line]
+    assert benches and all("--temperature 1.0" in b for b in benches)
 
 
 def test_every_flag_the_grid_passes_is_one_sglang_parses():
