@@ -93,9 +93,9 @@ def describe() -> dict:
 
 
 def host() -> dict:
-    """The host the scheduler's Python runs on: the served batch-1 step waits on its loop, and two machines of the
-    same card have differed twice over there. CPU model, cores, load average, and a fixed pure-Python loop's
-    time (the median of 5), which compares hosts directly."""
+    """The host the scheduler's Python runs on: the served batch-1 step waits on its loop, and two machines with
+    the same card ran that loop 2x apart. CPU model, cores, load average, and a fixed pure-Python loop's time (the
+    median of 5), which compares hosts directly."""
     import statistics
     import time
 
