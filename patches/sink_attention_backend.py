@@ -39,21 +39,20 @@ from sglang_ext import ATTENTION_BACKEND
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = ATTENTION_BACKEND
 GPT_OSS_ARCH = "GptOssForCausalLM"
 
 
 def _register_backend() -> None:
-    if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
-        choices.ATTENTION_BACKEND_CHOICES.append(BACKEND_NAME)
-    if BACKEND_NAME not in ATTENTION_BACKENDS:
+    if ATTENTION_BACKEND not in choices.ATTENTION_BACKEND_CHOICES:
+        choices.ATTENTION_BACKEND_CHOICES.append(ATTENTION_BACKEND)
+    if ATTENTION_BACKEND not in ATTENTION_BACKENDS:
 
         def create(runner):
             from sglang_ext.attention_backend import SinkAttnBackend  # heavy, scheduler only; imports this module
 
             return SinkAttnBackend(runner)
 
-        ATTENTION_BACKENDS[BACKEND_NAME] = create
+        ATTENTION_BACKENDS[ATTENTION_BACKEND] = create
 
 
 def _cpu_with_amx() -> bool:
@@ -70,7 +69,7 @@ def gpt_oss_overrides(server_args, hf_config) -> dict:
         for name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
     )
     if not user_named_backend:
-        overrides["attention_backend"] = BACKEND_NAME
+        overrides["attention_backend"] = ATTENTION_BACKEND
     if getattr(server_args, "moe_runner_backend", "auto") == "auto":
         overrides["moe_runner_backend"] = "triton"
     return overrides
@@ -89,7 +88,7 @@ def _accept_ext_sinks_for_gpt_oss(original, server_args, *args, **kwargs):
 
     def backends_of(cfg):
         # "triton" is an allowed sink backend; ours implements the same contract.
-        return tuple("triton" if b == BACKEND_NAME else b for b in upstream_backends_of(cfg))
+        return tuple("triton" if b == ATTENTION_BACKEND else b for b in upstream_backends_of(cfg))
 
     model_hook.attention_backends_of = backends_of
     try:

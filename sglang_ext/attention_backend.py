@@ -30,7 +30,7 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang_ext.kernel_select import use_triton
 from sglang_ext.layers.rope import apply_rope
 from sglang_ext.layers.sink_attention import sink_attention_torch
-from sglang_ext import ATTENTION_BACKEND as BACKEND_NAME
+from sglang_ext import ATTENTION_BACKEND
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -132,7 +132,7 @@ class SinkAttnBackend(AttentionBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         if self.kernel_path != "triton":
             raise NotImplementedError(
-                f"{BACKEND_NAME}: CUDA graphs need the Triton path (SGLANG_EXT_KERNELS=auto or triton); "
+                f"{ATTENTION_BACKEND}: CUDA graphs need the Triton path (SGLANG_EXT_KERNELS=auto or triton); "
                 "the torch path reads the batch on the host: use --disable-cuda-graph"
             )
         if self.uses_swa_pool:
@@ -143,7 +143,7 @@ class SinkAttnBackend(AttentionBackend):
         # Called before capture and before every replay with the runner's static buffers
         # (req_pool_indices, seq_lens): the kernels captured here read them by address.
         if not forward_batch.forward_mode.is_decode_or_idle():
-            raise NotImplementedError(f"{BACKEND_NAME}: CUDA graphs cover decode only, got {forward_batch.forward_mode}")
+            raise NotImplementedError(f"{ATTENTION_BACKEND}: CUDA graphs cover decode only, got {forward_batch.forward_mode}")
         self.device_batch = _DeviceBatch(forward_batch.req_pool_indices, forward_batch.seq_lens, None, None)
         self.swa_out_cache_loc = None
         if self.graph_swa_out_cache_loc is not None and forward_batch.out_cache_loc is not None:
@@ -224,7 +224,7 @@ class SinkAttnBackend(AttentionBackend):
         rope_cos_sin: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         if layer.is_cross_attention:
-            raise NotImplementedError(f"{BACKEND_NAME} has no cross attention")
+            raise NotImplementedError(f"{ATTENTION_BACKEND} has no cross attention")
         in_swa_pool = self.uses_swa_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
         window_left = -1 if layer.sliding_window_size is None else int(layer.sliding_window_size)
         rope = rows = None

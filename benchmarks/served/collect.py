@@ -27,6 +27,12 @@ GREEDY_WEIGHTLESS = ("invalid: greedy decoding on dummy weights repeats a few to
                      "routes alike and reads fewer experts (sglang_server_grid.py --temperature 1 fixes it)")
 
 
+def _flag_value(command: str, flag: str) -> str | None:
+    """The value after `flag` in a command line, or None."""
+    words = command.split()
+    return words[words.index(flag) + 1] if flag in words[:-1] else None
+
+
 def load(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -64,9 +70,9 @@ def rows_of_call(call: Path) -> dict:
     for grid_file in sorted(call.rglob("grid_*.json")):
         grid = load(grid_file)
         probe = "probe" in grid_file.stem and "noprobe" not in grid_file.stem
-        command = grid.get("meta", {}).get("command", "").split()
-        greedy_weightless = "dummy" in command and ("--temperature" not in command or
-                                                   float(command[command.index("--temperature") + 1]) == 0)
+        command = grid.get("meta", {}).get("command", "")
+        greedy_weightless = ("--load-format dummy" in command
+                             and float(_flag_value(command, "--temperature") or 0) == 0)
         for r in grid.get("rows", []):
             model = r.get("model", "gpt-oss-20b")
             if r.get("bench") == "decode" and "tok_s_per_user" in r:
@@ -120,7 +126,7 @@ def rows_of_call(call: Path) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Served on a GPU: the real `sglang.launch_server` with sglang-ext",
+    lines = ["# Served on a GPU: the real `sglang.launch_server` with sglang-ext",
              "", f"SGLang {result.get('sglang')}, torch {result.get('torch')}, Triton {result.get('triton')}; "
              f"flags: `{' '.join(result.get('flags', []))}`", "",
              "## Parity (tiny checkpoints, against transformers on the same weights)", "",
