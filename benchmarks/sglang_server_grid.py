@@ -168,12 +168,17 @@ def run_benchmark(args, env: dict, url: str, batches: list[int], tokens: int, ou
 STOP_FAILED = "stopping the server"
 
 
-def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run_config(args, tp: int, ep: int, dp: int, progress=lambda rows: None) -> list[dict]:
+    """One server's rows; ``progress(rows)`` after each benchmark run, so a grid cut short keeps what ran."""
     from sglang_ext.launch.cpu_shims import cpu_server_env
     from sglang_ext.launch.server import SGLangServer, free_port
 
     label = config_label(tp, ep, dp)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = _ints(args.batches)
     cpu = {"auto": None, "cpu": True, "cuda": False}[args.device]
     server = SGLangServer(args.model_path, server_args(args, tp, ep, dp), port=args.port or free_port(),
                           log_path=os.path.join(args.out, f"server_{tp}_{ep}_{dp}.log"), vocab_dir=args.vocab_dir,
@@ -181,9 +186,9 @@ def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
     if args.dry_run:
         print(f"# {label} on the {'CPU' if server.cpu else 'GPUs'}")
         print(" ".join(server.command()))
-        for ctx in args.contexts.split(","):
+        for ctx in _ints(args.contexts):
             print("  " + " ".join(bench_command(args, server.url, batches, int(ctx), args.output_len, "decode.jsonl")))
-        for n in args.lengths.split(","):
+        for n in _ints(args.lengths):
             print("  " + " ".join(bench_command(args, server.url, [1] * args.prefill_repeats, int(n), 1,
                                                 "prefill.jsonl")))
         return []
@@ -201,7 +206,7 @@ def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
             base["requested_config"] = label
         base.update(layout)
         with tempfile.TemporaryDirectory() as tmp:
-            for ctx in map(int, args.contexts.split(",")):
+            for ctx in _ints(args.contexts):
                 got, out, error = run_benchmark(args, env, server.url, batches, ctx, args.output_len, tmp, f"decode_{ctx}")
                 for r in got:
                     try:
@@ -212,7 +217,8 @@ def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
                 rows += missing_rows(base, "decode", ctx, batches, got, out)
                 if error:
                     rows.append({**base, "bench": "decode", "tokens": ctx, "error": error})
-            for n in map(int, args.lengths.split(",")):
+                progress(rows)
+            for n in _ints(args.lengths):
                 got, out, error = run_benchmark(args, env, server.url, [1] * args.prefill_repeats, n, 1, tmp,
                                                 f"prefill_{n}")
                 if got:
@@ -221,6 +227,7 @@ def run_config(args, tp: int, ep: int, dp: int) -> list[dict]:
                     rows += missing_rows(base, "prefill", n, [1], got, out)
                 if error:
                     rows.append({**base, "bench": "prefill", "tokens": n, "error": error})
+                progress(rows)
     except Exception as exc:  # noqa: BLE001  (a configuration that fails is a row; the grid goes on)
         rows.append({**base, "error": repr(exc)[:300]})
     finally:
@@ -270,7 +277,7 @@ def main():
     ap.add_argument("--configs", default="1:1:1", help="TP:EP:DP,... (DP: data-parallel attention)")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--contexts", default="8192,32768")
-    ap.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
+    ap.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768", help="prefill lengths ('': none)")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--prefill-repeats", type=int, default=3)
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -297,7 +304,7 @@ def main():
     meta = bc.run_meta(" ".join(["python", "benchmarks/sglang_server_grid.py"] + sys.argv[1:]))
     rows = []
     for tp, ep, dp in parse_configs(args.configs):
-        got = run_config(args, tp, ep, dp)
+        got = run_config(args, tp, ep, dp, progress=lambda partial: write_grid(args, meta, rows + partial))
         rows += got
         if args.dry_run:
             continue

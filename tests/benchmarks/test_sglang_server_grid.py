@@ -218,7 +218,10 @@ def test_one_bad_batch_result_costs_its_row_only(monkeypatch, tmp_path):
                               batches="1,8", contexts="8192", lengths="1024", output_len=11, prefill_repeats=1,
                               device="cuda", port=0, vocab_dir=None, startup_timeout=1, dry_run=False,
                               out=str(tmp_path), skip_warmup=True, stem="sglang_server_grid")
-    rows = grid.run_config(args, 4, 1, 1)
+    seen = []
+    rows = grid.run_config(args, 4, 1, 1, progress=lambda partial: seen.append(len(partial)))
+    assert seen == [2, 3]  # written after the decode run and after the prefill run: a grid cut short keeps them
+    assert len(grid.run_config(argparse.Namespace(**{**vars(args), "lengths": ""}), 4, 1, 1)) == 2  # no prefill
     decode = [r for r in rows if r.get("bench") == "decode"]
     assert [("step_ms" in r, r["batch"]) for r in decode] == [(True, 1), (False, 8)]
     assert "no decode time" in decode[1]["error"]
