@@ -1,14 +1,15 @@
 """Patch: weightless gpt-oss (`--load-format dummy`) routes each token to its own experts (SGLang 0.5.23).
 
 Target: `sglang.srt.model_loader.loader.DummyModelLoader.load_model` (AFTER): for sglang-ext's gpt-oss (and
-upstream's, where this patch is loaded alone to time the peer), the routers are redrawn
-(`models.gpt_oss_core.redraw_routers`) before SGLang captures its CUDA graphs.
+upstream's, where this patch is loaded alone to time the peer), the routers and the token embedding are redrawn
+(`models.gpt_oss_core.redraw_routing`) before SGLang captures its CUDA graphs.
 
 Why: the dummy loader fills every parameter with the same seeded uniform(-1e-3, 1e-3) draw per shape.
-gpt-oss's router logits are then set by the router bias, the same for every token, so every token of a
-batch picks the same 4 experts: a served decode at batch 8 read 4 experts a layer where a trained model
-reads up to 32, and measured faster than the bytes it must move allow. Only weightless runs change; a
-checkpoint's routers are never touched.
+gpt-oss's router logits are then set by the router bias, the same for every token, and the residual
+stream of every token converges with depth to the sum of the layers' (equal) biases, so every token of a
+batch picks nearly the same experts: a served decode at batch 8 read 4 experts a layer where a trained model
+reads up to 32, and measured faster than the bytes it must move allow. Only weightless runs change; a checkpoint's
+weights are never touched.
 """
 
 from __future__ import annotations
@@ -38,15 +39,15 @@ def _routers_of(model) -> object | None:
 
 
 def _route_like_trained(model, *args, **kwargs):
-    from sglang_ext.models.gpt_oss_core import redraw_routers  # model code: scheduler only
+    from sglang_ext.models.gpt_oss_core import redraw_routing  # model code: scheduler only
 
     decoder = _routers_of(model)
     if decoder is None:
         return model
     with torch.no_grad():
-        redraw_routers(decoder)
-    logger.info("sglang-ext: --load-format dummy: gpt-oss routers redrawn (N(0, 1), no bias) so that tokens "
-                "spread over the experts as with trained weights")
+        redraw_routing(decoder)
+    logger.info("sglang-ext: --load-format dummy: gpt-oss routers (N(0, 1), no bias) and token embedding "
+                "(N(0, 1)) redrawn so that tokens spread over the experts as with trained weights")
     return model
 
 

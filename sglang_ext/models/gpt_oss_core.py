@@ -204,17 +204,26 @@ class GptOssRouter(nn.Module):
         self.bias = nn.Parameter(torch.empty(config.num_local_experts), requires_grad=False)
 
 
-def redraw_routers(decoder: nn.Module, seed: int = 0) -> None:
-    """Router weights N(0, 1) and zero bias in every layer, the same draw on every rank (seeded on the CPU).
+def redraw_routing(decoder: nn.Module, seed: int = 0) -> None:
+    """Router weights N(0, 1) and zero bias in every layer, the same draw on every rank (seeded on the CPU), and
+    the token embedding (`decoder.embed_tokens`, where the decoder holds one) N(0, 1).
 
     For weightless runs only (patches/dummy_routing.py): SGLang's dummy weights are one seeded
-    uniform(-1e-3, 1e-3) draw per shape, under which the router's bias outweighs its product with the
-    token and every token picks the same top-k experts. These make the choice depend on the token."""
+    uniform(-1e-3, 1e-3) draw per shape. The router's bias then outweighs its product with the token, and
+    every token picks the same top-k experts: hence the routers. And every layer's biases are the same vector,
+    added once per layer to a residual stream whose token part (the embedding) is of their size, so with depth
+    the hidden states of all tokens converge and so do their experts (64 tokens through 12 such layers with
+    only the routers redrawn: 21 experts of 32 in the first layer, 5 in the last): hence the embedding, which
+    keeps each token's own direction dominant in every layer. Each rank draws its own embedding shard from the
+    same seed, so rows at the same offset of two shards are equal: harmless for routing."""
     gen = torch.Generator().manual_seed(seed)
     for layer in decoder.layers:
         router = layer.mlp.router
         router.weight.copy_(torch.randn(router.weight.shape, generator=gen, dtype=torch.float32))
         router.bias.zero_()
+    embed = getattr(getattr(decoder, "embed_tokens", None), "weight", None)
+    if embed is not None:
+        embed.normal_(generator=torch.Generator(embed.device).manual_seed(seed + 1))
 
 
 class GptOssExperts(nn.Module):

@@ -2,7 +2,9 @@
 
 Oracle: SGLang's own dummy initialiser on the model's parameters, and the reference router
 (`layers.moe.route`) on token-like hidden states: under SGLang's draw every token picks the same experts
-(why the patch exists); after the patch's redraw, 64 tokens spread over most of the 32 experts.
+(why the patch exists); after the patch's redraw, 64 tokens spread over most of the 32 experts. And
+transformers' gpt-oss forward under SGLang's draw: with only the routers redrawn, the tokens' hidden states
+converge with depth and so do their experts; with the embedding redrawn too, every layer spreads them.
 """
 
 from __future__ import annotations
@@ -96,3 +98,35 @@ def test_patch_leaves_other_models_alone():
 def test_patch_target_exists():
     module, cls, fn = "sglang.srt.model_loader.loader.DummyModelLoader.load_model".rsplit(".", 2)
     assert callable(getattr(getattr(importlib.import_module(module), cls), fn))
+
+
+def test_patch_spreads_tokens_in_every_layer_of_a_real_forward():
+    """transformers' GptOssForCausalLM (the class name upstream's model has, so the patch takes it as upstream's)
+    under SGLang's dummy draw, 12 layers, 64 random tokens in one sequence: the experts each layer's router picks."""
+    from transformers import GptOssForCausalLM
+
+    cfg = GptOssConfig(hidden_size=256, intermediate_size=256, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=64, num_hidden_layers=12,
+                       vocab_size=4096, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 6)
+    cfg._attn_implementation = "eager"
+    model = GptOssForCausalLM(cfg).eval().requires_grad_(False)
+    initialize_dummy_weights(model)
+    sglang_embedding = model.model.embed_tokens.weight.clone()
+    picked = []
+    for layer in model.model.layers:
+        layer.mlp.router.register_forward_hook(lambda _m, _a, out: picked.append(len(set(out[-1].flatten().tolist()))))
+    ids = torch.randint(0, 4096, (1, TOKENS), generator=torch.Generator().manual_seed(0))
+
+    def experts_per_layer():
+        picked.clear()
+        with torch.no_grad():
+            model(ids)
+        return list(picked)
+
+    dummy_routing._route_like_trained(model)
+    redrawn = experts_per_layer()
+    assert min(redrawn) >= 24, redrawn
+    assert not torch.equal(model.model.embed_tokens.weight, sglang_embedding)
+    model.model.embed_tokens.weight.copy_(sglang_embedding)  # the routers alone: the last layers collapse
+    routers_only = experts_per_layer()
+    assert routers_only[0] >= 16 and max(routers_only[-4:]) <= 8, routers_only
