@@ -12,13 +12,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "served_gpu"
 KEYS = {"serving": ("model", "concurrency", "probe", "device"), "parity": ("checkpoint", "cuda_graph"), "decode": ("model", "batch", "context", "probe", "device"),
         "prefill": ("model", "input_tokens", "probe", "device"), "checks": ("name", "device"),
-        "profile": ("model", "context", "probe", "device", "call")}
+        "profile": ("model", "context", "probe", "device", "call"),
+        "scheduler_log": ("model", "batch", "probe", "call")}
+# SGLang's scheduler logs its decode rate every `decode_log_interval` (40) steps; run_full_size.sh names each grid's
+# folder after its stage.
+DECODE_LOG = re.compile(r"Decode batch, #running-req: (\d+), #full token: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
+MODEL_PATH = re.compile(r"'model_path': '[^']*?(gpt-oss-\d+b)")
+STAGE_PROBE = {"probe": True, "noprobe": False}
+# patches/dummy_routing.py's log line from before it redrew the embedding too: with the routers alone redrawn the
+# tokens' hidden states converge with depth, so a batch still routes alike.
+ROUTERS_ONLY_LOG = "gpt-oss routers redrawn (N(0, 1), no bias) so that"
+ROUTERS_ONLY = ("invalid: the server redrew only the routers; under SGLang's dummy weights the tokens' hidden states "
+                "converge with depth and the batch reads fewer experts (the embedding redraw fixes it)")
 
 
 # A batch decoded greedily on --load-format dummy weights: each request repeats a few tokens (on the CPU, 4 distinct
@@ -48,7 +61,8 @@ def rows_of_call(call: Path) -> dict:
     env = load(call / "env.json") or {}
     device = env.get("device", "unknown")
     host_loop = (env.get("host") or {}).get("python_loop_ms")  # gpu_env.host(): how fast this machine runs Python
-    out = {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": [], "profile": [], "env": env}
+    out = {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": [], "profile": [], "scheduler_log": [],
+           "env": env}
     for serving_file in sorted(call.rglob("serving_*.json")):
         data = load(serving_file)
         for r in data.get("rows", []):
@@ -120,9 +134,51 @@ def rows_of_call(call: Path) -> dict:
                                "gpu_busy_ms_per_step": prof.get("per_step_busy_ms") and round(prof["per_step_busy_ms"], 3),
                                "device": device, "host_python_loop_ms": host_loop,
                                "source": str(prof_file.relative_to(call))})
+    measured = {(r["model"], r["batch"], r["probe"]) for r in out["decode"]}
+    for stage, probe in STAGE_PROBE.items():
+        for log in sorted((call / stage).glob("server_*.log")):
+            text = log.read_text(errors="replace")
+            for r in scheduler_log_rates(text):
+                if r["batch"] > 1 and ROUTERS_ONLY_LOG in text:
+                    r["note"] = ROUTERS_ONLY
+                if (r["model"], r["batch"], probe) in measured:
+                    continue  # one_batch_server's row stands; the log is the cross-check where that was lost
+                h = harness.get(("decode", r["batch"], CONTEXT_OF_GRID))
+                h_tok = h and ((1e3 / h["probe_on_step_ms"] if h.get("probe_on_step_ms") else None) if probe
+                               else h.get("tok_s_per_user"))
+                out["scheduler_log"].append({**r, "probe": probe, "call": call.name, "device": device,
+                                             "host_python_loop_ms": host_loop,
+                                             "harness_tok_s_per_user": h_tok and round(h_tok, 1),
+                                             "served_over_harness": h_tok and round(r["tok_s_per_user"] / h_tok, 3),
+                                             "source": str(log.relative_to(call))})
     for check in (load(call / "checks.json") or []):
         out["checks"].append({**check, "device": device})
     return out
+
+
+CONTEXT_OF_GRID = 8192  # run_full_size.sh's CONTEXT: the harness row a scheduler-log rate is set beside
+
+
+def scheduler_log_rates(text: str) -> list[dict]:
+    """A server log's decode rates by running batch: the median of the scheduler's 40-step `gen throughput`
+    lines over each batch size's intervals, the first dropped (it spans the batch's prefill). SGLang's own
+    count, read where a grid's one_batch_server result was lost (a call cut short at its time limit)."""
+    model = MODEL_PATH.search(text)
+    by_batch: dict[int, list[tuple[int, float]]] = {}
+    for m in DECODE_LOG.finditer(text):
+        by_batch.setdefault(int(m[1]), []).append((int(m[2]), float(m[3])))
+    rows = []
+    for batch, seen in sorted(by_batch.items()):
+        rates = [rate for _, rate in seen[1:]]
+        if not rates:
+            continue
+        rows.append({"model": model[1] if model else None, "batch": batch, "context": seen[0][0] // batch,
+                     "intervals": len(rates), "tok_s_per_user": round(statistics.median(rates) / batch, 1)})
+    return rows
+
+
+def _num(x, fmt):
+    return "" if x is None else format(x, fmt)
 
 
 def markdown(result: dict) -> str:
@@ -132,15 +188,17 @@ def markdown(result: dict) -> str:
              "## Parity (tiny checkpoints, against transformers on the same weights)", "",
              "tokens: greedy tokens equal to transformers' before the first difference; where they part, the served "
              "log-probs against the fp32 truth (`lp err`) stay inside the reference's own error (`ref err`) and the "
-             "truth's margin at the flip is smaller still: a near-tie. probe err: against the reference head on "
+             "truth's margin at the flip is smaller still: a near-tie. min margin: the truth's smallest top-2 gap (nats) along "
+             "the served tokens (random weights decode near-ties; `trained_*` checkpoints learnt a task, so all their "
+             "tokens must match). probe err: against the reference head on "
              "transformers' hidden states in the served dtype / in fp32. prefix hit: a 200-token cached prefix; where "
              "it parts from the cold run, its step, the truth's margin there and its own log-prob error.", "",
-             "| checkpoint | CUDA graphs | tokens | lp err / ref err / flip margin | probe err (served dtype / fp32) "
-             "| radix hit = cold | prefix hit | 8 streams max gap | SDK / guard | card |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| checkpoint | CUDA graphs | tokens | lp err / ref err / flip margin | min margin "
+             "| probe err (served dtype / fp32) | radix hit = cold | prefix hit | 8 streams max gap | SDK / guard | card |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["parity"]:
         if "error" in r:
-            lines.append(f"| {r['checkpoint']} | {r['cuda_graph']} | error: {r['error'][:120]} | | | | | | | "
+            lines.append(f"| {r['checkpoint']} | {r['cuda_graph']} | error: {r['error'][:120]} | | | | | | | | "
                          f"{r.get('device')} |")
             continue
         if r.get("prefix_hit_tokens_equal"):
@@ -155,7 +213,7 @@ def markdown(result: dict) -> str:
                if "openai_sdk_scores" in r else "")
         lines.append(f"| {r['checkpoint']} | {'on' if r['cuda_graph'] else 'off'} | {r['tokens_match']}/"
                      f"{r['tokens_total']} | {r['logprob_err']:.3f} / {r['ref_err']:.3f} / {r['flip_margin']:.3f} | "
-                     f"{r['probe_max_abs_err']:.4f} / {r['probe_err_truth']:.4f} | {r['cached_equals_cold']} "
+                     f"{_num(r.get('truth_min_margin'), '.3f')} | {r['probe_max_abs_err']:.4f} / {r['probe_err_truth']:.4f} | {r['cached_equals_cold']} "
                      f"(gap {r['radix_hit_score_gap']:.1e}) | {prefix} | {streams} | {sdk} | {r.get('device')} |")
     lines += ["", "## Decode (tok/s per user)", "",
               "| model | batch | context | probe | served | harness | served / harness | card | note |",
@@ -190,6 +248,18 @@ def markdown(result: dict) -> str:
                          f"{r['harness_tok_s_per_user'] or ''} | {r['served_over_harness'] or ''} | "
                          f"{r['gpu_busy_ms_per_step'] or ''} | {r['call']} | {r['device']}"
                          + (f" (host loop {r['host_python_loop_ms']} ms)" if r.get("host_python_loop_ms") else "") + " |")
+    if result.get("scheduler_log"):
+        lines += ["", "## Decode rate in SGLang's scheduler log (grids cut short)", "",
+                  "Where a call ran out of time before one_batch_server wrote its result: the scheduler's own "
+                  "`gen throughput` (every 40 decode steps, median over a batch's intervals after its first) in the "
+                  "grid's server log, sampled at temperature 1; the harness from the same call where it ran.", "",
+                  "| model | batch | context | probe | served (log) | harness | served / harness | intervals | call | card | note |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(result["scheduler_log"], key=lambda r: (r["model"], r["call"], r["probe"], r["batch"])):
+            lines.append(f"| {r['model']} | {r['batch']} | {r['context']} | {'on' if r['probe'] else 'off'} | "
+                         f"{r['tok_s_per_user']} | {r['harness_tok_s_per_user'] or ''} | "
+                         f"{r['served_over_harness'] or ''} | {r['intervals']} | {r['call']} | {r['device']} | "
+                         f"{r.get('note', '')} |")
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     if result.get("checks"):

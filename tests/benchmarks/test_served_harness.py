@@ -145,6 +145,41 @@ def test_collect_withholds_greedy_weightless_batches(tmp_path, monkeypatch):
         assert str(rows[8].get("note", "")).startswith("invalid") == (name == "greedy")
 
 
+def test_collect_reads_decode_rates_from_a_cut_grids_server_log(tmp_path, monkeypatch):
+    """A grid killed before one_batch_server wrote its result: the scheduler's own rate lines in the server log
+    become rows (median per batch, first interval dropped), beside the same call's harness; a batch that has a
+    one_batch_server row keeps only that."""
+    import collect
+
+    call = tmp_path / "call"
+    (call / "probe").mkdir(parents=True)
+    (call / "env.json").write_text(json.dumps({"device": "H100", "host": {"python_loop_ms": 8.0}}))
+
+    def line(batch, rate):
+        return (f"[t] Decode batch, #running-req: {batch}, #full token: {8233 * batch}, full token usage: 0.01, "
+                f"cuda graph: True, gen throughput (token/s): {rate}, #queue-req: 0\n")
+
+    (call / "probe" / "server_1_1_1.log").write_text(
+        "server_args={'model_path': '/tmp/sglang_ext_full/gpt-oss-20b-mxfp4', 'x': 1}\n"
+        + line(1, 50.0) + line(1, 440.0) + line(1, 444.0) + line(1, 442.0)
+        + line(8, 300.0) + line(8, 2100.0) + line(8, 2200.0) + line(32, 30.0) + line(32, 31.0) + line(32, 32.0)
+        + collect.ROUTERS_ONLY_LOG + "\n")
+    (call / "harness_decode.json").write_text(json.dumps({"rows": [
+        {"bench": "decode", "batch": 1, "context": 8192, "tok_s_per_user": 470.0, "probe_on_step_ms": 2.0}]}))
+    (call / "probe" / "grid_probe.json").write_text(json.dumps({"rows": [
+        {"model": "gpt-oss-20b", "bench": "decode", "batch": 8, "context": 8192, "tok_s_per_user": 250.0}]}))
+    monkeypatch.setattr(collect, "OUT", tmp_path / "served_gpu")
+    collect.main(["--call", str(call)])
+    result = json.loads((tmp_path / "served_gpu.json").read_text())
+    row, row32 = result["scheduler_log"]  # batch 8 has its one_batch_server row
+    assert row32["batch"] == 32 and row32["note"] == collect.ROUTERS_ONLY and "note" not in row
+    assert (row["model"], row["batch"], row["context"], row["probe"]) == ("gpt-oss-20b", 1, 8233, True)
+    assert row["tok_s_per_user"] == 442.0 and row["intervals"] == 3
+    assert row["harness_tok_s_per_user"] == 500.0 and row["served_over_harness"] == pytest.approx(0.884)
+    assert "| gpt-oss-20b | 1 | 8233 | on | 442.0 | 500.0 | 0.884 | 3 | call | H100 |  |" in (
+        tmp_path / "served_gpu.md").read_text()
+
+
 def test_profile_summary_splits_busy_idle_and_graph_launches():
     import profile_decode
 
