@@ -82,16 +82,27 @@ def _kernel_module():
 
 def make_experts(num_local, hidden, inter, seed, device="cpu", with_b2=True, bias_dtype=torch.bfloat16):
     """FP8 block-128 experts from random fp32 weights; scales so the clamp at 7 bites sometimes.
-    Made on `device` (the full-shape GPU test's 32 experts are 2 GB of fp32 before quantising)."""
+    Made on `device`. On a GPU, 8 experts at a time and the cache emptied after: a whole 120b stack's fp32 draw
+    and the quantiser's scratch (~26 GB) would otherwise stay reserved in each test process, and pytest -n runs
+    several processes on one card."""
     g = torch.Generator(device=device).manual_seed(seed)
-    w1 = torch.randn(num_local, 2 * inter, hidden, generator=g, device=device) * (2.5 / hidden ** 0.5)
-    q1, s1 = quantize_weight_block128(w1)
-    del w1
-    w2 = torch.randn(num_local, hidden, inter, generator=g, device=device) * (1.0 / inter ** 0.5)
-    q2, s2 = quantize_weight_block128(w2)
-    del w2
+    chunk = 8 if torch.device(device).type == "cuda" else num_local
+
+    def stack(rows, cols, std):
+        q = torch.empty(num_local, rows, cols, dtype=torch.float8_e4m3fn, device=device)
+        s = torch.empty(num_local, -(-rows // 128), -(-cols // 128), dtype=torch.float32, device=device)
+        for lo in range(0, num_local, chunk):
+            n = min(chunk, num_local - lo)
+            q[lo:lo + n], s[lo:lo + n] = quantize_weight_block128(
+                torch.randn(n, rows, cols, generator=g, device=device) * std)
+        return q, s
+
+    q1, s1 = stack(2 * inter, hidden, 2.5 / hidden ** 0.5)
+    q2, s2 = stack(hidden, inter, 1.0 / inter ** 0.5)
     b1 = (torch.randn(num_local, 2 * inter, generator=g, device=device) * 0.5).to(bias_dtype)
     b2 = (torch.randn(num_local, hidden, generator=g, device=device) * 0.5).to(bias_dtype) if with_b2 else None
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
     return [q1, s1, b1, q2, s2, b2]
 
 
