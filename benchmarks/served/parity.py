@@ -6,7 +6,9 @@ For each (checkpoint, CUDA graphs on/off) one server with the tiny SingProbe, an
            in the served dtype (bf16; for FP8, on the dequantised e4m3 weights with the served layers' w8a8
            activation rounding). Where they part, the served log-probabilities are compared with the fp32 truth
            (the same model in fp32): a flip inside the reference's own rounding error is a near-tie, not a fault
-           (`logprob_err`, `ref_err`, `flip_margin`)
+           (`logprob_err`, `ref_err`, `flip_margin`). Random weights decode such near-ties within a few tokens; the
+           `trained_*` checkpoints (make_tiny's trained profile, on a prompt of its task) decode with margins of nats
+           (`truth_min_margin`), so there every token must match
   probe    served scores against the reference head (sglang_ext.probe.model) on transformers' hidden states
            of the served sequence in the served dtype (`probe_max_abs_err`) and in fp32 (`probe_err_truth`, the
            criterion, 2e-2: the served dtype's reference carries its own rounding, which for FP8 is the larger)
@@ -44,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from gpu_env import SERVER_FLAGS  # noqa: E402
 
-from sglang_ext.launch.make_tiny import random_prompt  # noqa: E402
+from sglang_ext.launch.make_tiny import chain_prompt, random_prompt  # noqa: E402
 from sglang_ext.launch.server import SGLangServer  # noqa: E402
 
 PROMPT_LEN, NEW_TOKENS, PREFIX = 300, 48, 200
@@ -178,9 +180,9 @@ def server_args(probe_dir, cuda_graph: bool, max_graph_bs: int, extra=()):
 
 
 def check_server(name, model_dir, ref_dir, ref_dtype, probe_dir, cuda_graph, max_graph_bs, log_dir,
-                 extras=False, truth_dir=None, seed=0, w8a8=False):
+                 extras=False, truth_dir=None, w8a8=False, prompt=None):
     row = {"checkpoint": name, "cuda_graph": cuda_graph}
-    prompt = random_prompt(PROMPT_LEN, seed=seed)
+    prompt = prompt or random_prompt(PROMPT_LEN, seed=0)
     t0 = time.time()
     with SGLangServer(model_dir, server_args(probe_dir, cuda_graph, max_graph_bs),
                       log_path=log_dir / f"server_{name}_{'graph' if cuda_graph else 'eager'}.log",
@@ -209,7 +211,8 @@ def check_server(name, model_dir, ref_dir, ref_dtype, probe_dir, cuda_graph, max
     row.update(tokens_match=agree, tokens_total=len(served),
                logprob_err=float((served_lp - truth_lp[steps, served]).abs().max()),
                ref_err=float((ref_lp - truth_lp).abs().max()),
-               flip_margin=float((truth_lp.max(-1).values - truth_lp[steps, served]).max()))
+               flip_margin=float((truth_lp.max(-1).values - truth_lp[steps, served]).max()),
+               truth_min_margin=float(truth_lp.topk(2, -1).values.diff(dim=-1).abs().min()))
     # The reference head on transformers' hidden states in the served dtype (the criterion, as the CPU bf16 test),
     # and on the fp32 truth's (how far both are from exact)
     want_scores = reference_scores(hidden, probe_dir, PROMPT_LEN, len(served))
@@ -300,16 +303,46 @@ def make_checkpoints(root: Path) -> dict:
     from sglang_ext.launch.make_tiny import generate as make_tiny
     from sglang_ext.launch.make_tiny_probe import generate as make_probe
 
-    calm = make_tiny(root / "tiny_calm", variants=("bf16", "fp32"), log=lambda *_: None, init="calm")
-    plain = make_tiny(root / "tiny", variants=("bf16", "fp32"), log=lambda *_: None)
-    probe = make_probe(str(root / "tiny_calm" / "probe"), base_dir=calm["fp32"], log=lambda *_: None)
-    fp8 = root / "tiny_calm" / "fp8"
-    if not (fp8 / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "sglang_ext.launch.convert", calm["bf16"], str(fp8)], check=True,
-                       stdout=subprocess.DEVNULL)
-    fp8_hf = fp8_as_hf(fp8, root / "tiny_calm" / "fp8_as_hf")
-    return {"calm_bf16": Path(calm["bf16"]), "calm_fp32": Path(calm["fp32"]), "plain_bf16": Path(plain["bf16"]),
-            "plain_fp32": Path(plain["fp32"]), "fp8": fp8, "fp8_hf": fp8_hf, "probe": Path(probe)}
+    out = {}
+    for init, folder in (("calm", "tiny_calm"), ("default", "tiny"), ("trained", "tiny_trained")):
+        made = make_tiny(root / folder, variants=("bf16", "fp32"), log=print, init=init)
+        out[f"{init}_bf16"], out[f"{init}_fp32"] = Path(made["bf16"]), Path(made["fp32"])
+        if init == "default":
+            continue
+        out[f"{init}_probe"] = Path(make_probe(str(root / folder / "probe"), base_dir=made["fp32"], log=lambda *_: None))
+        fp8 = root / folder / "fp8"
+        if not (fp8 / "config.json").exists():
+            subprocess.run([sys.executable, "-m", "sglang_ext.launch.convert", made["bf16"], str(fp8)], check=True,
+                           stdout=subprocess.DEVNULL)
+        out[f"{init}_fp8"], out[f"{init}_fp8_hf"] = fp8, fp8_as_hf(fp8, root / folder / "fp8_as_hf")
+    return out
+
+
+# (name, init, weights, CUDA graphs, max graph batch, extras). The bf16 model's reference is transformers in
+# bf16 on the same file, its truth the same in fp32. The FP8 model runs bf16 activations around its e4m3 GEMMs: its
+# reference is transformers in bf16 with the dequantised weights and the same activation rounding (w8a8), its
+# truth the same in fp32. Random weights (calm, default) decode near-ties; the trained ones have margins of nats,
+# so there every served token must equal the reference's.
+CONFIGS = [
+    ("fp8", "calm", "fp8", True, 32, True),
+    ("bf16", "calm", "bf16", True, 8, True),
+    ("trained_bf16", "trained", "bf16", True, 8, False),
+    ("trained_fp8", "trained", "fp8", True, 32, False),
+    ("bf16", "calm", "bf16", False, 8, False),
+    ("fp8", "calm", "fp8", False, 32, False),
+    ("bf16_default_init", "default", "bf16", False, 8, False),
+]
+
+
+def check_config(ck, name, init, weights, graphs, max_graph_bs, extras, log_dir):
+    """One CONFIGS row on the checkpoints of make_checkpoints."""
+    fp8 = weights == "fp8"
+    model, ref = (ck[f"{init}_fp8"], ck[f"{init}_fp8_hf"]) if fp8 else (ck[f"{init}_bf16"],) * 2
+    truth = ref if fp8 else ck[f"{init}_fp32"]
+    probe = ck.get(f"{init}_probe", ck["calm_probe"])
+    prompt = chain_prompt(PROMPT_LEN) if init == "trained" else None
+    return check_server(name, model, ref, torch.bfloat16, probe, graphs, max_graph_bs, log_dir, extras, truth,
+                        w8a8=fp8, prompt=prompt)
 
 
 def stub_calls() -> list[str]:
@@ -329,24 +362,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     log_dir = args.out.parent
     ck = make_checkpoints(args.work)
-    # (name, model, transformers reference, its dtype, fp32 truth, graphs, max graph batch, extras). The FP8
-    # model runs bf16 activations around its e4m3 GEMMs: its reference is transformers in bf16 with the same
-    # weights and the same activation rounding (w8a8), its truth the same in fp32.
-    configs = [
-        ("fp8", ck["fp8"], ck["fp8_hf"], torch.bfloat16, ck["fp8_hf"], True, 32, True),
-        ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], True, 8, True),
-        ("bf16", ck["calm_bf16"], ck["calm_bf16"], torch.bfloat16, ck["calm_fp32"], False, 8, False),
-        ("fp8", ck["fp8"], ck["fp8_hf"], torch.bfloat16, ck["fp8_hf"], False, 32, False),
-        ("bf16_default_init", ck["plain_bf16"], ck["plain_bf16"], torch.bfloat16, ck["plain_fp32"], False, 8, False),
-    ]
     only = set(filter(None, args.only.split(",")))
     rows, colds = [], {}
-    for name, model, ref, dtype, truth, graphs, bs, extras in configs:
+    for name, init, weights, graphs, bs, extras in CONFIGS:
         if (only and name not in only) or (args.cuda_graph != "both" and graphs != (args.cuda_graph == "on")):
             continue
         try:
-            row, cold = check_server(name, model, ref, dtype, ck["probe"], graphs, bs, log_dir, extras, truth,
-                                     w8a8=name == "fp8")
+            row, cold = check_config(ck, name, init, weights, graphs, bs, extras, log_dir)
             colds[(name, graphs)] = cold
         except Exception as e:  # one broken configuration is a row, the rest still run
             row = {"checkpoint": name, "cuda_graph": graphs, "error": f"{type(e).__name__}: {e}"[:2000],
@@ -357,7 +379,7 @@ def main(argv=None):
     if args.chunked and ("fp8", True) in colds:
         try:
             rows[[(r["checkpoint"], r["cuda_graph"]) for r in rows].index(("fp8", True))].update(
-                chunked_row("fp8", ck["fp8"], ck["probe"], colds[("fp8", True)], log_dir, 32))
+                chunked_row("fp8", ck["calm_fp8"], ck["calm_probe"], colds[("fp8", True)], log_dir, 32))
         except Exception as e:
             rows.append({"checkpoint": "fp8", "chunked_error": f"{type(e).__name__}: {e}"[:2000]})
     result = {"parity": rows, "stub_calls": stub_calls()}

@@ -367,3 +367,44 @@ def test_chat_template_renders_harmony(hf_tok, vocab_dir, monkeypatch):
     text = re.sub(r"Current date: \d{4}-\d{2}-\d{2}", "Current date: 2025-08-05", text)
     assert hf_tok.encode(text, add_special_tokens=False) == want
     assert want[:3] == [200006, 17360, 200008]
+
+
+# ------------------------------------------------------------------------------------------------ trained profile
+
+
+def test_chain_prompt_follows_the_trained_task():
+    ids, step = mt.chain_task()
+    index = {int(t): i for i, t in enumerate(ids)}
+    prompt = mt.chain_prompt(300, seed=3)
+    lag = mt.CHAIN_TASK["lag"]
+    assert len(prompt) == 300 and all(t in index for t in prompt)
+    assert all(prompt[i] == int(ids[step[index[prompt[i - lag]]]]) for i in range(lag, 300))
+    assert prompt == mt.chain_prompt(300, seed=3) and prompt != mt.chain_prompt(300, seed=4)
+
+
+def test_trained_profile_has_its_own_marker(tmp_path):
+    """A default checkpoint is never taken for a trained one (same init std, different weights)."""
+    folder = tmp_path / "bf16"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / mt.MARKER).write_text(json.dumps(mt._marker("bf16", mt.TINY_DIMS, "default")))
+    assert mt.is_current(str(folder), "default") and not mt.is_current(str(folder), "trained")
+    (folder / mt.MARKER).write_text(json.dumps(mt._marker("bf16", mt.TINY_DIMS, "trained")))
+    assert mt.is_current(str(folder), "trained") and not mt.is_current(str(folder), "default")
+
+
+def test_train_chain_keeps_the_checkpoint_formats_and_lowers_the_loss():
+    """A few steps on a 2-layer model: the loss falls, the expert matrices keep their MXFP4-exact init (frozen: 4-bit
+    snapping after training would undo it), and every parameter ends bf16-exact."""
+    dims = dict(mt.TINY_DIMS, num_hidden_layers=2)
+    model = mt.build_model(dims=dims)
+    experts = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith(("gate_up_proj", "down_proj"))}
+    losses = []
+    mt.train_chain(model, task=dict(mt.CHAIN_TASK, steps=30, batch=4, length=24), device="cpu",
+                   log=lambda line: losses.append(float(line.rsplit(" ", 1)[1])))
+    assert len(losses) == 2 and losses[-1] < losses[0] - 0.5, losses  # logged at the first and the last step
+    for name, p in model.named_parameters():
+        assert torch.equal(p, p.to(torch.bfloat16).float()), name
+        if name in experts:
+            assert torch.equal(p, experts[name]), name
+    assert not model.training
