@@ -326,8 +326,9 @@ def chain_prompt(n=300, seed=0, task=CHAIN_TASK):
 
 
 def train_chain(model, task=CHAIN_TASK, device=None, log=print):
-    """Adam on the chain task in fp32 (on CUDA where there is one: seconds there, minutes on a CPU). The loss is a
-    softmax over the task's ids only: the other logits keep their init, and the task's winner rises above them."""
+    """Adam on the chain task in fp32 (on CUDA where there is one: seconds there, ~20 minutes on 2 CPU cores).
+    The loss is a softmax over the task's ids only: the other logits keep their init, and the task's winner rises
+    above them."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     ids, step = chain_task(task)
     g = torch.Generator().manual_seed(task["seed"] + 1)
@@ -576,7 +577,8 @@ def main(argv=None):
     ap.add_argument("--force", action="store_true", help="rewrite even if up to date")
     ap.add_argument("--check", action="store_true", help="load with transformers, greedy-decode, compare")
     ap.add_argument("--init", choices=sorted(INIT_PROFILES), default="default",
-                    help="weight init profile (calm: bf16 rounding is not amplified; see INIT_PROFILES)")
+                    help="weight init profile (calm: bf16 rounding is not amplified; trained: learns a task, so greedy "
+                    "decoding has margins of nats; see INIT_PROFILES)")
     a = ap.parse_args(argv)
     variants = VARIANTS if a.variant == "all" else (a.variant,)
     generate(a.out_dir, variants, a.cache_dir, a.force, init=a.init)
