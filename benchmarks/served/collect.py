@@ -188,11 +188,11 @@ def markdown(result: dict) -> str:
              "## Parity (tiny checkpoints, against transformers on the same weights)", "",
              "tokens: greedy tokens equal to transformers' before the first difference; where they part, the served "
              "log-probs against the fp32 truth (`lp err`) stay inside the reference's own error (`ref err`) and the "
-             "truth's margin at the flip is smaller still: a near-tie. min margin: the truth's smallest top-2 gap (nats) along "
-             "the served tokens (random weights decode near-ties; `trained_*` checkpoints learnt a task, so all their "
-             "tokens must match). probe err: against the reference head on "
-             "transformers' hidden states in the served dtype / in fp32. prefix hit: a 200-token cached prefix; where "
-             "it parts from the cold run, its step, the truth's margin there and its own log-prob error.", "",
+             "truth's margin at the flip is smaller still: a near-tie. min margin: the truth's smallest top-2 gap "
+             "(nats) along the served tokens (random weights decode near-ties; `trained_*` checkpoints learnt a task, "
+             "so all their tokens must match). probe err: against the reference head on transformers' hidden states "
+             "in the served dtype / in fp32. prefix hit: a 200-token cached prefix; where it parts from the cold run, "
+             "its step, the truth's margin there and its own log-prob error.", "",
              "| checkpoint | CUDA graphs | tokens | lp err / ref err / flip margin | min margin "
              "| probe err (served dtype / fp32) | radix hit = cold | prefix hit | 8 streams max gap | SDK / guard | card |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -213,7 +213,8 @@ def markdown(result: dict) -> str:
                if "openai_sdk_scores" in r else "")
         lines.append(f"| {r['checkpoint']} | {'on' if r['cuda_graph'] else 'off'} | {r['tokens_match']}/"
                      f"{r['tokens_total']} | {r['logprob_err']:.3f} / {r['ref_err']:.3f} / {r['flip_margin']:.3f} | "
-                     f"{_num(r.get('truth_min_margin'), '.3f')} | {r['probe_max_abs_err']:.4f} / {r['probe_err_truth']:.4f} | {r['cached_equals_cold']} "
+                     f"{_num(r.get('truth_min_margin'), '.3f')} | {r['probe_max_abs_err']:.4f} / "
+                     f"{r['probe_err_truth']:.4f} | {r['cached_equals_cold']} "
                      f"(gap {r['radix_hit_score_gap']:.1e}) | {prefix} | {streams} | {sdk} | {r.get('device')} |")
     lines += ["", "## Decode (tok/s per user)", "",
               "| model | batch | context | probe | served | harness | served / harness | card | note |",
