@@ -91,12 +91,9 @@ def rows_of_call(call: Path) -> dict:
             model = r.get("model", "gpt-oss-20b")
             if r.get("bench") == "decode" and "tok_s_per_user" in r:
                 h = harness.get(("decode", r["batch"], r["context"]))
-                h_tok = h and ((1e3 / h["probe_on_step_ms"] if h.get("probe_on_step_ms") else None) if probe
-                               else h.get("tok_s_per_user"))
                 out["decode"].append({"model": model, "batch": r["batch"], "context": r["context"], "probe": probe,
                                       "served_tok_s_per_user": round(r["tok_s_per_user"], 1),
-                                      "harness_tok_s_per_user": h_tok and round(h_tok, 1),
-                                      "served_over_harness": h_tok and round(r["tok_s_per_user"] / h_tok, 3),
+                                      **beside_harness(h, probe, r["tok_s_per_user"]),
                                       "harness_pct_copy_bw": h and h.get("pct_copy_bw") and round(h["pct_copy_bw"], 1),
                                       "harness_probe_overhead_pct": h and h.get("probe_overhead_pct"),
                                       # bytes a step reads, the harness's count: the same at batch 1 (four experts a
@@ -123,14 +120,11 @@ def rows_of_call(call: Path) -> dict:
             continue
         h = harness.get(("decode", 1, p["context"]))
         probe = "--probe-ckpt" in p.get("server_args", [])
-        h_tok = h and ((1e3 / h["probe_on_step_ms"] if h.get("probe_on_step_ms") else None) if probe
-                       else h.get("tok_s_per_user"))
         out["profile"].append({"model": p["model"], "context": p["context"], "batch": 1, "probe": probe,
                                "call": call.name,
                                "itl_median_ms": round(itl["itl_median_ms"], 3), "itl_p10_ms": round(itl["itl_p10_ms"], 3),
                                "itl_p90_ms": round(itl["itl_p90_ms"], 3), "served_tok_s_per_user": round(itl["tok_s"], 1),
-                               "harness_tok_s_per_user": h_tok and round(h_tok, 1),
-                               "served_over_harness": h_tok and round(itl["tok_s"] / h_tok, 3),
+                               **beside_harness(h, probe, itl["tok_s"]),
                                "gpu_busy_ms_per_step": prof.get("per_step_busy_ms") and round(prof["per_step_busy_ms"], 3),
                                "device": device, "host_python_loop_ms": host_loop,
                                "source": str(prof_file.relative_to(call))})
@@ -143,20 +137,23 @@ def rows_of_call(call: Path) -> dict:
                     r["note"] = ROUTERS_ONLY
                 if (r["model"], r["batch"], probe) in measured:
                     continue  # one_batch_server's row stands; the log is the cross-check where that was lost
-                h = harness.get(("decode", r["batch"], CONTEXT_OF_GRID))
-                h_tok = h and ((1e3 / h["probe_on_step_ms"] if h.get("probe_on_step_ms") else None) if probe
-                               else h.get("tok_s_per_user"))
+                # the log's context runs a few tokens past the grid's: the harness row at the grid's context
+                h = next((h for (kind, *shape), h in harness.items() if kind == "decode" and shape[0] == r["batch"]
+                          and 0 <= r["context"] - shape[1] < 0.05 * shape[1]), None)
                 out["scheduler_log"].append({**r, "probe": probe, "call": call.name, "device": device,
                                              "host_python_loop_ms": host_loop,
-                                             "harness_tok_s_per_user": h_tok and round(h_tok, 1),
-                                             "served_over_harness": h_tok and round(r["tok_s_per_user"] / h_tok, 3),
+                                             **beside_harness(h, probe, r["tok_s_per_user"]),
                                              "source": str(log.relative_to(call))})
     for check in (load(call / "checks.json") or []):
         out["checks"].append({**check, "device": device})
     return out
 
 
-CONTEXT_OF_GRID = 8192  # run_full_size.sh's CONTEXT: the harness row a scheduler-log rate is set beside
+def beside_harness(h: dict | None, probe: bool, served: float) -> dict:
+    """The harness's rate for a served row (its probe-on step where the server ran the probe) and their ratio."""
+    rate = h and ((1e3 / h["probe_on_step_ms"] if h.get("probe_on_step_ms") else None) if probe
+                  else h.get("tok_s_per_user"))
+    return {"harness_tok_s_per_user": rate and round(rate, 1), "served_over_harness": rate and round(served / rate, 3)}
 
 
 def scheduler_log_rates(text: str) -> list[dict]:
