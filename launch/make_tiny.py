@@ -280,17 +280,17 @@ def init_weights(model, seed=SEED, std=None):
             elif ".mlp.router." in name:
                 v = randn(p.shape, s["router_b"] if name.endswith(".bias") else s["router_w"])
             elif name.endswith("experts.gate_up_proj"):
-                v = mxfp4_snap(randn(p.shape, s["gate_up_w"]))
+                v = randn(p.shape, s["gate_up_w"])
             elif name.endswith("experts.gate_up_proj_bias"):
                 v = randn(p.shape, s["gate_up_b"])
             elif name.endswith("experts.down_proj"):
-                v = mxfp4_snap(randn(p.shape, s["down_w"]))
+                v = randn(p.shape, s["down_w"])
             elif name.endswith("experts.down_proj_bias"):
                 v = randn(p.shape, s["down_b"])
             else:
                 raise RuntimeError(f"init_weights: unexpected parameter {name}")
-            p.copy_(v.to(torch.bfloat16).to(p.dtype))
-    return model
+            p.copy_(v)
+    return round_to_formats(model)
 
 
 def round_to_formats(model):

@@ -86,7 +86,8 @@ def make_experts(num_local, hidden, inter, seed, device="cpu", with_b2=True, bia
     and the quantiser's scratch (~26 GB) would otherwise stay reserved in each test process, and pytest -n runs
     several processes on one card."""
     g = torch.Generator(device=device).manual_seed(seed)
-    chunk = 8 if torch.device(device).type == "cuda" else num_local
+    on_gpu = torch.device(device).type == "cuda"
+    chunk = 8 if on_gpu else num_local
 
     def stack(rows, cols, std):
         q = torch.empty(num_local, rows, cols, dtype=torch.float8_e4m3fn, device=device)
@@ -101,7 +102,7 @@ def make_experts(num_local, hidden, inter, seed, device="cpu", with_b2=True, bia
     q2, s2 = stack(hidden, inter, 1.0 / inter ** 0.5)
     b1 = (torch.randn(num_local, 2 * inter, generator=g, device=device) * 0.5).to(bias_dtype)
     b2 = (torch.randn(num_local, hidden, generator=g, device=device) * 0.5).to(bias_dtype) if with_b2 else None
-    if torch.device(device).type == "cuda":
+    if on_gpu:
         torch.cuda.empty_cache()
     return [q1, s1, b1, q2, s2, b2]
 
