@@ -299,12 +299,16 @@ def chunked_row(name, model_dir, probe_dir, cold_ref, log_dir, max_graph_bs, see
                                                 if a != b), None)}
 
 
-def make_checkpoints(root: Path) -> dict:
+def make_checkpoints(root: Path, inits=("calm", "default", "trained")) -> dict:
+    """The checkpoints of the given init profiles (the calm one always: its probe serves the default init's rows).
+    Only those asked: the trained profile costs ~20 minutes on a CPU."""
     from sglang_ext.launch.make_tiny import generate as make_tiny
     from sglang_ext.launch.make_tiny_probe import generate as make_probe
 
     out = {}
-    for init, folder in (("calm", "tiny_calm"), ("default", "tiny"), ("trained", "tiny_trained")):
+    folders = {"calm": "tiny_calm", "default": "tiny", "trained": "tiny_trained"}
+    for init in ["calm"] + [i for i in inits if i != "calm"]:
+        folder = folders[init]
         made = make_tiny(root / folder, variants=("bf16", "fp32"), log=print, init=init)
         out[f"{init}_bf16"], out[f"{init}_fp32"] = Path(made["bf16"]), Path(made["fp32"])
         if init == "default":
@@ -361,12 +365,12 @@ def main(argv=None):
     ap.add_argument("--no-chunked", dest="chunked", action="store_false")
     args = ap.parse_args(argv)
     log_dir = args.out.parent
-    ck = make_checkpoints(args.work)
     only = set(filter(None, args.only.split(",")))
+    chosen = [c for c in CONFIGS if (not only or c[0] in only)
+              and (args.cuda_graph == "both" or c[3] == (args.cuda_graph == "on"))]
+    ck = make_checkpoints(args.work, {c[1] for c in chosen})
     rows, colds = [], {}
-    for name, init, weights, graphs, bs, extras in CONFIGS:
-        if (only and name not in only) or (args.cuda_graph != "both" and graphs != (args.cuda_graph == "on")):
-            continue
+    for name, init, weights, graphs, bs, extras in chosen:
         try:
             row, cold = check_config(ck, name, init, weights, graphs, bs, extras, log_dir)
             colds[(name, graphs)] = cold

@@ -13,13 +13,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.server]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "served"))
 import parity  # noqa: E402
 
+GRAPH_CONFIGS = [c for c in parity.CONFIGS if c[3]]  # CUDA graphs on, as served by default
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    return parity.make_checkpoints(tmp_path_factory.mktemp("served_gpu"))
+    return parity.make_checkpoints(tmp_path_factory.mktemp("served_gpu"), {c[1] for c in GRAPH_CONFIGS})
 
 
-@pytest.mark.parametrize("config", [c for c in parity.CONFIGS if c[3]], ids=lambda c: c[0])
+@pytest.mark.parametrize("config", GRAPH_CONFIGS, ids=lambda c: c[0])
 def test_served_tokens_scores_and_cache_on_gpu(checkpoints, config, tmp_path):
     name, init, weights, graphs, bs, extras = config
     row, _ = parity.check_config(checkpoints, name, init, weights, graphs, bs, extras, tmp_path)
