@@ -139,7 +139,7 @@ def _consume(outcome: Outcome, event: dict) -> int:
         meta = event.get("meta_info") or {}
         before = outcome.tokens
         outcome.tokens = int(meta.get("completion_tokens", before))
-        outcome.scores = list(meta.get(SCORES_KEY) or [])  # cumulative on the native stream
+        outcome.scores.extend(meta.get(SCORES_KEY) or [])  # each chunk: the rows of its new tokens
         outcome.token_ids = event.get("output_ids")
         outcome.text = event.get("text", "")
         outcome.finish_reason = meta.get("finish_reason")

@@ -313,8 +313,8 @@ def generate_with_scores(url: str, input_ids: list[int], max_tokens: int, stop: 
         r.raise_for_status()
         for ev in sse_events(r):
             meta = ev.get("meta_info") or meta
-            # each chunk's meta_info holds every score so far (the server streams cumulatively by default)
-            scores = meta.get("token_probe_probs") or scores
+            # each chunk's meta_info holds the scores of the tokens since the previous chunk
+            scores += (ev.get("meta_info") or {}).get("token_probe_probs") or []
     return {"scores": scores, "finish_reason": meta.get("finish_reason"),
             "completion_tokens": int(meta.get("completion_tokens", len(scores)))}
 

@@ -22,6 +22,13 @@ Targets
     their custom logit processor on each engine call (`responses_api`, which attaches them), and
     shows each output to `guard_endpoints.observe_output` (the Anthropic and Ollama routes read
     the guard's finish there).
+  - `http_server.serve_generate_request` (BEFORE) marks a streamed native `/generate` request, and the
+    same `generate_request` hook gives each of its chunks only the scores of the tokens decoded since
+    the previous chunk of that output: upstream's native stream (without
+    `--incremental-streaming-output`) repeats everything so far in each chunk, which for scores that
+    every request carries would send n^2/2 rows for n tokens and slow every long stream's client
+    and HTTP server; concatenated, the chunks' scores are one per output token, as on the OpenAI
+    streams (with `--incremental-streaming-output` upstream already sends them so).
   - `OpenAIServingChat._build_chat_response` and
     `OpenAIServingCompletion._build_completion_response` (AROUND): the full list on
     each choice of a non-streamed response.
@@ -109,6 +116,27 @@ async def _stream_content_with_scores(original, self, *args, **kwargs):
 
 # id(GenerateReqInput) of a live completions stream -> {choice index: cumulative scores}
 _completion_sinks: dict[int, dict] = {}
+# Set on a GenerateReqInput that the native /generate route streams (its __dict__; upstream keeps its own
+# caches there too).
+_NATIVE_STREAM = "_sglang_ext_native_stream"
+
+
+def _mark_native_stream(obj, *args, **kwargs):
+    if getattr(obj, "stream", False) and hasattr(obj, "__dict__"):
+        obj.__dict__[_NATIVE_STREAM] = True
+
+
+def _own_scores(content: dict, sent: dict) -> dict:
+    """A native stream chunk whose scores are those of its output's tokens since its previous chunk:
+    the chunk is copied (upstream's meta_info and its score list are its request state)."""
+    meta = content.get("meta_info")
+    scores = meta.get(SCORES_KEY) if isinstance(meta, dict) else None
+    if scores is None:
+        return content
+    index = content.get("index", 0)
+    start = sent.get(index, 0)
+    sent[index] = len(scores)
+    return {**content, "meta_info": {**meta, SCORES_KEY: scores[start:]}}
 
 
 async def _generate_request_recording_scores(original, self, obj, *args, **kwargs):
@@ -118,6 +146,8 @@ async def _generate_request_recording_scores(original, self, obj, *args, **kwarg
     if record is not None:
         turn = record.new_turn()
         with_processor(obj, record)
+    native = getattr(obj, "__dict__", {}).get(_NATIVE_STREAM, False) and not _incremental_meta_info()
+    sent: dict[int, int] = {}
     async for content in original(self, obj, *args, **kwargs):
         observe_output(content)
         if (sink is not None or record is not None) and isinstance(content, dict):
@@ -131,6 +161,8 @@ async def _generate_request_recording_scores(original, self, obj, *args, **kwarg
                     sink[index] = scores
             if record is not None:
                 record.update(turn, meta, _incremental_meta_info())
+        if native and isinstance(content, dict):
+            content = _own_scores(content, sent)
         yield content
 
 
@@ -191,3 +223,5 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
                           _generate_request_recording_scores, HookType.AROUND)
+    HookRegistry.register("sglang.srt.entrypoints.http_server.serve_generate_request", _mark_native_stream,
+                          HookType.BEFORE)

@@ -132,6 +132,39 @@ def test_openai_chat_carries_one_score_per_token(probe_server):
                                rtol=0, atol=1e-5)
 
 
+def native_stream(url, body):
+    """The `data:` events of a streamed native /generate."""
+    events = []
+    with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in (raw.decode() for raw in r.iter_lines()):
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    return events
+
+
+def test_native_stream_chunks_carry_their_own_tokens_scores(probe_server):
+    """Each chunk of a streamed /generate carries the scores of the tokens decoded since that output's
+    previous chunk (upstream repeats all so far: n^2/2 rows for n tokens); concatenated they are the
+    non-streamed response's, one per token. A batched request keeps each output's own."""
+    labels = [f"label_{i}" for i in range(10)]
+    prompts = [random_prompt(40, seed=5), random_prompt(25, seed=6)]
+    sp = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    for ids in (prompts[0], prompts):
+        full = requests.post(probe_server.url + "/generate", json={"input_ids": ids, "sampling_params": sp},
+                             timeout=600).json()
+        full = full if isinstance(full, list) else [full]
+        events = native_stream(probe_server.url, {"input_ids": ids, "sampling_params": sp})
+        for index, want in enumerate(full):
+            mine = [e for e in events if e.get("index", 0) == index]
+            assert len(mine) > 2
+            rows = [r for e in mine for r in e["meta_info"]["token_probe_probs"]]
+            assert max(len(e["meta_info"]["token_probe_probs"]) for e in mine) < len(rows) == 24
+            assert mine[-1]["output_ids"] == want["output_ids"]
+            torch.testing.assert_close(as_matrix(rows, labels), as_matrix(want["meta_info"]["token_probe_probs"],
+                                                                          labels), rtol=0, atol=1e-5)
+
+
 def test_scheduler_received_probe_flag(probe_server, tiny_probe):
     requests.get(probe_server.url + "/health", timeout=30)
     assert f"scheduler received --probe-ckpt {tiny_probe}" in probe_server.log_path.read_text()
