@@ -61,6 +61,36 @@ UNUSED_MODULES = {
     "datasets/__init__.py": '"""Stand-in: sglang.benchmark.datasets imports load_dataset for MMMU, which the random dataset never uses."""' + _RAISES,
 }
 STUB_SRC = Path(__file__).resolve().parent / "sgl_kernel_stub" / "sgl_kernel"
+# sglang-kernel's triton_kernels is written for Triton 3.8; the GPU machine has Triton 3.6. Two edits of the copy
+# (file, text, replacement; each text must occur once) make it import and compile there: 3.6's target_info lacks
+# is_hip_gfx1250 (defined here as 3.8 does: an AMD arch, never true on CUDA), and 3.6's JITFunction lacks
+# def_file_line_number / def_file_col_number, which specialize.py copies onto the matmul kernels it specializes
+# (source locations for tracebacks only). Both are no-ops under Triton 3.8. With them SGLang 0.5.23's MXFP4 MoE
+# kernels (topk, ragged metadata, _matmul with and without the swiglu epilogue) compile for sm_90 under 3.6.
+TRITON36_EDITS = (
+    ("target_info.py", "    is_hip_gfx1250,\n)\n",
+     ")\ntry:\n    from triton.language.target_info import is_hip_gfx1250\nexcept ImportError:  # Triton < 3.7\n\n"
+     "    @triton.constexpr_function\n    def is_hip_gfx1250():\n        target = tl.target_info.current_target()\n"
+     "        return target is not None and target.arch == \"gfx1250\"\n"),
+    ("specialize.py",
+     "    ret.def_file_line_number = adjust_line_number(fn.def_file_line_number)\n"
+     "    ret.def_file_col_number = fn.def_file_col_number\n",
+     "    if hasattr(fn, \"def_file_line_number\"):  # Triton >= 3.7\n"
+     "        ret.def_file_line_number = adjust_line_number(fn.def_file_line_number)\n"
+     "        ret.def_file_col_number = fn.def_file_col_number\n"),
+)
+
+
+def copy_triton_kernels(dest: Path) -> None:
+    """This venv's triton_kernels (from the pinned sglang-kernel wheel) into dest, with TRITON36_EDITS applied."""
+    import triton_kernels
+
+    shutil.copytree(Path(triton_kernels.__file__).parent, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, text, replacement in TRITON36_EDITS:
+        src = (dest / name).read_text()
+        if src.count(text) != 1:
+            raise SystemExit(f"carry: triton_kernels/{name} changed; re-check TRITON36_EDITS against Triton 3.6")
+        (dest / name).write_text(src.replace(text, replacement))
 
 
 def pinned_version(dist: str) -> str:
@@ -123,12 +153,11 @@ def build(out: Path, cache: Path) -> dict:
             manifest["wheels"][spec] = {"wheel": wheel.name, "unpacked_bytes": unpack_wheel(wheel, site, drop)}
         shutil.copytree(STUB_SRC, site / "sgl_kernel", ignore=shutil.ignore_patterns("__pycache__"))
         # The upstream peer's MXFP4 MoE: OpenAI's triton_kernels, pure Python + Triton, shipped inside the
-        # sglang-kernel wheel (which cannot travel); copied from this venv's install of that pinned wheel.
-        import triton_kernels
-
-        shutil.copytree(Path(triton_kernels.__file__).parent, site / "triton_kernels",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        manifest["copied"] = {"triton_kernels": f"from sglang-kernel {pinned_version('sglang-kernel')}"}
+        # sglang-kernel wheel (which cannot travel); copied from this venv's install of that pinned wheel and
+        # edited for the machine's Triton 3.6 (TRITON36_EDITS).
+        copy_triton_kernels(site / "triton_kernels")
+        manifest["copied"] = {"triton_kernels": f"from sglang-kernel {pinned_version('sglang-kernel')}, "
+                                                f"edited for Triton 3.6: {[e[0] for e in TRITON36_EDITS]}"}
         for name, text in UNUSED_MODULES.items():
             (site / name).parent.mkdir(parents=True, exist_ok=True)
             (site / name).write_text(text)

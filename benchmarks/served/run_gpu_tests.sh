@@ -7,7 +7,7 @@
 #   - $WORKERS processes share the one card, each with its own CUDA cache (a full-shape MoE test holds a few GB);
 #   - servers a previous stage left behind are stopped first: they would hold most of the card's memory.
 #
-#   OUT=... [WORKERS=4] [PER_TEST=150] bash benchmarks/served/run_gpu_tests.sh CARRY_DIR [TEST_PATH...]
+#   OUT=... [WORKERS=4] [PER_TEST=240] bash benchmarks/served/run_gpu_tests.sh CARRY_DIR [TEST_PATH...]
 set -u
 R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CARRY="${1:?carry folder}"
@@ -21,7 +21,7 @@ pkill -9 -f "sglang.launch_server|sglang::" 2>/dev/null && sleep 3
 eval "$(python3 "$R/benchmarks/served/gpu_env.py" "$CARRY")"
 cd /tmp  # the checkout's root would shadow the linked package (gpu_env.py)
 PYTHONUNBUFFERED=1 python3 -m pytest -v -p no:cacheprovider -p no:benchmark -m gpu -n "${WORKERS:-4}" \
-    --timeout "${PER_TEST:-150}" --tb=short -rfE -c "$R/pyproject.toml" --rootdir "$R" \
+    --timeout "${PER_TEST:-240}" --tb=short -rfE -c "$R/pyproject.toml" --rootdir "$R" \
     --junitxml "$OUT/gpu_tests.xml" "${PATHS[@]}" >"$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit $?"
 grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$OUT/gpu_tests.log" | tail -40

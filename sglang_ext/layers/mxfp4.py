@@ -74,8 +74,8 @@ class DenseExperts:
         return self.tensor[lo:hi].to(device).transpose(-1, -2)
 
 
-# Elements of fp32 experts dequantised at once (256 MiB; quantising them takes about as much again in
-# scratch): a 120b expert matrix is 16.6 M, so four experts a step, never a whole layer.
+# Elements of fp32 experts dequantised at once (256 MiB; with the quantiser's temporaries the scratch is about
+# three times that): a 120b expert matrix is 16.6 M, so four experts a step, never a whole layer.
 CONVERT_CHUNK_ELEMENTS = 1 << 26
 
 

@@ -56,6 +56,21 @@ def test_unpack_wheel_drops_the_trimmed_paths_and_maps_data_dirs(tmp_path):
     assert written == len("x = 1\n") + len("y = 2\n")
 
 
+def test_carried_triton_kernels_edits_apply_once_and_still_import(tmp_path):
+    """The upstream peer's triton_kernels, edited for the GPU machine's Triton 3.6, still imports here (Triton of
+    the pinned SGLang), where both edits must be no-ops."""
+    import carry
+
+    carry.copy_triton_kernels(tmp_path / "triton_kernels")
+    for name, _text, replacement in carry.TRITON36_EDITS:
+        assert replacement in (tmp_path / "triton_kernels" / name).read_text()
+    code = ("import triton_kernels, triton_kernels.matmul, triton_kernels.target_info as t; "
+            "assert triton_kernels.__file__.startswith(%r); print(t.is_hip_gfx1250)" % str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_gpu_env_links_this_checkout_as_the_installed_plugin(tmp_path):
     import tarfile
 

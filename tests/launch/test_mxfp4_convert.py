@@ -21,7 +21,8 @@ if ROOT not in sys.path:  # the GPU image runs the tests without the package ins
     sys.path.insert(0, ROOT)
 
 from sglang_ext.layers.fp8 import BLOCK, convert_block128, dequantize_weight_block128  # noqa: E402
-from sglang_ext.layers.mxfp4 import DenseExperts, Mxfp4Experts, experts_to_fp8_block128  # noqa: E402
+from sglang_ext.layers.mxfp4 import (  # noqa: E402
+    CONVERT_CHUNK_ELEMENTS, DenseExperts, Mxfp4Experts, experts_to_fp8_block128)
 
 FP8 = torch.float8_e4m3fn
 
@@ -118,7 +119,9 @@ def test_20b_layer_converts_on_cuda_and_serves_in_cuda_graphs():
                         "fp32_layer_GiB": round(fp32_layer / 2**30, 3),
                         "blocks_exact": sum(x["blocks_exact"] for x in stats),
                         "blocks": sum(x["blocks"] for x in stats)}
-        assert scratch < fp32_layer / 2, report[name]  # a few experts at a time, never the layer
+        # A few experts at a time: the scratch is a fixed multiple of one chunk in fp32 (the dequantised
+        # chunk and the quantiser's temporaries), whatever the layer's size (120b's is four times 20b's)
+        assert scratch <= 4 * CONVERT_CHUNK_ELEMENTS * 4, report[name]
         for e in cpu_checked:  # the offline converter's bytes, computed on the CPU
             (_, _, cpu_q, cpu_s, cpu_st), = experts_to_fp8_block128(source, e, e + 1, "cpu")
             assert torch.equal(q[e].cpu().view(torch.uint8), cpu_q[0].view(torch.uint8)), (name, e)
