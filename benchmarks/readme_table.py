@@ -120,9 +120,8 @@ def render(data: dict, prov: tuple[str, str] | None) -> str:
         "same layers timed on their own paged cache in the same call. % copy BW: the bytes a step must read over "
         "the device's measured copy bandwidth (served where measured, else the harness's).",
         "",
-        *([f"Rows at batch {', '.join(map(str, withheld))} are withheld: on weightless servers their requests routed "
-           "alike and read fewer experts than a trained model's batch must (the results file's notes say why); they "
-           "wait for a re-run.", ""] if withheld else []),
+        *([f"Rows at batch {', '.join(map(str, withheld))} are withheld as invalid measurements; each row's note in "
+           "`served_gpu.md` says why, and they wait for a re-run.", ""] if withheld else []),
         *_profile_lines(data.get("profile") or []),
     ])
 
