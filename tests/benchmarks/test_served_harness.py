@@ -31,6 +31,8 @@ for f in (sgl_kernel.rmsnorm, transfer_kv_all_layer, fa.flash_attn_with_kvcache)
         assert "is a stub" in str(e), e
     else:
         raise SystemExit("a stub call did not raise")
+from sgl_kernel.utils import is_arch_support_pdl  # a real host-side helper: False without CUDA, never logged
+assert is_arch_support_pdl() is False
 """
     env = {**os.environ, "PYTHONPATH": str(SERVED / "sgl_kernel_stub"), "KERNEL_STUB_LOG": str(log)}
     subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=tmp_path)

@@ -3,7 +3,7 @@
 The real package is 373 MB and built for torch 2.14; the GPU machine has torch 2.11 and no registry.
 SGLang imports `sgl_kernel` (and submodules such as `sgl_kernel.kvcacheio`) in many modules behind
 `is_cuda()`, mostly for kernels that gpt-oss served by sglang-ext never runs. Every import here
-succeeds; every name is a `Stub` that raises a `RuntimeError` naming itself when called, and
+succeeds; every name but a few host-side helpers (`REAL`) is a `Stub` that raises a `RuntimeError` naming itself when called, and
 appends that name to `$KERNEL_STUB_LOG` (one line a call), so a run can prove that no stubbed
 function was on its path. Never installed for users: `benchmarks/served/carry.py` puts it in the carry.
 """
@@ -46,11 +46,25 @@ class Stub:
         return f"<sgl_kernel stub {self._name}>"
 
 
+def is_arch_support_pdl() -> bool:
+    """As sglang-kernel's `sgl_kernel.utils.is_arch_support_pdl` (a host-side query, no kernel): CUDA sm_90+.
+    SGLang's own triton attention backend (the upstream peer's) asks it at init."""
+    import torch
+
+    if getattr(torch.version, "hip", None) or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9
+
+
+# Names that are real here: sglang-kernel's pure host-side helpers, copied rather than stubbed.
+REAL = {"sgl_kernel.utils.is_arch_support_pdl": is_arch_support_pdl}
+
+
 def _module_getattr(module_name: str):
     def __getattr__(attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return Stub(f"{module_name}.{attr}")
+        return REAL.get(f"{module_name}.{attr}") or Stub(f"{module_name}.{attr}")
 
     return __getattr__
 
