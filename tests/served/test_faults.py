@@ -743,7 +743,8 @@ def test_raising_custom_logit_processor_finishes_only_its_request(unharmed, base
     assert "FailAfterTokens failed: RuntimeError: boom after 3 tokens" in failing.json()["error"]["message"]
     last = results["native_stream"][-1]["meta_info"]
     assert last["finish_reason"]["type"] == "abort" and "boom after 5 tokens" in last["finish_reason"]["message"]
-    assert len(last["token_probe_probs"]) == last["completion_tokens"] >= 5
+    streamed = [row for e in results["native_stream"] for row in e["meta_info"].get("token_probe_probs") or []]
+    assert len(streamed) == last["completion_tokens"] >= 5  # each chunk carries its new tokens' scores
     error = results["chat_stream"][-1]["error"]
     assert "boom after 4 tokens" in error["message"] and error["code"] == 400
 
@@ -909,10 +910,11 @@ def _stream_kept_or_dropped(url, i, drop) -> str | None:
                 last = json.loads(raw[len(b"data: "):])
                 for choice in last.get("choices") or []:
                     scores += len(choice.get("token_probe_probs") or [])
+                scores += len((last.get("meta_info") or {}).get("token_probe_probs") or [])  # native: its new tokens
                 if last.get("usage"):
                     tokens = last["usage"]["completion_tokens"]
     if path == "/generate" and last is not None:
-        scores, tokens = len(last["meta_info"]["token_probe_probs"]), len(last["output_ids"])
+        tokens = len(last["output_ids"])
     if not done or tokens is None or scores != tokens or tokens == 0:
         return f"{path} #{i}: done={done} tokens={tokens} scores={scores} last={json.dumps(last)[:200]}"
     return None
