@@ -63,6 +63,8 @@ for stage in $STAGES; do
         upstream)  # the peer: SGLang's own gpt-oss (plugin not loaded), MXFP4 through triton_kernels where present
             python3 -c "import triton_kernels.matmul" >"$OUT/upstream_triton_kernels.txt" 2>&1 \
                 && echo "triton_kernels imports under this Triton" >>"$OUT/upstream_triton_kernels.txt"
+            # Without the real sgl_kernel, upstream's RMSNorm, RoPE and positions need SGLang's JIT kernels (nvcc, ninja)
+            { which nvcc ninja g++; nvcc --version; } >"$OUT/upstream_toolchain.txt" 2>&1
             SGLANG_PLUGINS=sglang_ext_weightless_routing timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
                 --model-path "$FULL/gpt-oss-$MODEL-mxfp4" --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" \
                 --contexts "$CONTEXT" --lengths "$PREFILL" --output-len "$OUTPUT_LEN" --prefill-repeats 3 \
