@@ -44,6 +44,7 @@ WHEELS = (
     "setproctitle", "openai", "jiter", "distro", "sniffio", "openai-harmony", "partial-json-parser",
     "interegular", "xgrammar", "apache-tvm-ffi", "compressed-tensors", "loguru", "gguf", "dill", "jsonschema",
     "jsonschema-specifications", "referencing", "rpds-py", "anthropic", "docstring-parser",
+    "ninja",  # the build tool of SGLang's JIT kernels (tvm-ffi), which the upstream peer compiles on first use
 )
 # Paths of the SGLang wheel the launch path never imports (Rust HTTP/gRPC servers, the diffusion runtime).
 SGLANG_DROP = ("sglang/srt/rust_extensions/", "sglang/multimodal_gen/")
@@ -108,7 +109,8 @@ def download(specs: list[str], dest: Path) -> None:
 
 
 def unpack_wheel(wheel: Path, site: Path, drop: tuple[str, ...] = ()) -> int:
-    """Unpack one wheel as pip would for a plain install (purelib/platlib only); returns the bytes written."""
+    """Unpack one wheel as pip would for a plain install: purelib/platlib into `site`, scripts (executables such
+    as ninja) into `site/bin` (gpu_env puts it on PATH), headers dropped; returns the bytes written."""
     written = 0
     with zipfile.ZipFile(wheel) as z:
         for info in z.infolist():
@@ -118,8 +120,10 @@ def unpack_wheel(wheel: Path, site: Path, drop: tuple[str, ...] = ()) -> int:
             parts = name.split("/")
             if len(parts) > 2 and parts[0].endswith(".data") and parts[1] in ("purelib", "platlib"):
                 name = "/".join(parts[2:])
+            elif len(parts) > 2 and parts[0].endswith(".data") and parts[1] == "scripts":
+                name = "/".join(["bin", *parts[2:]])
             elif parts[0].endswith(".data"):
-                continue  # scripts / headers: nothing the server needs
+                continue  # headers, data: nothing the server needs
             target = site / name
             target.parent.mkdir(parents=True, exist_ok=True)
             with z.open(info) as src, open(target, "wb") as dst:

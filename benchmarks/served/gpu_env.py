@@ -64,6 +64,7 @@ def unpack(carry: Path = ROOT / ".carry", dest: Path = DEST) -> dict[str, str]:
     (info / "top_level.txt").write_text("sglang_ext\n")
     env = dict(ENV)
     env["PYTHONPATH"] = os.pathsep.join([str(ext), str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PATH"] = os.pathsep.join([str(site / "bin"), os.environ.get("PATH", "")])  # the carried wheels' scripts (ninja)
     env["TIKTOKEN_ENCODINGS_BASE"] = str((carry / "vocab").resolve())
     env["TIKTOKEN_RS_CACHE_DIR"] = str(dest / "tiktoken-rs")
     env["KERNEL_STUB_LOG"] = str(dest / "sgl_kernel_calls.log")

@@ -15,8 +15,9 @@
 #   profile  where a batch-1 decode step's time goes in the server (benchmarks/served/profile_decode.py: streamed
 #            inter-token intervals and SGLang's profiler over 64 steps); profile_noprobe the same without the probe
 #   upstream the peer a user would pick instead: SGLang's own gpt-oss with the plugin not loaded (only its weightless
-#            routing patch: SGLANG_PLUGINS=sglang_ext_weightless_routing, gpu_env.py), its triton attention backend and,
-#            where `triton_kernels` imports, its MXFP4 MoE
+#            routing patch: SGLANG_PLUGINS=sglang_ext_weightless_routing, gpu_env.py), its triton attention backend,
+#            its MXFP4 MoE through the carried triton_kernels, its norms, RoPE and positions from SGLang's JIT kernels
+#            (nvcc on the machine, ninja from the carry; the stand-in sgl_kernel delegates its two norms to them)
 set -u
 R="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CARRY="${1:?carry folder}"
@@ -65,7 +66,10 @@ for stage in $STAGES; do
                 && echo "triton_kernels imports under this Triton" >>"$OUT/upstream_triton_kernels.txt"
             # Without the real sgl_kernel, upstream's RMSNorm, RoPE and positions need SGLang's JIT kernels (nvcc, ninja)
             { which nvcc ninja g++; nvcc --version; } >"$OUT/upstream_toolchain.txt" 2>&1
-            SGLANG_PLUGINS=sglang_ext_weightless_routing timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
+            # Its fused ops as a user gets them (SGLang's JIT kernels), not the torch ones gpu_env forces for our path:
+            # forced to torch, its TopK returns the standard format and the triton_kernels MoE runner asserts.
+            env -u SGLANG_FORCE_FUSED_OP_BACKEND SGLANG_PLUGINS=sglang_ext_weightless_routing \
+                timeout "${GRID_TIMEOUT:-420}" python3 "$R/benchmarks/sglang_server_grid.py" \
                 --model-path "$FULL/gpt-oss-$MODEL-mxfp4" --model-name "gpt-oss-$MODEL" --device cuda --batches "$BATCHES" \
                 --contexts "$CONTEXT" --lengths "$PREFILL" --output-len "$OUTPUT_LEN" --prefill-repeats 3 \
                 --startup-timeout 600 --bench-timeout "${BENCH_TIMEOUT:-300}" --temperature 1 --out "$OUT/upstream" --stem grid_upstream \

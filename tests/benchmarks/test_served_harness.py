@@ -24,7 +24,7 @@ from sgl_kernel.kvcacheio import transfer_kv_all_layer
 from sgl_kernel.scalar_type import scalar_types
 import sgl_kernel.flash_attn as fa
 assert scalar_types.uint4b8 is not None and fa.flash_attn_with_kvcache is not None
-for f in (sgl_kernel.rmsnorm, transfer_kv_all_layer, fa.flash_attn_with_kvcache):
+for f in (sgl_kernel.gemma_rmsnorm, transfer_kv_all_layer, fa.flash_attn_with_kvcache):
     try:
         f(1, x=2)
     except RuntimeError as e:
@@ -33,11 +33,16 @@ for f in (sgl_kernel.rmsnorm, transfer_kv_all_layer, fa.flash_attn_with_kvcache)
         raise SystemExit("a stub call did not raise")
 from sgl_kernel.utils import is_arch_support_pdl  # a real host-side helper: False without CUDA, never logged
 assert is_arch_support_pdl() is False
+import torch
+from sgl_kernel import rmsnorm  # real: SGLang's JIT kernel, or torch at gpt-oss's 2880, which the JIT refuses
+x, w = torch.randn(3, 2880).bfloat16(), torch.rand(2880).bfloat16()
+want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+assert float((rmsnorm(x, w, 1e-5).double() - want).abs().max()) <= float(want.abs().max()) * 2 ** -7
 """
     env = {**os.environ, "PYTHONPATH": str(SERVED / "sgl_kernel_stub"), "KERNEL_STUB_LOG": str(log)}
     subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=tmp_path)
     names = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
-    assert names == ["sgl_kernel.rmsnorm", "sgl_kernel.kvcacheio.transfer_kv_all_layer",
+    assert names == ["sgl_kernel.gemma_rmsnorm", "sgl_kernel.kvcacheio.transfer_kv_all_layer",
                      "sgl_kernel.flash_attn.flash_attn_with_kvcache"]
 
 
@@ -54,8 +59,8 @@ def test_unpack_wheel_drops_the_trimmed_paths_and_maps_data_dirs(tmp_path):
     site = tmp_path / "site"
     written = carry.unpack_wheel(wheel, site, carry.SGLANG_DROP)
     files = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
-    assert files == ["extra_mod.py", "sglang/__init__.py"]
-    assert written == len("x = 1\n") + len("y = 2\n")
+    assert files == ["bin/tool", "extra_mod.py", "sglang/__init__.py"]
+    assert written == len("x = 1\n") + len("y = 2\n") + len("#!/bin/sh\n")
 
 
 def test_carried_triton_kernels_edits_apply_once_and_still_import(tmp_path):

@@ -56,8 +56,35 @@ def is_arch_support_pdl() -> bool:
     return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9
 
 
-# Names that are real here: sglang-kernel's pure host-side helpers, copied rather than stubbed.
-REAL = {"sgl_kernel.utils.is_arch_support_pdl": is_arch_support_pdl}
+def fused_add_rmsnorm(input, residual, weight, eps: float = 1e-6, enable_pdl=None) -> None:
+    """sglang-kernel's in-place `residual += input; input = rmsnorm(residual) * weight`, as one CUDA kernel:
+    SGLang's own JIT one (compiled with nvcc on first use). The upstream peer's RMSNorm calls it twice a layer."""
+    from sglang.kernels.ops.layernorm.norm import fused_add_rmsnorm as jit_fused_add_rmsnorm
+
+    jit_fused_add_rmsnorm(input, residual, weight, eps)
+
+
+def rmsnorm(input, weight, eps: float = 1e-6, out=None, enable_pdl=None):
+    """sglang-kernel's `rmsnorm` (out-of-place): SGLang's JIT kernel where it takes the hidden size, else in torch
+    (gpt-oss's 2880 is not a JIT size; the peer calls it once a forward, for the final norm)."""
+    import torch
+
+    from sglang.kernels.ops.layernorm.norm import _is_supported_rmsnorm_hidden_size
+    from sglang.kernels.ops.layernorm.norm import rmsnorm as jit_rmsnorm
+
+    out = torch.empty_like(input) if out is None else out
+    if _is_supported_rmsnorm_hidden_size(input.shape[-1]):
+        jit_rmsnorm(input, weight, out, eps)
+    else:
+        x = input.float()
+        out.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(input.dtype))
+    return out
+
+
+# Names that are real here: sglang-kernel's host-side helpers, copied, and the two norms the upstream peer's
+# gpt-oss calls each step, delegated to SGLang's own kernels (sglang-kernel's are FlashInfer's, one kernel each).
+REAL = {"sgl_kernel.utils.is_arch_support_pdl": is_arch_support_pdl,
+        "sgl_kernel.fused_add_rmsnorm": fused_add_rmsnorm, "sgl_kernel.rmsnorm": rmsnorm}
 
 
 def _module_getattr(module_name: str):
