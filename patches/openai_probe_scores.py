@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from typing import Any, List, Optional, get_args
 
+import orjson  # every chunk of every scored stream is parsed and rewritten here: a tenth of json's time
 from pydantic import create_model
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -69,13 +69,13 @@ def _with_scores(sse: str, index: int, scores: list) -> str | None:
     if not sse.startswith("data: ") or sse.startswith("data: [DONE]"):
         return None
     try:
-        payload = json.loads(sse[len("data: "):])
+        payload = orjson.loads(sse[len("data: "):])
     except ValueError:
         return None
     for choice in payload.get("choices") or []:
         if choice.get("index") == index:
             choice[SCORES_KEY] = json_scores(scores)
-            return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
+            return "data: " + orjson.dumps(payload).decode() + "\n\n"
     return None
 
 
@@ -111,7 +111,7 @@ async def _stream_content_with_scores(original, self, *args, **kwargs):
             "model": request.model,
             "choices": [{"index": index, "delta": {}, "finish_reason": None, SCORES_KEY: json_scores(pending)}],
         }
-        yield "data: " + json.dumps(carrier, ensure_ascii=False) + "\n\n"
+        yield "data: " + orjson.dumps(carrier).decode() + "\n\n"
 
 
 # id(GenerateReqInput) of a live completions stream -> {choice index: cumulative scores}
