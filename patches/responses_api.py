@@ -60,6 +60,7 @@ import logging
 import re
 from typing import Any
 
+import orjson  # each streamed event is parsed and rewritten: a tenth of json's time
 from fastapi.responses import Response
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -140,7 +141,7 @@ def _event_with(sse: str, pending: list, record: ResponseRecord) -> tuple[str, b
         return sse, False
     head, sep, body = sse.partition("data: ")
     try:
-        payload = json.loads(body) if sep else None
+        payload = orjson.loads(body) if sep else None
     except ValueError:
         payload = None
     if not isinstance(payload, dict):
@@ -150,7 +151,7 @@ def _event_with(sse: str, pending: list, record: ResponseRecord) -> tuple[str, b
     response = payload.get("response")
     if payload.get("type") in FINAL_EVENTS and isinstance(response, dict) and record.scores:
         response[SCORES_KEY] = json_scores(record.scores)
-    return head + "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n", bool(pending)
+    return head + "data: " + orjson.dumps(payload).decode() + "\n\n", bool(pending)
 
 
 def error_event(message: str, code: str, sequence_number: int | None) -> str:
