@@ -3,9 +3,10 @@
 The real package is 373 MB and built for torch 2.14; the GPU machine has torch 2.11 and no registry.
 SGLang imports `sgl_kernel` (and submodules such as `sgl_kernel.kvcacheio`) in many modules behind
 `is_cuda()`, mostly for kernels that gpt-oss served by sglang-ext never runs. Every import here
-succeeds; every name but a few host-side helpers (`REAL`) is a `Stub` that raises a `RuntimeError` naming itself when called, and
-appends that name to `$KERNEL_STUB_LOG` (one line a call), so a run can prove that no stubbed
-function was on its path. Never installed for users: `benchmarks/served/carry.py` puts it in the carry.
+succeeds; every name but those in `REAL` (a host-side query, and two norms the upstream peer needs,
+delegated to SGLang's own kernels) is a `Stub` that raises a `RuntimeError` naming itself when
+called, and appends that name to `$KERNEL_STUB_LOG` (one line a call), so a run can prove that no
+stubbed function was on its path. Never installed for users: `benchmarks/served/carry.py` puts it in the carry.
 """
 
 from __future__ import annotations
