@@ -134,13 +134,11 @@ def test_openai_chat_carries_one_score_per_token(probe_server):
 
 def native_stream(url, body):
     """The `data:` events of a streamed native /generate."""
-    events = []
+    from sglang_ext.launch.demo import sse_events
+
     with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=600) as r:
         r.raise_for_status()
-        for line in (raw.decode() for raw in r.iter_lines()):
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[6:]))
-    return events
+        return list(sse_events(r))
 
 
 def test_native_stream_chunks_carry_their_own_tokens_scores(probe_server):

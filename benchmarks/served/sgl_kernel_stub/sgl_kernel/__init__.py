@@ -3,10 +3,11 @@
 The real package is 373 MB and built for torch 2.14; the GPU machine has torch 2.11 and no registry.
 SGLang imports `sgl_kernel` (and submodules such as `sgl_kernel.kvcacheio`) in many modules behind
 `is_cuda()`, mostly for kernels that gpt-oss served by sglang-ext never runs. Every import here
-succeeds; every name but those in `REAL` (a host-side query, and two norms the upstream peer needs,
-delegated to SGLang's own kernels) is a `Stub` that raises a `RuntimeError` naming itself when
-called, and appends that name to `$KERNEL_STUB_LOG` (one line a call), so a run can prove that no
-stubbed function was on its path. Never installed for users: `benchmarks/served/carry.py` puts it in the carry.
+succeeds; every name but the functions defined here (a host-side query, also reachable as `REAL`'s
+submodule name, and two norms the upstream peer needs, delegated to SGLang's own kernels) is a
+`Stub` that raises a `RuntimeError` naming itself when called, and appends that name to
+`$KERNEL_STUB_LOG` (one line a call), so a run can prove that no stubbed function was on its path.
+Never installed for users: `benchmarks/served/carry.py` puts it in the carry.
 """
 
 from __future__ import annotations
@@ -82,10 +83,9 @@ def rmsnorm(input, weight, eps: float = 1e-6, out=None, enable_pdl=None):
     return out
 
 
-# Names that are real here: sglang-kernel's host-side helpers, copied, and the two norms the upstream peer's
-# gpt-oss calls each step, delegated to SGLang's own kernels (sglang-kernel's are FlashInfer's, one kernel each).
-REAL = {"sgl_kernel.utils.is_arch_support_pdl": is_arch_support_pdl,
-        "sgl_kernel.fused_add_rmsnorm": fused_add_rmsnorm, "sgl_kernel.rmsnorm": rmsnorm}
+# Real names of submodules (the functions above are real in this top-level module as they stand): the two norms
+# are the ones the upstream peer's gpt-oss calls each step (sglang-kernel's are FlashInfer's, one kernel each).
+REAL = {"sgl_kernel.utils.is_arch_support_pdl": is_arch_support_pdl}
 
 
 def _module_getattr(module_name: str):
