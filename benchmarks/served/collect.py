@@ -6,6 +6,8 @@ same key and keeps the others, so results from several calls (and cards) stand s
 its card.
 
     python benchmarks/served/collect.py --call /work/.device/N [--call ...] [--note TEXT ...]
+
+A call that ran run_gpu_tests.sh (its gpu_tests.xml) also writes benchmarks/results/gpu_tests.json (+ .md).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import argparse
 import json
 import re
 import statistics
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "benchmarks" / "results" / "served_gpu"
+GPU_TESTS = ROOT / "benchmarks" / "results" / "gpu_tests"
 KEYS = {"serving": ("model", "concurrency", "probe", "device"), "parity": ("checkpoint", "cuda_graph"), "decode": ("model", "batch", "context", "probe", "device"),
         "prefill": ("model", "input_tokens", "probe", "device"), "checks": ("name", "device"),
         "profile": ("model", "context", "probe", "device", "call"),
@@ -265,11 +269,46 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+JUNIT_OUTCOME = {"failure": "failed", "error": "error", "skipped": "skipped"}  # a junit testcase's child -> outcome
+
+
+def gpu_tests(call: Path, commit: str | None = None) -> dict | None:
+    """The `gpu` tests' outcome from a run_gpu_tests.sh call (its junit file): each test, its result and time."""
+    xml = call / "gpu_tests.xml"
+    if not xml.exists():
+        return None
+    suite = ET.parse(xml).getroot().find("testsuite")
+    env = load(call / "env.json") or {}
+    tests = []
+    for case in suite.iter("testcase"):
+        mark = next((child for child in case if child.tag in JUNIT_OUTCOME), None)
+        outcome = "passed" if mark is None else JUNIT_OUTCOME[mark.tag]
+        reason = "" if mark is None else mark.get("message", "")
+        tests.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                      "time_s": round(float(case.get("time", 0)), 1), **({"reason": reason[:300]} if reason else {})})
+    counts = {k: sum(t["outcome"] == k for t in tests) for k in ("passed", "failed", "error", "skipped")}
+    return {"device": env.get("device"), "torch": env.get("torch"), "triton": env.get("triton"),
+            "commit": commit, "date": suite.get("timestamp"), "wall_s": round(float(suite.get("time", 0)), 1), "counts": counts,
+            "command": "OUT=$OUT bash benchmarks/served/run_gpu_tests.sh .carry", "tests": sorted(tests, key=lambda t: t["test"])}
+
+
+def gpu_tests_markdown(r: dict) -> str:
+    c = r["counts"]
+    lines = [f"# GPU tests (`-m gpu`) on {r['device']}", "",
+             f"`{r['command']}` at commit {r['commit']} — {r['date']}, torch {r['torch']}, Triton {r['triton']}, {r['wall_s']} s with 4 workers.", "",
+             f"**{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped.**", "",
+             "| test | outcome | s |", "|---|---|---|"]
+    lines += [f"| `{t['test']}` | {t['outcome']}{' (' + t['reason'] + ')' if t.get('reason') else ''} | {t['time_s']} |"
+              for t in r["tests"]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--call", type=Path, action="append", default=[])
     ap.add_argument("--note", action="append", default=[], help="a line for the Markdown's notes (kept across runs)")
     ap.add_argument("--clear-notes", action="store_true")
+    ap.add_argument("--commit", help="the commit the calls ran (recorded with the GPU tests)")
     args = ap.parse_args(argv)
     result = load(OUT.with_suffix(".json")) or {"parity": [], "decode": [], "prefill": [], "serving": [], "checks": []}
     if args.clear_notes:
@@ -283,6 +322,10 @@ def main(argv=None):
                 result[key] = env[key]
         for section, rows in got.items():
             result[section] = merge(result.get(section, []), rows, KEYS[section])
+        tests = gpu_tests(call, args.commit)
+        if tests:
+            GPU_TESTS.with_suffix(".json").write_text(json.dumps(tests, indent=1) + "\n")
+            GPU_TESTS.with_suffix(".md").write_text(gpu_tests_markdown(tests))
     OUT.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     OUT.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))

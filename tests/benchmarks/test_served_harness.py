@@ -147,6 +147,34 @@ def test_collect_writes_the_issue_shape(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / "served_gpu.json").read_text())["decode"]) == 1
 
 
+def test_collect_records_the_gpu_tests_of_a_call(tmp_path, monkeypatch):
+    """run_gpu_tests.sh's junit file (pytest's own, from a run with one pass, one failure and one skip) becomes
+    gpu_tests.json (+ .md): the counts, each test's outcome and the failure's reason, with the card and commit."""
+    import collect
+
+    call = tmp_path / "call"
+    call.mkdir()
+    (call / "env.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0"}))
+    (tmp_path / "test_three.py").write_text(
+        "import pytest\n"
+        "def test_ok(): pass\n"
+        "def test_bad(): assert 1 == 2, 'one is not two'\n"
+        "@pytest.mark.skip(reason='no card')\n"
+        "def test_skipped(): pass\n")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={call / 'gpu_tests.xml'}",
+                    str(tmp_path / "test_three.py")], capture_output=True, cwd=tmp_path)
+    monkeypatch.setattr(collect, "OUT", tmp_path / "served_gpu")
+    monkeypatch.setattr(collect, "GPU_TESTS", tmp_path / "gpu_tests")
+    collect.main(["--call", str(call), "--commit", "abc1234"])
+    got = json.loads((tmp_path / "gpu_tests.json").read_text())
+    assert got["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
+    assert (got["device"], got["commit"]) == ("NVIDIA H100 80GB HBM3", "abc1234")
+    bad = next(t for t in got["tests"] if t["test"].endswith("test_bad"))
+    assert bad["outcome"] == "failed" and "one is not two" in bad["reason"]
+    md = (tmp_path / "gpu_tests.md").read_text()
+    assert "1 passed, 1 failed, 0 errors, 1 skipped" in md and "abc1234" in md
+
+
 def test_collect_withholds_greedy_weightless_batches(tmp_path, monkeypatch):
     """A weightless grid decoded greedily: its batch > 1 rows are marked invalid (they route alike); batch 1 and a
     grid sampled at temperature 1 are not."""
