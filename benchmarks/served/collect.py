@@ -295,7 +295,7 @@ def gpu_tests(call: Path, commit: str | None = None) -> dict | None:
 def gpu_tests_markdown(r: dict) -> str:
     c = r["counts"]
     lines = [f"# GPU tests (`-m gpu`) on {r['device']}", "",
-             f"`{r['command']}` at commit {r['commit']} — {r['date']}, torch {r['torch']}, Triton {r['triton']}, {r['wall_s']} s with 4 workers.", "",
+             f"`{r['command']}` at commit {r['commit']} — {r['date']}, torch {r['torch']}, Triton {r['triton']}, {r['wall_s']} s.", "",
              f"**{c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped.**", "",
              "| test | outcome | s |", "|---|---|---|"]
     lines += [f"| `{t['test']}` | {t['outcome']}{' (' + t['reason'] + ')' if t.get('reason') else ''} | {t['time_s']} |"
