@@ -334,8 +334,13 @@ def train_chain(model, task=CHAIN_TASK, device=None, log=print):
     g = torch.Generator().manual_seed(task["seed"] + 1)
     model.to(device).train()
     # The expert matrices keep their MXFP4-exact init: 4-bit snapping after training would undo what was learnt.
-    params = [p for n, p in model.named_parameters() if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
-    opt = torch.optim.Adam(params, lr=task["lr"])
+    params = {n: p for n, p in model.named_parameters() if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    # Weight decay (where the task sets one) on the weight matrices only: biases, norms and sinks are not pulled to 0.
+    matrix = {n for n, p in params.items() if p.dim() >= 2 and not n.endswith("bias")}
+    opt = torch.optim.AdamW([{"params": [p for n, p in params.items() if n in matrix],
+                              "weight_decay": task.get("weight_decay", 0.0)},
+                             {"params": [p for n, p in params.items() if n not in matrix], "weight_decay": 0.0}],
+                            lr=task["lr"])
     ids_dev = ids.to(device)
     for i in range(task["steps"]):
         idx = _chain_indices(step, task["batch"], task["length"], task["lag"], g).to(device)
@@ -492,7 +497,7 @@ def _generate(out_root, variants, cache_dir, force, log, init):
     vocab = tk.ensure_o200k_vocab(cache_dir)
     model = build_model(std=INIT_PROFILES[init])
     if init == "trained":
-        train_chain(model, log=log)
+        train_chain(model, task=_training(init), log=log)
     with tempfile.TemporaryDirectory(dir=out_root, prefix=".tmp-make_tiny-") as tmp:
         tok_dir = tk.build_harmony_tokenizer(os.path.join(tmp, "tokenizer"), vocab, cache_dir)
         for v in todo:

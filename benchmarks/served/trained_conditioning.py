@@ -1,0 +1,124 @@
+"""How much do rounding errors move the probe scores of a trained tiny checkpoint? One row per training recipe.
+
+The served parity check (parity.py) holds a served FP8 run to the fp32 truth on the same weights (with the same
+w8a8 activation rounding) within 2e-2. Part of any served run's distance from that truth is the model's own
+amplification of rounding: transformers in bf16 with the same w8a8 rounding (`fp8_probe_ref_err`) is a correct
+implementation too, and its distance from the truth bounds what a served run can show. This script trains the
+trained profile's task (make_tiny.train_chain) under several recipes and measures, for each, without a server:
+
+  loss            the last training step's loss
+  chain_ok        fp32 greedy tokens that follow the task's chain, of 48, on parity's prompt
+  min_margin      the fp32 truth's smallest top-2 gap (nats) along those tokens (every served token must match)
+  bf16_probe_ref_err / fp8_probe_ref_err   max |reference - truth| of the probe scores, bf16 and FP8 (w8a8)
+  bf16_tokens / fp8_tokens                 reference greedy tokens equal to the truth's before the first difference
+  tap_rel_err     relative L2 distance of the FP8 reference's hidden states from the truth's at the probe's taps
+
+    eval "$(python3 benchmarks/served/gpu_env.py .carry)"; cd /tmp
+    python3 $REPO/benchmarks/served/trained_conditioning.py --out $OUT/conditioning.json [--only NAME,...]
+
+Each recipe trains in ~40-100 s on an H100 (about an hour per 600 steps on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import parity  # noqa: E402
+
+from sglang_ext.launch import make_tiny as mt  # noqa: E402
+from sglang_ext.launch.make_tiny_probe import generate as make_probe  # noqa: E402
+
+# name: (init profile the training starts from, CHAIN_TASK overrides)
+RECIPES = {
+    "default": ("default", {}),
+    "default_wd1": ("default", {"weight_decay": 1.0}),
+    "calm_b32_1200": ("calm", {"batch": 32, "steps": 1200}),
+    "calm_b32_1200_lr1e-2": ("calm", {"batch": 32, "steps": 1200, "lr": 1e-2}),
+    "calm_b32_1200_wd0.3": ("calm", {"batch": 32, "steps": 1200, "weight_decay": 0.3}),
+}
+
+
+def follows_chain(prompt, tokens, task):
+    ids, step = mt.chain_task(task)
+    pos = {int(t): i for i, t in enumerate(ids)}
+    seq, lag = prompt + tokens, task["lag"]
+    return sum(1 for i in range(len(prompt), len(seq))
+               if seq[i - lag] in pos and seq[i] == int(ids[step[pos[seq[i - lag]]]]))
+
+
+def checkpoint(root: Path, init: str, task: dict, log) -> dict:
+    """make_tiny's trained profile with this recipe (make_tiny reads both at call time)."""
+    mt.INIT_PROFILES["trained"], mt.CHAIN_TASK = mt.INIT_PROFILES[init], task
+    made = mt.generate(root, variants=("bf16", "fp32"), init="trained", log=log)
+    fp8 = root / "fp8"
+    if not (fp8 / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "sglang_ext.launch.convert", made["bf16"], str(fp8)], check=True,
+                       stdout=subprocess.DEVNULL)
+    return {"bf16": Path(made["bf16"]), "fp32": Path(made["fp32"]), "fp8_hf": parity.fp8_as_hf(fp8, root / "fp8_as_hf"),
+            "probe": Path(make_probe(str(root / "probe"), base_dir=made["fp32"], log=lambda *_: None))}
+
+
+def measure(ck: dict, task: dict) -> dict:
+    prompt, n, p = mt.chain_prompt(parity.PROMPT_LEN, task=task), parity.NEW_TOKENS, parity.PROMPT_LEN
+    row = {}
+    for label, ref_dir, truth_dir, w8a8 in (("bf16", ck["bf16"], ck["fp32"], False),
+                                            ("fp8", ck["fp8_hf"], ck["fp8_hf"], True)):
+        truth = parity.hf_model(truth_dir, torch.float32, w8a8=w8a8)
+        want = parity.hf_greedy(truth, prompt)
+        truth_lp, truth_hidden = parity.hf_logprobs_and_hidden(truth, prompt + want, p)
+        ref = parity.hf_model(ref_dir, torch.bfloat16, w8a8=w8a8)
+        got = parity.hf_greedy(ref, prompt)
+        _, ref_hidden = parity.hf_logprobs_and_hidden(ref, prompt + want, p)
+        truth_scores = parity.reference_scores(truth_hidden, ck["probe"], p, n)
+        ref_scores = parity.reference_scores(ref_hidden, ck["probe"], p, n)
+        row[f"{label}_tokens"] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), n)
+        row[f"{label}_probe_ref_err"] = float((ref_scores - truth_scores).abs().max())
+        if label == "fp8":
+            row["chain_ok"] = follows_chain(prompt, want, task)
+            row["min_margin"] = float(truth_lp.topk(2, -1).values.diff(dim=-1).abs().min())
+            taps = json.loads((ck["probe"] / "config.json").read_text())["base_model_layer_ids"]
+            row["tap_rel_err"] = [round(float((ref_hidden[i].float() - truth_hidden[i].float()).norm()
+                                              / truth_hidden[i].float().norm()), 5) for i in taps]
+        del truth, ref
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/sglang_ext_conditioning"))
+    ap.add_argument("--only", default="")
+    ap.add_argument("--steps", type=int, default=None, help="override every recipe's steps (a quick check)")
+    args = ap.parse_args(argv)
+    only = set(filter(None, args.only.split(",")))
+    base_task = dict(mt.CHAIN_TASK)
+    rows = []
+    for name, (init, overrides) in RECIPES.items():
+        if only and name not in only:
+            continue
+        task = dict(base_task, **overrides)
+        if args.steps:
+            task["steps"] = args.steps
+        losses = []
+        t0 = time.time()
+        ck = checkpoint(args.work / name, init, task, log=lambda m: (losses.append(m), print(m, flush=True)))
+        row = {"recipe": name, "init": init, "task": task, "train_s": round(time.time() - t0, 1),
+               "loss": next(float(m.rsplit(" ", 1)[1]) for m in reversed(losses) if "train_chain step" in m)}
+        row.update(measure(ck, task))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        args.out.write_text(json.dumps({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                                        "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
