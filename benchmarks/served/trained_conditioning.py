@@ -39,9 +39,9 @@ from sglang_ext.launch.make_tiny_probe import generate as make_probe  # noqa: E4
 
 # name: (init profile the training starts from, CHAIN_TASK overrides)
 RECIPES = {
-    "calm_b32_1200": ("calm", {"batch": 32, "steps": 1200}),
+    "calm_b32_500": ("calm", {"batch": 32, "steps": 500}),
+    "calm_b32_500_wd0.3": ("calm", {"batch": 32, "steps": 500, "weight_decay": 0.3}),
     "calm_b32_1200_lr1e-2": ("calm", {"batch": 32, "steps": 1200, "lr": 1e-2}),
-    "calm_b32_1200_wd0.3": ("calm", {"batch": 32, "steps": 1200, "weight_decay": 0.3}),
     "default_wd1": ("default", {"weight_decay": 1.0}),
     "default": ("default", {}),
 }
