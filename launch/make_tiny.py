@@ -342,16 +342,28 @@ def train_chain(model, task=CHAIN_TASK, device=None, log=print):
                              {"params": [p for n, p in params.items() if n not in matrix], "weight_decay": 0.0}],
                             lr=task["lr"])
     ids_dev = ids.to(device)
+    # A router margin (where the task sets one): a hinge on the gap between each token's k-th and (k+1)-th expert
+    # logits. Top-k choice is discontinuous; a token whose gap is inside rounding error swaps an expert between two
+    # correct implementations, which moves its hidden state by far more than the rounding did.
+    router_logits = []
+    hooks = [layer.mlp.router.register_forward_hook(lambda _m, _a, out: router_logits.append(out[0]))
+             for layer in model.model.layers] if task.get("router_margin") else []
     for i in range(task["steps"]):
         idx = _chain_indices(step, task["batch"], task["length"], task["lag"], g).to(device)
+        router_logits.clear()
         hidden = model.model(input_ids=ids_dev[idx]).last_hidden_state[:, task["lag"] - 1 : -1]
         logits = hidden @ model.lm_head.weight[ids_dev].T
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, len(ids)), idx[:, task["lag"]:].reshape(-1))
+        for r in router_logits:
+            top = r.topk(model.config.num_experts_per_tok + 1, dim=-1).values
+            loss = loss + torch.relu(task["router_margin"] - (top[:, -2] - top[:, -1])).mean() / len(router_logits)
         opt.zero_grad()
         loss.backward()
         opt.step()
         if i % 100 == 0 or i == task["steps"] - 1:
             log(f"make_tiny: train_chain step {i} loss {loss.item():.4f}")
+    for h in hooks:
+        h.remove()
     model.to("cpu").eval()
     return round_to_formats(model)
 

@@ -11,6 +11,7 @@ trained profile's task (make_tiny.train_chain) under several recipes and measure
   min_margin      the fp32 truth's smallest top-2 gap (nats) along those tokens (every served token must match)
   bf16_probe_ref_err / fp8_probe_ref_err   max |reference - truth| of the probe scores, bf16 and FP8 (w8a8)
   bf16_tokens / fp8_tokens                 reference greedy tokens equal to the truth's before the first difference
+  *_routing_flips (layer, token) pairs where the reference picks other experts than the truth on the same sequence
   tap_rel_err     relative L2 distance of the FP8 reference's hidden states from the truth's at the probe's taps
 
     eval "$(python3 benchmarks/served/gpu_env.py .carry)"; cd /tmp
@@ -39,6 +40,9 @@ from sglang_ext.launch.make_tiny_probe import generate as make_probe  # noqa: E4
 
 # name: (init profile the training starts from, CHAIN_TASK overrides)
 RECIPES = {
+    "calm_b32_500_wd0.3_rm1": ("calm", {"batch": 32, "steps": 500, "weight_decay": 0.3, "router_margin": 1.0}),
+    "calm_b32_250_wd0.3": ("calm", {"batch": 32, "steps": 250, "weight_decay": 0.3}),
+    "default_rm1": ("default", {"router_margin": 1.0}),
     "calm_b32_500": ("calm", {"batch": 32, "steps": 500}),
     "calm_b32_500_wd0.3": ("calm", {"batch": 32, "steps": 500, "weight_decay": 0.3}),
     "calm_b32_1200_lr1e-2": ("calm", {"batch": 32, "steps": 1200, "lr": 1e-2}),
@@ -53,6 +57,18 @@ def follows_chain(prompt, tokens, task):
     seq, lag = prompt + tokens, task["lag"]
     return sum(1 for i in range(len(prompt), len(seq))
                if seq[i - lag] in pos and seq[i] == int(ids[step[pos[seq[i - lag]]]]))
+
+
+@torch.no_grad()
+def expert_choices(model, sequence) -> torch.Tensor:
+    """[layers, tokens, top_k] sorted expert ids the model routes ``sequence`` through."""
+    got = []
+    hooks = [layer.mlp.router.register_forward_hook(lambda _m, _a, out: got.append(out[2].sort(-1).values.cpu()))
+             for layer in model.model.layers]
+    model(torch.tensor([sequence], device=model.device))
+    for h in hooks:
+        h.remove()
+    return torch.stack(got)
 
 
 def checkpoint(root: Path, init: str, task: dict, log) -> dict:
@@ -82,6 +98,9 @@ def measure(ck: dict, task: dict) -> dict:
         ref_scores = parity.reference_scores(ref_hidden, ck["probe"], p, n)
         row[f"{label}_tokens"] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), n)
         row[f"{label}_probe_ref_err"] = float((ref_scores - truth_scores).abs().max())
+        # (layer, token) pairs whose expert set differs between the reference and the truth on the same sequence
+        row[f"{label}_routing_flips"] = int((expert_choices(ref, prompt + want)
+                                             != expert_choices(truth, prompt + want)).any(-1).sum())
         if label == "fp8":
             row["chain_ok"] = follows_chain(prompt, want, task)
             row["min_margin"] = float(truth_lp.topk(2, -1).values.diff(dim=-1).abs().min())
