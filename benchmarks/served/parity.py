@@ -307,7 +307,7 @@ def chunked_row(name, model_dir, probe_dir, cold_ref, log_dir, max_graph_bs, see
 
 def make_checkpoints(root: Path, inits=("calm", "default", "trained")) -> dict:
     """The checkpoints of the given init profiles (the calm one always: its probe serves the default init's rows).
-    Only those asked: the trained profile costs ~20 minutes on a CPU."""
+    Only those asked: the trained profile costs 45 minutes on a CPU."""
     from sglang_ext.launch.make_tiny import generate as make_tiny
     from sglang_ext.launch.make_tiny_probe import generate as make_probe
 

@@ -38,7 +38,9 @@ import parity  # noqa: E402
 from sglang_ext.launch import make_tiny as mt  # noqa: E402
 from sglang_ext.launch.make_tiny_probe import generate as make_probe  # noqa: E402
 
-# name: (init profile the training starts from, CHAIN_TASK overrides)
+# The first recipe's task; each recipe below is (init profile the training starts from, overrides of it).
+# make_tiny's trained profile is calm_b32_500_wd0.3_rm1.
+BASE_TASK = {"tokens": 512, "lag": 2, "seed": 1, "steps": 600, "batch": 8, "length": 384, "lr": 3e-3}
 RECIPES = {
     "calm_b32_500_wd0.3_rm1": ("calm", {"batch": 32, "steps": 500, "weight_decay": 0.3, "router_margin": 1.0}),
     "calm_b32_250_wd0.3": ("calm", {"batch": 32, "steps": 250, "weight_decay": 0.3}),
@@ -160,12 +162,11 @@ def main(argv=None):
         collect(args.collect)
         return
     only = set(filter(None, args.only.split(",")))
-    base_task = dict(mt.CHAIN_TASK)
     rows = []
     for name, (init, overrides) in RECIPES.items():
         if only and name not in only:
             continue
-        task = dict(base_task, **overrides)
+        task = dict(BASE_TASK, **overrides)
         if args.steps:
             task["steps"] = args.steps
         losses = []
