@@ -254,7 +254,7 @@ INIT_PROFILES["trained"] = INIT_PROFILES["calm"]  # then train_chain
 # MLPs. The sequences cover the parity prompts (300 + 48 tokens): trained on 160, a model did not carry the task
 # to position 300. The recipe is the best conditioned of those measured (benchmarks/results/trained_conditioning.md):
 # from the calm init, batch 32 (at batch 8 it ended at a loss of 0.3), weight decay, and a router margin so that
-# no token sits on an expert tie; the default init trained the same way amplified FP8 rounding 2-3x more.
+# no token sits on an expert tie (top-k swaps between two correct implementations spiked the probe error).
 CHAIN_TASK = {"tokens": 512, "lag": 2, "seed": 1, "steps": 500, "batch": 32, "length": 384, "lr": 3e-3,
               "weight_decay": 0.3, "router_margin": 1.0}
 
