@@ -408,3 +408,36 @@ def test_train_chain_keeps_the_checkpoint_formats_and_lowers_the_loss():
         if name in experts:
             assert torch.equal(p, experts[name]), name
     assert not model.training
+
+
+def _router_gaps(model, task):
+    """Each token's gap between its k-th and (k+1)-th expert logits, every layer, on a batch of the task."""
+    ids, step = mt.chain_task(task)
+    idx = mt._chain_indices(step, 4, 24, task["lag"], torch.Generator().manual_seed(7))
+    gaps = []
+    hooks = [layer.mlp.router.register_forward_hook(
+        lambda _m, _a, out: gaps.append(out[0].topk(model.config.num_experts_per_tok + 1, -1).values
+                                        .diff(dim=-1)[:, -1].abs())) for layer in model.model.layers]
+    with torch.no_grad():
+        model.model(input_ids=ids[idx])
+    for h in hooks:
+        h.remove()
+    return torch.cat(gaps)
+
+
+def test_train_chain_weight_decay_and_router_margin_do_what_they_say():
+    """The same 30 steps with and without the trained profile's two regularisers: weight decay shrinks the trained
+    weight matrices (not the frozen experts), and the router margin widens the k-th vs (k+1)-th expert gap."""
+    dims = dict(mt.TINY_DIMS, num_hidden_layers=2)
+    task = dict(mt.CHAIN_TASK, steps=30, batch=4, length=24, lr=1e-2, weight_decay=0.0, router_margin=0.0)
+    plain, decayed, margined = (mt.build_model(dims=dims) for _ in range(3))
+    mt.train_chain(plain, task=task, device="cpu", log=lambda _: None)
+    mt.train_chain(decayed, task=dict(task, weight_decay=10.0), device="cpu", log=lambda _: None)
+    mt.train_chain(margined, task=dict(task, router_margin=2.0), device="cpu", log=lambda _: None)
+    norm = {n: p.norm() for n, p in plain.named_parameters()}
+    shrunk = {n: float(p.norm() / norm[n]) for n, p in decayed.named_parameters()}
+    assert shrunk["model.layers.0.self_attn.q_proj.weight"] < 0.9 and shrunk["lm_head.weight"] < 0.9, shrunk
+    assert shrunk["model.layers.0.mlp.experts.gate_up_proj"] == 1.0  # frozen
+    assert shrunk["model.layers.0.input_layernorm.weight"] > 0.95  # norms are not decayed
+    small = lambda m: float((_router_gaps(m, task) < 0.5).float().mean())  # noqa: E731
+    assert small(margined) < 0.5 * small(plain), (small(margined), small(plain))
