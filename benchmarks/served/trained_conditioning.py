@@ -39,7 +39,8 @@ from sglang_ext.launch import make_tiny as mt  # noqa: E402
 from sglang_ext.launch.make_tiny_probe import generate as make_probe  # noqa: E402
 
 # The first recipe's task; each recipe below is (init profile the training starts from, overrides of it).
-# make_tiny's trained profile is calm_b32_500_wd0.3_rm1.
+# make_tiny's trained profile is PROFILE.
+PROFILE = "calm_b32_500_wd0.3_rm1"
 BASE_TASK = {"tokens": 512, "lag": 2, "seed": 1, "steps": 600, "batch": 8, "length": 384, "lr": 3e-3}
 RECIPES = {
     "calm_b32_500_wd0.3_rm1": ("calm", {"batch": 32, "steps": 500, "weight_decay": 0.3, "router_margin": 1.0}),
@@ -119,6 +120,10 @@ COLUMNS = ["recipe", "init", "steps", "batch", "lr", "weight_decay", "router_mar
            "fp8_routing_flips", "tap_rel_err", "card", "call"]
 
 
+SERVED = ["checkpoint", "tokens_match", "tokens_total", "truth_min_margin", "probe_max_abs_err", "probe_err_truth",
+          "probe_ref_err", "radix_hit_score_gap", "prefix_hit_score_gap", "cached_equals_cold"]
+
+
 def collect(call_dirs: list[Path], results: Path = RESULTS) -> dict:
     """Merge the rows of device calls (each a folder of cond_*.json and env.json) into ``results`` (+ .md): a
     recipe measured again replaces its older row."""
@@ -129,6 +134,11 @@ def collect(call_dirs: list[Path], results: Path = RESULTS) -> dict:
         for f in sorted(d.glob("cond_*.json")):
             for r in json.loads(f.read_text())["rows"]:
                 by_recipe[r["recipe"]] = dict(r, card=card, call=d.name)
+        # parity.py's rows on make_tiny's trained profile, where the call ran it
+        for f in sorted(d.glob("parity*.json")):
+            for r in json.loads(f.read_text())["parity"]:
+                served = [s for s in data.get("served", []) if (s["checkpoint"], s["card"]) != (r["checkpoint"], card)]
+                data["served"] = served + [{k: r.get(k) for k in SERVED} | {"card": card, "call": d.name}]
     data["rows"] = sorted(by_recipe.values(), key=lambda r: r["fp8_probe_ref_err"])
     data["command"] = ("python3 benchmarks/served/trained_conditioning.py --only RECIPE --out $OUT/cond_RECIPE.json "
                        "(under gpu_env.py), one recipe at a time")
@@ -146,6 +156,15 @@ def collect(call_dirs: list[Path], results: Path = RESULTS) -> dict:
         flat = dict(r, **{k: r["task"].get(k) for k in ("steps", "batch", "lr", "weight_decay", "router_margin")})
         cells = [f"{flat.get(c):.4g}" if isinstance(flat.get(c), float) else str(flat.get(c, "")) for c in COLUMNS]
         lines.append("| " + " | ".join("" if c == "None" else c for c in cells) + " |")
+    if data.get("served"):
+        lines += ["", "## Served on the trained profile (parity.py, SGLang with this plugin)", "",
+                  "make_tiny's trained profile (" + PROFILE + "), served by the real `launch_server`; probe errors "
+                  "against the reference in the served dtype and against the fp32 truth, and that reference's own "
+                  "distance from the truth.", "",
+                  "| " + " | ".join(SERVED + ["card", "call"]) + " |", "|" + "---|" * (len(SERVED) + 2)]
+        for r in data["served"]:
+            lines.append("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c])
+                                           for c in SERVED + ["card", "call"]) + " |")
     results.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return data
 
