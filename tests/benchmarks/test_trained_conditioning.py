@@ -38,3 +38,12 @@ def test_collect_merges_calls_and_a_recipe_measured_again_replaces_its_row(tmp_p
     md = results.with_suffix(".md").read_text()
     assert "| y | calm | 600 | 8 | 0.003 |  | 1 |" in md and "| trained_fp8 | 48 | 48 |" in md
     assert json.loads(results.read_text()) == data
+
+
+def test_profile_recipe_is_make_tinys_trained_profile():
+    """The recipe the results call the profile is the one make_tiny trains."""
+    from sglang_ext.launch import make_tiny as mt
+
+    init, overrides = tc.RECIPES[tc.PROFILE]
+    assert dict(tc.BASE_TASK, **overrides) == mt.CHAIN_TASK
+    assert mt.INIT_PROFILES["trained"] == mt.INIT_PROFILES[init]
