@@ -197,6 +197,13 @@ class SGLangServer:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and self.proc is not None:
+            # The body failed (a request refused, a connection dropped): whether the server was still up and what it
+            # logged last go beside the failure, since its log file is per port and a later server may reuse it.
+            code = self.proc.poll()
+            state = "still running" if code is None else f"exited with {code}"
+            print(f"sglang_ext: {exc_type.__name__} while the server at {self.url} was serving; it is {state}; "
+                  f"the end of {self.log_path}:\n{self.log_tail()}", file=sys.stderr)
         try:
             self.stop()
         except ServerFailed as stop_failed:

@@ -255,3 +255,20 @@ def test_ranks_counts_the_schedulers_sglang_starts(args, ranks):
     from sglang_ext.launch import server
 
     assert server.SGLangServer("m", args).ranks() == ranks
+
+
+def test_a_failure_inside_the_server_block_reports_the_servers_state_and_log(tmp_path, capsys):
+    """A request that fails inside `with SGLangServer(...)` (today: a connection dropped mid-/generate) shows
+    whether the server was still up and the end of its log beside the failure."""
+    from sglang_ext.launch import server
+
+    srv = server.SGLangServer("/nonexistent", cpu=True, log_path=tmp_path / "server.log")
+    (tmp_path / "server.log").write_text("scheduler: started\nscheduler: Killed\n")
+    srv._log = open(tmp_path / "other.log", "w")
+    srv.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(9)"], start_new_session=True)
+    srv.proc.wait()
+    failure = ConnectionError("Remote end closed connection without response")
+    assert not srv.__exit__(ConnectionError, failure, None)  # as `with` calls it: the failure propagates
+    err = capsys.readouterr().err
+    assert "ConnectionError while the server at" in err and "it is exited with 9" in err
+    assert "scheduler: Killed" in err and srv.proc is None
