@@ -258,7 +258,7 @@ def test_ranks_counts_the_schedulers_sglang_starts(args, ranks):
 
 
 def test_a_failure_inside_the_server_block_reports_the_servers_state_and_log(tmp_path, capsys):
-    """A request that fails inside `with SGLangServer(...)` (today: a connection dropped mid-/generate) shows
+    """A request that fails inside `with SGLangServer(...)` (say, a connection dropped mid-/generate) shows
     whether the server was still up and the end of its log beside the failure."""
     from sglang_ext.launch import server
 
