@@ -62,14 +62,16 @@ def test_moe_expert_and_tensor_parallel_shards_sum_to_whole(tokens):
 
 def test_routing_softmax_runs_in_bf16_over_top_k_only():
     w = _moe_weights()
-    x = torch.randn(5, 32).bfloat16()
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(1)).bfloat16()
     w["weight"] = w["weight"] * 0.05  # logits of order 1: mass spreads beyond the top 4
     weights, ids = moe.route(x, w["weight"].bfloat16(), w["bias"].bfloat16(), 4)
     assert weights.dtype == torch.bfloat16
     # Independent: the bf16 router logits, ranked and normalised in float64.
     logits = (x.double() @ w["weight"].bfloat16().double().t() + w["bias"].bfloat16().double()).bfloat16().double()
-    order = logits.argsort(dim=-1, descending=True)[:, :4]
-    assert torch.equal(ids.sort(-1).values, order.sort(-1).values)
+    # The chosen 4 are the 4 largest; bf16 logits can tie, and either of two tied experts is a correct pick.
+    unchosen = logits.scatter(1, ids, float("-inf"))
+    assert (logits.gather(1, ids).min(-1).values >= unchosen.max(-1).values).all()
+    assert all(len(set(row.tolist())) == 4 for row in ids)
     top4 = torch.softmax(logits.gather(1, ids), dim=-1)
     over_all = torch.softmax(logits, dim=-1).gather(1, ids)
     half_ulp = top4 * 2.0 ** -8
