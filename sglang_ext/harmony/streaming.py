@@ -96,10 +96,8 @@ class OpenAIHarmonyStream:
     def finish_with(self, stop_token: int | None = None) -> None:
         """The stream ended; ``stop_token``: the stop token it matched, fed first if the ids left it out."""
         if isinstance(stop_token, int) and not isinstance(stop_token, bool) and stop_token != self.last_token:
-            self.parser.feed([stop_token])
-            self._route(self.parser.finish())
-        else:
-            self.finish()
+            self.feed([stop_token])
+        self.finish()
 
     def feed_text(self, text: str) -> None:
         """For callers that only have text (special tokens spelled out): encode, then feed."""

@@ -360,6 +360,28 @@ def test_truncated_call_is_reported_incomplete_with_its_partial_arguments():
     assert (reasoning, content) == ("", "")
 
 
+@pytest.mark.parametrize("name", ["parallel_calls", "preamble_then_call"])
+def test_stop_token_left_out_of_the_ids_ends_the_stream_as_if_fed(name):
+    # SGLang may match a stop token without putting it in output_ids; finish_with feeds it, so the
+    # last call completes (finish_reason "tool_calls") and the markup route writes its closing token.
+    ids = completion_tokens(OUTPUTS[name])
+    assert ids[-1] == CALL
+    for route in (Route(), Route(calls="markup")):
+        fed, cut = OpenAIHarmonyStream(route), OpenAIHarmonyStream(route)
+        fed.feed(ids)
+        fed.finish_with(CALL)  # already fed: nothing more
+        cut.feed(ids[:-1])
+        cut.finish_with(CALL)
+        views = [(s.take_reasoning(), s.take_content(), [(d.index, d.name, d.arguments) for d in
+                                                         s.take_tool_call_deltas()]) for s in (fed, cut)]
+        assert views[0] == views[1]
+        if route.calls == "markup":
+            assert views[1][1].endswith("<|call|>")
+        else:
+            assert cut.tool_calls and all(c.complete for c in cut.tool_calls)
+            assert cut.incomplete_tool_calls == set()
+
+
 def test_one_log_line_per_request(caplog):
     text = "<|channel|>final<|message|>a<|return|><|return|><|call|> b<|end|><|constrain|>"
     s = OpenAIHarmonyStream(request_id="req-1")
