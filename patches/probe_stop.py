@@ -145,7 +145,11 @@ def _carry_flag(server_args, cls, args):
 
 @functools.lru_cache(maxsize=1)
 def _server_thresholds_of(raw: str | None) -> dict[str, float]:
-    return json.loads(raw) if raw else {}
+    # The flag writes a checked JSON object here; a value set by other means is checked the same way.
+    try:
+        return parse_probe_stop(raw)
+    except ProbeStopSpecError as e:
+        raise ProbeStopSpecError(f"{ENV_VAR}={raw!r}: {e}") from None
 
 
 def _server_thresholds() -> dict[str, float]:

@@ -313,6 +313,21 @@ def test_probe_stop_threshold_past_floats_range_is_a_spec_error():
         parse_probe_stop({"label_3": 10**400})
 
 
+@pytest.mark.parametrize("raw, message", [('{"label_3": "0.9"}', "not a number"), ("label_3=2", "must lie in"),
+                                          ("{not json", "not a JSON object")])
+def test_server_thresholds_set_by_hand_are_checked_like_the_flag(monkeypatch, raw, message):
+    # The scheduler reads the operator's thresholds from the variable the flag writes; set by other means
+    # (the offline Engine, a wrapper), a bad value is a spec error naming the variable, not a TypeError in
+    # the scheduler's comparison.
+    from sglang_ext.patches import probe_stop
+
+    monkeypatch.setenv(probe_stop.ENV_VAR, raw)
+    with pytest.raises(probe_stop.ProbeStopSpecError, match=f"{probe_stop.ENV_VAR}=.*{message}"):
+        probe_stop._server_thresholds()
+    monkeypatch.setenv(probe_stop.ENV_VAR, '{"label_3": 0.5}')
+    assert probe_stop._server_thresholds() == {"label_3": 0.5}
+
+
 @pytest.mark.parametrize("processor", [[None], ["x", "y"], {"callable": "zz"}, 5, False],
                          ids=["list_of_null", "list", "object", "number", "false"])
 def test_custom_logit_processor_that_is_not_one_string_gets_400(unharmed, processor):
