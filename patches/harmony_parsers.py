@@ -48,7 +48,7 @@ _response_route: contextvars.ContextVar = contextvars.ContextVar("sglang_ext_har
 def _incremental() -> bool:
     try:
         return bool(get_serving().incremental_streaming_output)
-    except Exception:  # noqa: BLE001
+    except ValueError:  # SGLang's "config namespace 'serving' not published": no server in this process
         return False
 
 

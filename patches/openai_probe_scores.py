@@ -60,7 +60,7 @@ _SENT = "sglang_ext_probe_scores_sent"
 def _incremental_meta_info() -> bool:
     try:
         return bool(get_serving().incremental_streaming_output)
-    except Exception:
+    except ValueError:  # SGLang's "config namespace 'serving' not published": no server in this process
         return False
 
 
