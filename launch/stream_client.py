@@ -48,11 +48,6 @@ class LabelNotFound(ValueError):
     pass
 
 
-def top_labels(scores: dict, k: int = 2) -> str:
-    best = sorted(scores.items(), key=lambda kv: -kv[1])[:k]
-    return " ".join(f"{name}={p:.2f}" for name, p in best)
-
-
 def parse_stop(spec: str) -> dict[str, float]:
     """'label_8=0.9,label_1=0.8' -> {'label_8': 0.9, 'label_1': 0.8}; thresholds in [0, 1]."""
     out = {}

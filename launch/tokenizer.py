@@ -371,19 +371,6 @@ def harmony_env(vocab_dir):
     }
 
 
-def load_o200k_ranks(vocab_dir):
-    """``{token_bytes: rank}`` from ``vocab_dir/o200k_base.tiktoken`` (verified)."""
-    data = _read_if_valid(os.path.join(vocab_dir, O200K_FILE))
-    if data is None:
-        raise RuntimeError(f"{vocab_dir}/{O200K_FILE} missing or not sha256 {O200K_SHA256}")
-    ranks = {}
-    for line in data.splitlines():
-        if line:
-            tok, rank = line.split()
-            ranks[base64.b64decode(tok)] = int(rank)
-    return ranks
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Hugging Face tokenizer folder
 # ----------------------------------------------------------------------------------------------------------

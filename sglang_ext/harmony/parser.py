@@ -141,10 +141,6 @@ class HarmonyStreamParser:
         """"expect_start" | "header" | "content"."""
         return self._state
 
-    @property
-    def current_index(self) -> int:
-        return self._index
-
     def feed(self, token_ids) -> list:
         for t in token_ids:
             self._step(int(t))
