@@ -335,9 +335,9 @@ def qkv_config(t: int, n: int, k: int, device: torch.device, block_k: int = 64, 
 
 def qkv_tile(t: int) -> dict:
     """The q|k|v split-K GEMV's tile for T rows. H200 sweeps (benchmarks/results/probe_decode_h200*.md,
-    cold step without taps, us): 32 x 128 tiles against the 64 x 64 ones this launcher took before,
-    23.5 vs 24.2 at 1 row, 24.6 vs 30.0 at 8, 32.9 vs 37.9 at 32, 43.7 vs 51.5 at 64, 58.1 vs 69.5 at 128
-    (the old tiles at 4 programs an SM: 27 splits; at 128 rows the two sides are separate runs, since the
+    cold step without taps, us): 32 x 128 tiles against 64 x 64 ones, 23.5 vs 24.2 at 1 row, 24.6 vs
+    30.0 at 8, 32.9 vs 37.9 at 32, 43.7 vs 51.5 at 64, 58.1 vs 69.5 at 128 (the 64 x 64 tiles at 4
+    programs an SM: 27 splits; at 128 rows the two sides are separate runs, since the
     sweep had not timed this rule's 7 splits). Past 16 rows about two programs an SM (14 splits at
     32 / 64 rows, 7 at 128) beat four: each split's fp32 partials ([splits, T, N]) are written and summed
     back by one last arriver a tile, which costs more than the extra streaming programs gain once T is

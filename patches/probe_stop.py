@@ -7,10 +7,10 @@ and per request from `custom_params.probe_stop` (OpenAI extra body `custom_param
 native `sampling_params.custom_params`), as a dict `{label: threshold}`, the flag's
 string form, or a JSON object (for labels that hold `,` or `=`). The guard is the operator's:
 a request's threshold only tightens it, the lower of the two wins per label, unless the server
-was started with `--probe-stop-clients-may-loosen`. Before, a request's value replaced the
-server's, so any client could switch the operator's guard off (`{"label_8": 1.0}`, or `true`,
-which Python's `float()` read as 1.0). A threshold that is not a JSON number (`true`, a string
-in the dict form) is refused with HTTP 400 naming the field, as is a label the probe lacks.
+was started with `--probe-stop-clients-may-loosen`: a request's value replacing the server's would let
+any client switch the operator's guard off (`{"label_8": 1.0}`, or `true`, which Python's `float()`
+reads as 1.0). A threshold that is not a JSON number (`true`, a string in the dict form) is refused
+with HTTP 400 naming the field, as is a label the probe lacks.
 
 Targets
   - `ServerArgs.add_cli_args` / `ServerArgs.from_cli_args` (AFTER): the flags, parsed

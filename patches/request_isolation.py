@@ -26,12 +26,12 @@ Targets
     sampler ended the scheduler),
     and an invalid per-request
     `probe_stop` (the guard's own parser, plus its labels against the probe's, and no
-    probe loaded at all; before, unknown labels were ignored and a bad spec was found
-    only in the scheduler).
+    probe loaded at all), so a bad spec is refused before it reaches the scheduler and an
+    unknown label is not silently ignored.
   - `fastapi._compat.v2.ModelField.validate` (AROUND): SGLang's OpenAI request models run "before"
     validators that assume a JSON object (`values.get(...)` on the body, `response_format.get(...)`);
     given a JSON array body or a string `response_format` they raised an AttributeError that
-    pydantic passes through, and the client got a 500. Such a crash is now a validation error, so
+    pydantic passes through, and the client got a 500. Such a crash becomes a validation error, so
     SGLang's own handler answers 400, naming the field whose value fails its type (validated alone).
   - `sglang.srt.layers.sampler.apply_custom_logit_processor` (REPLACE): upstream's loop,
     with each processor group applied under `try`; when a group raises (or returns a
@@ -50,14 +50,14 @@ Targets
     gets a NaN row and is finished with the error and status 500 (fail closed: a
     guarded request never continues unscored). The rest of the server keeps serving.
   - `Scheduler.expert_distribution_handle` (AROUND) and the tokenizer manager's
-    `{start,stop,dump}_expert_distribution_record` (AROUND): an operator endpoint that ended
-    the scheduler from one GET on a server without `--expert-distribution-recorder-mode`
-    now answers 400 saying so, and a failure of the recorder stays in the scheduler's log.
+    `{start,stop,dump}_expert_distribution_record` (AROUND): an operator endpoint that upstream
+    lets end the scheduler from one GET on a server without `--expert-distribution-recorder-mode`
+    answers 400 saying so, and a failure of the recorder stays in the scheduler's log.
   - `OpenAIServingChat._generate_chat_stream` and
     `OpenAIServingCompletion._generate_completion_stream` (AROUND, outermost): upstream's
     chat stream catches only ValueError, so any other exception in a parser or in our
     score hooks cut the HTTP response without a word. After the first chunk such an
-    exception now ends the stream with an SSE error object carrying the message and
+    exception ends the stream with an SSE error object carrying the message and
     `data: [DONE]`, and the request is aborted in the scheduler (its KV released).
 """
 
@@ -467,7 +467,7 @@ REQUEST_LOG_LEVELS = (0, 1, 2, 3)  # RequestLogger._compute_metadata's
 def check_logging_config(tokenizer_manager, obj, *args, **kwargs):
     """/configure_logging: upstream applied the request's fields one by one and raised on the first bad
     one (a 500 for an unknown log_level, the fields before it already applied); a request_log level
-    past 3 was stored and made every later request's logging raise. All are checked first now."""
+    past 3 was stored and made every later request's logging raise. All are checked before any is applied."""
     level = getattr(obj, "log_requests_level", None)
     if level is not None and level not in REQUEST_LOG_LEVELS:
         raise RequestRejected(f"log_requests_level must be one of {list(REQUEST_LOG_LEVELS)}, got {level!r}")

@@ -64,11 +64,10 @@ ONESHOT_MAX_BATCH = 4
 # Where decode_config returns the one-shot decode instead of the split loop: (batch, keys) -> OneshotPick
 # for batch 1 .. ONESHOT_MAX_BATCH (batch 3 takes batch 4's entry), keys "short" (at most SHORT_KEYS: the
 # sliding layers), "<=8k" or ">8k" (max_context past LONG_KEYS: serving, where max_context is the model's
-# context length). A missing entry keeps the split loop's choice. Empty until the H200 sweep of the
-# one-shot variants (benchmarks/bench_sink_attention.py --decode-sweep --oneshot) names winners; then e.g.
-#   ONESHOT_PICKS = {(b, k): OneshotPick(chunk=128) for b in (1, 2, 4) for k in ("<=8k", ">8k")}
+# context length). A missing entry keeps the split loop's choice. The entries are the winners of the H200
+# sweep of the one-shot variants (benchmarks/bench_sink_attention.py --decode-sweep --oneshot).
 #
-# H200 sweep (benchmarks/results/sweeps/bench_sink_attention_decode_oneshot.md, 2026-11-30): the one-shot
+# That sweep (benchmarks/results/sweeps/bench_sink_attention_decode_oneshot.md): the one-shot
 # decode wins only by a little, and only here: batch 1 at max context <= 8k, full layers, chunk 128 / V late
 # 12.2 vs 13.1 us; sliding layers (one 128-key chunk) 3.8 vs 4.0 us (batch 1), 4.2 vs 4.4 (2), 4.8 vs 5.0
 # (4). Everywhere else the split loop is faster (batch 2-4 at 8k by 5-14 %, every 32k point); at batch 1

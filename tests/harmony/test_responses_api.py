@@ -307,7 +307,7 @@ def test_non_streamed_scores_keep_the_response_type(kind):
 
 def test_a_request_id_that_names_a_stored_response_is_refused():
     """With the response store on, upstream stored a second response with a reused request_id over the first;
-    it is a 400 now, before anything runs. A new id, or store=False, runs as before."""
+    here it is a 400, before anything runs. A new id, or store=False, runs as before."""
     class Request:
         model = "m"
         store = True

@@ -1049,7 +1049,7 @@ GPU_PREFILL_TOKENS = 8192
 def gpu_one_dot_configs():
     """mlp1's one-dot variant at 120b prefill: the two-dot row's tiles, block_m 128, 64-column
     tiles (fp32 h, quantised by mlp2), two passes of 128 W1 rows on one warpgroup (the table's
-    prefill row now)."""
+    prefill row)."""
     from dataclasses import replace
 
     mod = _kernel_module()
@@ -1060,7 +1060,7 @@ def gpu_one_dot_configs():
 
 def gpu_one_dot_vs_default(config, num_tokens=GPU_PREFILL_TOKENS, num_experts=128) -> dict:
     """`gpu_full_shapes` for the one-dot config (eager vs `moe_ref`, bits run to run, CUDA graph),
-    then the same tokens through the old two-dot prefill row: both vs `moe_ref`, and each other
+    then the same tokens through the two-dot prefill row: both vs `moe_ref`, and each other
     within the compiled bounds (wgmma's fp32 sums may run in another order per N width, which can
     flip a rare e4m3 rounding of h)."""
     mod = _kernel_module()

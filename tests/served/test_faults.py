@@ -781,7 +781,7 @@ def test_custom_logit_processor_masking_every_token_finishes_its_request(unharme
 
 def test_a_grammar_state_that_allows_no_token_ends_only_its_request(unharmed):
     """An EOS-only grammar under min_new_tokens: the grammar allows only EOS, min_new_tokens masks it, so
-    no token is left. Sampled, upstream's multinomial ended the scheduler; now the row samples uniform
+    no token is left. Sampled, upstream's multinomial ended the scheduler; here the row samples uniform
     logits, the grammar refuses the token and that request alone ends with an error."""
     for sampling in ({"top_p": 0.9}, {"temperature": 0}):
         r = post(unharmed.url, "/generate", {"text": "hi", "sampling_params": {
