@@ -38,7 +38,7 @@ from sglang.srt.utils.auth import AuthDecision
 
 import sglang_ext
 from sglang_ext.patches.probe_stop import ENV_VAR as STOP_ENV
-from sglang_ext.patches.request_isolation import _probe_labels
+from sglang_ext.patches.request_isolation import probe_labels
 from sglang_ext.patches.server_switch import ServerSwitch
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def playground_enabled() -> bool:
 def playground_info() -> dict:
     """What the page needs before its first request: the probe's labels and the operator's guard."""
     try:
-        labels = _probe_labels()
+        labels = probe_labels()
     except Exception as e:  # noqa: BLE001 - an unreadable config: the page still works, uncoloured
         logger.warning("sglang-ext: playground cannot read the probe's labels: %s", e)
         labels = None

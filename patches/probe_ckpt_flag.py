@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 FLAG = "--probe-ckpt"
 
 
-class ProbeCkptNotFound(SystemExit):
+class ProbeCkptRejected(SystemExit):
     """One-line launch failure; SystemExit so that no caller turns it into a traceback."""
 
 
@@ -50,14 +50,14 @@ def resolve_probe_ckpt(spec: str | None) -> str | None:
     if os.path.isdir(path):
         return path
     if os.path.exists(path):
-        raise ProbeCkptNotFound(f"{FLAG}: not a folder: {spec}")
+        raise ProbeCkptRejected(f"{FLAG}: not a folder: {spec}")
     looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
     if not looks_like_hub_id:
-        raise ProbeCkptNotFound(f"{FLAG}: no such file or directory: {spec}")
+        raise ProbeCkptRejected(f"{FLAG}: no such file or directory: {spec}")
     try:
         return resolve_probe_path(spec)
     except ProbeCheckpointError as e:
-        raise ProbeCkptNotFound(str(e)) from None
+        raise ProbeCkptRejected(str(e)) from None
 
 
 def validate_probe_for_model(folder: str, args) -> None:
@@ -73,7 +73,7 @@ def validate_probe_for_model(folder: str, args) -> None:
         # finite as stored (checked on load) but past the served dtype's range, e.g. 1e5 in float16
         check_finite({k: t.to(dtype) for k, t in tensors.items()}, f"probe checkpoint {folder} cast to {dtype}")
     except ValueError as e:
-        raise ProbeCkptNotFound(f"{FLAG}: {e}") from None
+        raise ProbeCkptRejected(f"{FLAG}: {e}") from None
 
 
 def _add_flag(result, parser):

@@ -268,7 +268,8 @@ def check_batch_lengths(result, obj, *args, **kwargs):
     return result
 
 
-def _probe_labels() -> list[str] | None:
+def probe_labels() -> list[str] | None:
+    """The loaded probe's labels (from --probe-ckpt, carried in the environment), None without a probe."""
     folder = os.environ.get(PROBE_CKPT_ENV) or None
     return None if folder is None else _labels_of(folder)
 
@@ -324,7 +325,7 @@ def check_custom_params(sampling_params: dict, has_processor: bool) -> None:
     if nesting_depth(custom, CUSTOM_PARAMS_MAX_DEPTH) > CUSTOM_PARAMS_MAX_DEPTH:
         raise RequestRejected(f"custom_params nests more than {CUSTOM_PARAMS_MAX_DEPTH} levels deep")
     if "probe_stop" in custom:
-        check_probe_stop(custom["probe_stop"], _probe_labels())
+        check_probe_stop(custom["probe_stop"], probe_labels())
 
 
 def check_custom_logit_processor(serialized) -> None:
