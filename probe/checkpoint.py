@@ -173,7 +173,7 @@ def resolve_probe_path(spec: "str | os.PathLike") -> str:
     """``--probe-ckpt`` value -> a local folder: the folder itself, or a hub id's snapshot in the local cache.
 
     Never downloads: a serving process should not reach the network at startup, and the probe is small
-    enough to fetch beforehand with ``huggingface-cli download``."""
+    enough to fetch beforehand with ``hf download``."""
     spec = os.fspath(spec)
     if os.path.isdir(spec):
         return os.path.abspath(spec)
@@ -187,7 +187,7 @@ def resolve_probe_path(spec: "str | os.PathLike") -> str:
             path = None
         if path and os.path.isdir(path):
             return path
-        reason = f"looked in {cache}; fetch it first with `huggingface-cli download {spec}`"
+        reason = f"looked in {cache}; fetch it first with `hf download {spec}`"
     else:
         reason = f"{spec!r} is not a hub id of the form org/name"
     raise ProbeCheckpointError(
