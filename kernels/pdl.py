@@ -91,7 +91,7 @@ _plain_override: dict | None = None
 
 def set_pdl_plain(families) -> None:
     """Launch these kernel families plainly at every row count from now on (None: back to
-    PDL_PLAIN_FROM_ROWS); benchmarks compare sets in one process. CUDA graphs keep what they captured."""
+    PDL_PLAIN_FROM_ROWS), to compare sets in one process. CUDA graphs keep what they captured."""
     global _plain_override
     _plain_override = None if families is None else {f: 1 for f in families}
 

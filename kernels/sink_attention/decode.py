@@ -585,7 +585,7 @@ class RopeKV(NamedTuple):
     loc: torch.Tensor
 
 
-_rope_fusion_override: Optional[bool] = None  # set_rope_fusion(): benchmarks compare both in one process
+_rope_fusion_override: Optional[bool] = None  # set_rope_fusion(): tests compile and compare both in one process
 
 
 def set_rope_fusion(enabled: Optional[bool]) -> None:
