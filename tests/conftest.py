@@ -86,6 +86,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _seeded_rng(request):
+    """Each test draws from torch's, numpy's and Python's global generators seeded by its own name, so
+    what it draws does not depend on which tests ran before it on its xdist worker."""
+    import random
+    import zlib
+
+    import numpy
+    import torch
+
+    seed = zlib.crc32(request.node.nodeid.encode())
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 @pytest.fixture()
 def ext_env(monkeypatch):
     """`ext_env(name, value)` sets an SGLANG_EXT_* switch for this test (None unsets it) and makes the
