@@ -5,4 +5,4 @@
 # (the browser of the tests is not installed here: SGLANG_EXT_SETUP_BROWSER=0)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-SGLANG_EXT_SETUP_BROWSER=0 bash launch/setup.sh && exec .venv/bin/python -m sglang_ext.launch.demo "$@"
+SGLANG_EXT_SETUP_BROWSER=0 bash launch/setup.sh && exec "${SGLANG_EXT_VENV:-.venv}/bin/python" -m sglang_ext.launch.demo "$@"

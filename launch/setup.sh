@@ -35,11 +35,19 @@ fi
 
 # 1. The virtual environment.
 if [ ! -x "$VPY" ]; then
-    command -v "$PYTHON" >/dev/null || { say "error: $PYTHON not found (need Python >= 3.10)"; exit 1; }
-    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-        || { say "error: $("$PYTHON" -V 2>&1) is too old (need Python >= 3.10)"; exit 1; }
+    command -v "$PYTHON" >/dev/null || { say "error: $PYTHON not found (need Python >= 3.11)"; exit 1; }
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || { say "error: $("$PYTHON" -V 2>&1) is too old (need Python >= 3.11: sglang 0.5.23 requires it)"; exit 1; }
     say "creating $VENV with $("$PYTHON" -V 2>&1) ($(command -v "$PYTHON"))"
-    "$PYTHON" -m venv "$VENV"
+    if ! "$PYTHON" -m venv "$VENV" || ! "$VPY" -m pip --version >/dev/null 2>&1; then
+        # Debian's python3 without python3-venv leaves a venv with no pip behind: remove it, or the next run uses it
+        rm -rf "$VENV"
+        say "error: '$PYTHON -m venv' made no working venv (on Debian/Ubuntu: apt-get install python3-venv)"
+        exit 1
+    fi
+elif ! "$VPY" -m pip --version >/dev/null 2>&1; then
+    say "error: $VENV has no pip (a failed venv creation?); remove it and run again: rm -rf $VENV"
+    exit 1
 else
     say "using $VENV ($("$VPY" -V 2>&1))"
 fi

@@ -11,4 +11,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 workers="${SGLANG_EXT_TEST_WORKERS:-2}"
 if [ "$workers" != "0" ]; then export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"; fi
-bash launch/setup.sh --browser-in-background && exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"
+bash launch/setup.sh --browser-in-background && exec "${SGLANG_EXT_VENV:-.venv}/bin/python" -m pytest -q -n "$workers" --dist loadfile "$@"
