@@ -62,12 +62,21 @@ def resolve_probe_ckpt(spec: str | None) -> str | None:
 
 def validate_probe_for_model(folder: str, args) -> None:
     """Load the probe's config and tensors and check them against the base model's config."""
+    model = str(args.model_path)
+    if not os.path.isdir(os.path.expanduser(model)) and (model.startswith((".", "/", "~")) or model.count("/") != 1):
+        raise ProbeCkptRejected(f"--model-path: no such folder: {model}")
+    try:
+        # Read before SGLang checks its own arguments: a bad --model-path is named here, in one line.
+        base = AutoConfig.from_pretrained(args.model_path, revision=getattr(args, "revision", None),
+                                          trust_remote_code=bool(getattr(args, "trust_remote_code", False)))
+    except Exception as e:  # OSError (no such folder or hub id), ValueError (an unknown model type), ...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ProbeCkptRejected(f"--model-path {model}: cannot read its config ({first})") from None
     try:
         cfg, tensors = load_probe_checkpoint(folder)
-        base = AutoConfig.from_pretrained(args.model_path, revision=getattr(args, "revision", None))
         dtype_name = getattr(args, "dtype", "auto")
         if dtype_name in (None, "auto"):
-            dtype_name = str(getattr(base, "torch_dtype", None) or getattr(base, "dtype", None) or "bfloat16")
+            dtype_name = str(getattr(base, "dtype", None) or "bfloat16")
         dtype = getattr(torch, dtype_name.replace("torch.", ""), torch.bfloat16)
         validate_against_base(cfg, base, dtype)
         # finite as stored (checked on load) but past the served dtype's range, e.g. 1e5 in float16
@@ -84,9 +93,9 @@ def _add_flag(result, parser):
         type=str,
         default=None,
         metavar="PATH",
-        help="SingProbe checkpoint folder (config.json + model.safetensors) whose "
-        "per-token safety scores are returned with every generated token "
-        "(sglang-ext). Omit it to serve exactly as upstream SGLang.",
+        help="SingProbe checkpoint folder (config.json + model.safetensors), or a hub id already in the "
+        "local Hugging Face cache, whose per-token safety scores are returned with every generated token "
+        "(sglang-ext). Omit it to serve without the probe.",
     )
 
 

@@ -118,7 +118,8 @@ def _add_flag(result, parser):
         FLAG, type=str, default=None, metavar="LABEL=P,...",
         help="Stop a request with finish_reason content_filter when its SingProbe score for a "
         "label exceeds the threshold, e.g. label_8=0.9,label_1=0.8, or a JSON object (needs --probe-ckpt; "
-        "sglang-ext). A request's own custom_params.probe_stop may only lower these thresholds.")
+        "sglang-ext). A request's own custom_params.probe_stop may only lower these thresholds (unless "
+        "--probe-stop-clients-may-loosen).")
 
 
 def _carry_flag(server_args, cls, args):
@@ -129,8 +130,8 @@ def _carry_flag(server_args, cls, args):
         return server_args
     try:
         thresholds = parse_probe_stop(spec)
-    except ProbeStopSpecError as e:
-        raise SystemExit(f"{FLAG}: {e}") from None
+    except ProbeStopSpecError as e:  # its messages start "probe_stop: ", the request field's name
+        raise SystemExit(f"{FLAG}: {str(e).removeprefix('probe_stop: ')}") from None
     probe = getattr(server_args, PROBE_ATTR, None)
     if probe is None:
         raise SystemExit(f"{FLAG} needs --probe-ckpt")

@@ -43,6 +43,26 @@ def test_missing_probe_ckpt_fails_fast_with_one_line(tiny_checkpoints, tmp_path)
     print(f"failed after {time.time() - t0:.1f} s")
 
 
+def test_probe_ckpt_with_a_missing_model_path_fails_with_one_line(tiny_checkpoints, tmp_path):
+    # The probe is checked against the model's config before SGLang reads --model-path itself.
+    from sglang_ext.launch.make_tiny_probe import generate
+
+    tiny_probe = generate(str(tiny_checkpoints["fp32"].parent / "probe"), base_dir=str(tiny_checkpoints["fp32"]),
+                          log=lambda *_: None)
+    missing = tmp_path / "no-such-model"
+    out = run(["--model-path", str(missing), "--device", "cpu", "--probe-ckpt", str(tiny_probe)])
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == f"--model-path: no such folder: {missing}"
+    assert "Traceback" not in out.stderr
+    not_gpt_oss = tmp_path / "not-a-model"
+    not_gpt_oss.mkdir()
+    (not_gpt_oss / "config.json").write_text('{"model_type": "no-such-type"}')
+    out = run(["--model-path", str(not_gpt_oss), "--device", "cpu", "--probe-ckpt", str(tiny_probe)])
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and last.startswith(f"--model-path {not_gpt_oss}: cannot read its config (")
+    assert "Traceback" not in out.stderr
+
+
 def test_wrong_sglang_version_fails_with_one_line():
     fake = (
         "import importlib.metadata as md\n"

@@ -451,6 +451,7 @@ def test_server_wide_probe_stop_flag_is_checked_at_launch(spec, expected, tiny_c
     with pytest.raises(SystemExit) as stop:
         prepare_server_args(argv)
     assert str(stop.value).startswith("--probe-stop") and expected in str(stop.value)
+    assert "probe_stop:" not in str(stop.value)  # one prefix, the flag's
 
 
 # -- Harmony end to end on the same server ----------------------------------------------------
