@@ -572,7 +572,11 @@ def main(argv=None) -> int:
     ckpt = tiny_root / "bf16"
     existed = is_current(str(ckpt))
     t = time.perf_counter()
-    vocab_dir = ensure_o200k_vocab()
+    try:
+        vocab_dir = ensure_o200k_vocab()
+    except RuntimeError as e:  # no cached copy and no package index reachable: its message says where it looked
+        print(f"\nERROR: {e}", file=sys.stderr)
+        return 1
     generate(str(tiny_root), variants=("bf16",), log=lambda m: print("  " + m))
     print(f"  vocabulary (o200k, offline): {vocab_dir}")
     print(f"  checkpoint: {ckpt}  ({'reused' if existed else 'generated'}, {time.perf_counter() - t:.1f} s)")

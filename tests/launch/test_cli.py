@@ -121,6 +121,21 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux only")
+def test_demo_without_a_vocabulary_stops_with_one_line(monkeypatch, capsys):
+    """No cached o200k vocabulary and no package index: the demo says so in one line, no traceback."""
+    from sglang_ext.launch import demo, tokenizer
+
+    message = "o200k vocabulary: not cached in /x and no package index reachable"
+
+    def offline():
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(tokenizer, "ensure_o200k_vocab", offline)
+    assert demo.main(["--no-probe"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"ERROR: {message}" and "Traceback" not in err
+
+
 def test_demo_start_keeps_the_server_it_spawned(tmp_path):
     """The parent-death signal follows the thread that spawned the server: the demo's start_with_progress must
     spawn it from the calling thread. (Spawned from a progress helper thread, the demo's server got SIGKILL as
