@@ -99,7 +99,9 @@ class SGLangServer:
         self.ready_path = ready_path  # answers 200 once the server serves (a test of a failing one picks another)
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path,
+        # -P: the checkout's top-level `kernels/` (our sources, installed as sglang_ext.kernels) must not hide
+        # the PyPI `kernels` package SGLang loads FA3 through when the server starts from the checkout root.
+        cmd = [sys.executable, "-P", "-m", "sglang.launch_server", "--model-path", self.model_path,
                "--host", "127.0.0.1", "--port", str(self.port)]
         if self.cpu:
             # --sleep-on-idle: an idle scheduler otherwise spins a whole core polling.
