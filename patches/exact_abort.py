@@ -19,10 +19,20 @@ receiver's `abort_waiting_requests`, each upstream's own source with every
 module's namespace (line numbers kept). The count of such matches is pinned per function: an
 SGLang whose source differs stops the plugin's load with a message rather than serving prefix
 aborts. Not patched: the dLLM queue (`dllm_manager.pop_aborted_reqs`), which gpt-oss never uses.
+
+An abort also names only the request that owns the rid now. A client may choose its rid, and SGLang
+0.5.23's tokenizer manager aborted whatever request held a rid, whoever started it: a stream refused as
+a duplicate of another tenant's running rid, or any stream that ended less than two seconds before its
+client reused the rid, ended that other request two seconds later (`create_abort_task`, the disconnect
+abort of every streamed endpoint). `owns(obj, state)` holds when the tokenizer manager registered the
+state for that request object (itself, or one of the sub-requests of a batch or n > 1 request, which
+`obj[i]` caches): `TokenizerManager.create_abort_task` (REPLACE) and our own error-path aborts
+(`request_isolation._stream_failing_alone`, the Responses API's) abort through it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import re
@@ -69,7 +79,43 @@ def exact_match_function(module_name: str, qualname: str, expected: int):
     return replacement
 
 
+def rids_of(obj) -> list[str]:
+    rid = getattr(obj, "rid", None)
+    return [r for r in (rid if isinstance(rid, list) else [rid]) if r]
+
+
+def owns(obj, state) -> bool:
+    """Whether the tokenizer manager's request `state` was registered for request `obj`, not for another
+    request under the same rid."""
+    if state is None:
+        return False
+    return state.obj is obj or any(state.obj is sub for sub in obj.__dict__.get("_sub_obj_cache", {}).values())
+
+
+def abort_owned(tokenizer_manager, obj) -> list[str]:
+    """Abort each of `obj`'s rids that its own request still holds; returns those aborted."""
+    aborted = [rid for rid in rids_of(obj) if owns(obj, tokenizer_manager.rid_to_state.get(rid))]
+    for rid in aborted:
+        tokenizer_manager.abort_request(rid)
+    return aborted
+
+
+def create_abort_task(self, obj):
+    """Upstream's disconnect abort (two seconds after a streamed response ends), of `obj`'s own requests only."""
+    from fastapi import BackgroundTasks  # as upstream
+
+    async def abort_request():
+        await asyncio.sleep(2)
+        abort_owned(self, obj)
+
+    background_tasks = BackgroundTasks()
+    background_tasks.add_task(abort_request)
+    return background_tasks
+
+
 def register() -> None:
     for module_name, qualname, expected in TARGETS:
         HookRegistry.register(f"{module_name}.{qualname}", exact_match_function(module_name, qualname, expected),
                               HookType.REPLACE)
+    HookRegistry.register("sglang.srt.managers.tokenizer_manager.TokenizerManager.create_abort_task",
+                          create_abort_task, HookType.REPLACE)

@@ -144,7 +144,7 @@ async def _generate_request_recording_scores(original, self, obj, *args, **kwarg
     record = record_of(obj)
     turn = None
     if record is not None:
-        turn = record.new_turn()
+        turn = record.new_turn(obj)
         with_processor(obj, record)
     native = getattr(obj, "__dict__", {}).get(_NATIVE_STREAM, False) and not _incremental_meta_info()
     sent: dict[int, int] = {}

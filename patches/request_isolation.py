@@ -80,6 +80,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.runtime_context import get_exec
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
+from sglang_ext.patches.exact_abort import abort_owned
 from sglang_ext.patches.probe_stop import ProbeStopSpecError, agreed_score_rows, parse_probe_stop, row_unscored
 from sglang_ext.probe.checkpoint import ENV_VAR as PROBE_CKPT_ENV
 from sglang_ext.probe.config import ProbeConfig
@@ -646,11 +647,6 @@ def _finish_unscored(processor, batch, result, *args, **kwargs):
 # -- OpenAI streams (HTTP process) ---------------------------------------------------------
 
 
-def _rids(adapted_request) -> list[str]:
-    rid = getattr(adapted_request, "rid", None)
-    return [r for r in (rid if isinstance(rid, list) else [rid]) if r]
-
-
 async def _stream_failing_alone(original, serving, adapted_request, *args, **kwargs):
     stream = original(serving, adapted_request, *args, **kwargs)
     started = False
@@ -663,8 +659,7 @@ async def _stream_failing_alone(original, serving, adapted_request, *args, **kwa
             raise  # upstream answers with an error response before any byte is sent
         message = f"stream failed: {type(e).__name__}: {e}"
         logger.exception("sglang-ext: %s; only this request stops", message)
-        for rid in _rids(adapted_request):
-            serving.tokenizer_manager.abort_request(rid)
+        abort_owned(serving.tokenizer_manager, adapted_request)
         error = serving.create_streaming_error_response(message, err_type="InternalServerError",
                                                         status_code=500)
         yield f"data: {error}\n\n"

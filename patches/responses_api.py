@@ -67,6 +67,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.runtime_context import get_exec
 
 from sglang_ext.harmony.encoding import render_for_completion_linear
+from sglang_ext.patches.exact_abort import abort_owned
 from sglang_ext.patches.request_isolation import (RequestRejected, check_custom_logit_processor,
                                                   check_custom_params)
 from sglang_ext.probe import SCORES_KEY, json_scores
@@ -94,9 +95,11 @@ class ResponseRecord:
         self.extras = extras or {}
         self.scores: list = []
         self.finish_reason: Any = None
+        self.requests: list = []  # each turn's GenerateReqInput: what an abort of this response may end
 
-    def new_turn(self) -> int:
-        """A generation turn starts: its handle for `update` is where its scores begin."""
+    def new_turn(self, obj) -> int:
+        """A generation turn (engine request `obj`) starts: its handle for `update` is where its scores begin."""
+        self.requests.append(obj)
         return len(self.scores)
 
     def update(self, turn: int, meta: dict, incremental: bool) -> None:
@@ -184,7 +187,8 @@ async def _stream_with_scores(serving, events, record: ResponseRecord):
         logger.exception("sglang-ext: /v1/responses stream %s failed: %s; only this request stops", record.rid,
                          message)
         try:
-            serving.tokenizer_manager.abort_request(record.rid)
+            for obj in record.requests:  # not a request of another client that holds the same rid
+                abort_owned(serving.tokenizer_manager, obj)
         except Exception as abort_failed:  # the error event still goes out
             logger.warning("sglang-ext: aborting %s failed: %s", record.rid, abort_failed)
         code = "invalid_request_error" if isinstance(e, ValueError) else "server_error"

@@ -12,6 +12,7 @@ details; NaN rows as JSON null; the streaming context's usage across a built-in 
 import asyncio
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -41,6 +42,8 @@ class Serving:
     aborted: list = []
 
     class tokenizer_manager:  # noqa: N801
+        rid_to_state: dict = {}
+
         @staticmethod
         def abort_request(rid):
             Serving.aborted.append(rid)
@@ -58,7 +61,7 @@ def run_stream(script, finish_reason=None):
         turn = None
         for delivered, event in script:
             if delivered == "turn":
-                turn = record.new_turn()
+                turn = record.new_turn(None)
                 continue
             record.update(turn, {SCORES_KEY: [score(i) for i in delivered]}, incremental=False)
             if event is not None:
@@ -124,18 +127,24 @@ def test_an_exception_inside_the_stream_ends_it_with_an_error_event_and_aborts_t
                 raise ValueError("Harmony rewrote previously emitted tool input")
             return sse("response.output_text.delta", delta="a", sequence_number=self.sent + 4)
 
-    Serving.aborted.clear()
-    record = responses_api.ResponseRecord("resp_boom")
+    # The stream's own engine request holds the rid, then another client's does (a duplicate request_id,
+    # refused before this stream registered any): only the first is aborted.
+    own, other = SimpleNamespace(rid="resp_boom"), SimpleNamespace(rid="resp_boom")
+    for holder, aborted in ((own, ["resp_boom"]), (other, [])):
+        Serving.aborted.clear()
+        Serving.tokenizer_manager.rid_to_state = {"resp_boom": SimpleNamespace(obj=holder)}
+        record = responses_api.ResponseRecord("resp_boom")
+        record.new_turn(own)
 
-    async def collect():
-        return [e async for e in responses_api._stream_with_scores(Serving(), Boom(), record)]
+        async def collect():
+            return [e async for e in responses_api._stream_with_scores(Serving(), Boom(), record)]
 
-    out = asyncio.run(collect())
-    assert len(out) == 3 and out[-1].startswith("event: error\n")
-    error = strict_json(out[-1].split("data: ", 1)[1])
-    assert error == {"type": "error", "code": "invalid_request_error", "param": None, "sequence_number": 7,
-                     "message": "ValueError: Harmony rewrote previously emitted tool input"}
-    assert Serving.aborted == ["resp_boom"]
+        out = asyncio.run(collect())
+        assert len(out) == 3 and out[-1].startswith("event: error\n")
+        error = strict_json(out[-1].split("data: ", 1)[1])
+        assert error == {"type": "error", "code": "invalid_request_error", "param": None, "sequence_number": 7,
+                         "message": "ValueError: Harmony rewrote previously emitted tool input"}
+        assert Serving.aborted == aborted
 
 
 def test_the_guard_stop_is_incomplete_with_its_details_and_ends_the_tool_loop():
@@ -178,12 +187,12 @@ def test_the_guard_stop_is_incomplete_with_its_details_and_ends_the_tool_loop():
 def test_record_turns_both_streaming_modes_and_sticky_guard():
     for incremental in (False, True):
         record = responses_api.ResponseRecord("r")
-        turn = record.new_turn()
+        turn = record.new_turn(None)
         so_far = []
         for chunk in ([0, 1], [2], [3, 4, 5]):
             so_far += chunk
             record.update(turn, {SCORES_KEY: [score(i) for i in (chunk if incremental else so_far)]}, incremental)
-        turn2 = record.new_turn()  # a built-in tool's next turn: its cumulative scores start again
+        turn2 = record.new_turn(None)  # a built-in tool's next turn: its cumulative scores start again
         record.update(turn2, {SCORES_KEY: [score(9)]}, incremental)
         record.update(turn2, {SCORES_KEY: [score(8)] if incremental else [score(9), score(8)]}, incremental)
         assert record.scores == [score(i) for i in (0, 1, 2, 3, 4, 5, 9, 8)]
@@ -221,7 +230,7 @@ def test_only_the_requests_own_engine_calls_fill_its_record():
 def test_non_finite_scores_are_json_null():
     bad = [{"label_0": math.nan, "label_1": 0.5}, {"label_0": math.inf, "label_1": 0.25}]
     record = responses_api.ResponseRecord("r")
-    record.update(record.new_turn(), {SCORES_KEY: bad}, False)
+    record.update(record.new_turn(None), {SCORES_KEY: bad}, False)
     event, attached = responses_api._event_with(
         sse("response.completed", response={"status": "completed"}), bad, record)
     payload = strict_json(event.split("data: ", 1)[1])

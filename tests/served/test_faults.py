@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:  # `pytest` without `python -m`: benchmarks/ is a folder of the repo, not installed
     sys.path.insert(0, ROOT)
 
-from benchmarks.bench_load import LEAK_MARKERS, pool_tokens_after_flush, run_load, wait_idle
+from benchmarks.bench_load import LEAK_MARKERS, pool_tokens_after_flush, run_load, server_load, wait_idle
 from sglang_ext.launch.make_tiny import random_prompt
 from sglang_ext.launch.server import SGLangServer, free_port, has_cuda_driver
 
@@ -875,10 +875,46 @@ def test_a_dropped_stream_ends_only_its_own_request(unharmed):
     dropped.start()
     assert dropped.ended.wait(120)
     time.sleep(4.0)  # the disconnect abort fires 2 s after the drop
+    assert server_load(url)["num_running_reqs"] == len(others)  # the dropped one's own request is gone
     for stream in others:
         assert not stream.ended.is_set(), f"{stream.rid} ended with {stream.finish()}"
         _abort(url, stream.rid)
         assert stream.ended.wait(60) and stream.finish() == "abort"
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/responses"])
+def test_a_stream_refused_as_a_duplicate_rid_leaves_the_rids_owner_running(unharmed, path):
+    """Upstream: a stream that reused a running request's rid was refused as a duplicate, and then ended that
+    other request (the disconnect abort two seconds after the refused stream closed; at once on /v1/responses,
+    whose error path aborted by rid)."""
+    url = unharmed.url
+    owner = Stream(url, f"dup-owner{path.replace('/', '-')}")
+    owner.start()
+    assert owner.first.wait(120)
+    body = ({"input_ids": BASELINE_PROMPT, "rid": owner.rid, "stream": True, "sampling_params": {"max_new_tokens": 4}}
+            if path == "/generate" else {"input": "hi", "max_output_tokens": 4, "request_id": owner.rid, "stream": True})
+    r = post(url, path, body)
+    assert "Duplicate request ID" in r.text, r.text[:300]
+    time.sleep(4.0)  # past the disconnect abort's two seconds
+    assert not owner.ended.is_set(), f"{owner.rid} ended with {owner.finish()}"
+    _abort(url, owner.rid)
+    assert owner.ended.wait(60) and owner.finish() == "abort"
+
+
+def test_a_rid_reused_right_after_its_stream_ended_runs_to_its_end(unharmed):
+    """Upstream's disconnect abort fires two seconds after a stream closes and ended whatever request held the
+    rid by then: a client reusing its rid at once (a retry with a fixed id) saw the new request aborted."""
+    url = unharmed.url
+    first = Stream(url, "reused-rid", n=2)
+    first.start()
+    assert first.ended.wait(120) and first.finish() == "length"
+    again = Stream(url, "reused-rid")
+    again.start()
+    assert again.first.wait(120)
+    time.sleep(4.0)
+    assert not again.ended.is_set(), f"ended with {again.finish()}"
+    _abort(url, again.rid)
+    assert again.ended.wait(60) and again.finish() == "abort"
 
 
 U2028 = 51008  # o200k_harmony's token for U+2028 LINE SEPARATOR alone
