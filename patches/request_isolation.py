@@ -63,6 +63,7 @@ Targets
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -380,14 +381,36 @@ def _fields_that_do_not_validate(model, body: dict) -> list[str]:
     return bad
 
 
+@functools.lru_cache(maxsize=1)
+def _vertex_request() -> tuple[type, frozenset]:
+    """/vertex_generate's body model, and the keys its `parameters` may hold: its handler passes them as
+    keywords to GenerateReqInput beside the prompt it builds itself."""
+    from sglang.srt.managers.io_struct import GenerateReqInput, VertexGenerateReqInput
+
+    prompt = {"text", "input_ids", "input_embeds", "image_data"}
+    return VertexGenerateReqInput, frozenset(f.name for f in dataclasses.fields(GenerateReqInput) if f.init) - prompt
+
+
+def _vertex_parameters_unknown(model, value) -> str | None:
+    vertex, names = _vertex_request()
+    if model is not vertex or not isinstance(value, dict) or not isinstance(value.get("parameters"), dict):
+        return None
+    unknown = sorted(set(value["parameters"]) - names)
+    return f"parameters: unknown field(s) {unknown}" if unknown else None
+
+
 def _body_validator_crash_is_400(original, field, value, *args, **kwargs):
     """FastAPI's ModelField.validate (AROUND): a crash inside a request model's validator becomes a
-    validation error (SGLang's handler answers 400) naming the body's problem instead of a 500."""
+    validation error (SGLang's handler answers 400) naming the body's problem instead of a 500; so does
+    a /vertex_generate `parameters` key that its handler's GenerateReqInput(**parameters) has no field for."""
+    loc = kwargs.get("loc", ())
+    model = getattr(field.field_info, "annotation", None)
+    unknown = _vertex_parameters_unknown(model, value)
+    if unknown is not None:
+        return None, [{"type": "value_error", "loc": tuple(loc), "msg": unknown, "input": value}]
     try:
         return original(field, value, *args, **kwargs)
     except _VALIDATOR_CRASHES as e:
-        loc = kwargs.get("loc", ())
-        model = getattr(field.field_info, "annotation", None)
         if not isinstance(value, dict):
             msg = f"the request body must be a JSON object, got {type(value).__name__}"
         else:

@@ -492,6 +492,10 @@ UPSTREAM_500S = {
         "sampling_params": {"max_new_tokens": "8"}}}, "wrong type"),
     "vertex_temperature_string": ("/vertex_generate", {"instances": [{"text": "a"}], "parameters": {
         "sampling_params": {"max_new_tokens": 2, "temperature": "x"}}}, "wrong type"),
+    "vertex_unknown_parameter": ("/vertex_generate", {"instances": [{"text": "a"}], "parameters": {
+        "max_new_tokens": 8, "sampling_params": {"max_new_tokens": 2}}}, "unknown field(s) ['max_new_tokens']"),
+    "vertex_prompt_in_parameters": ("/vertex_generate", {"instances": [{"text": "a"}], "parameters": {
+        "text": "b"}}, "unknown field(s) ['text']"),
     # found by fuzzing the request bodies
     "chat_template_kwargs_messages": ("/v1/chat/completions", {
         "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
