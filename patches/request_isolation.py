@@ -33,6 +33,10 @@ Targets
     given a JSON array body or a string `response_format` they raised an AttributeError that
     pydantic passes through, and the client got a 500. Such a crash becomes a validation error, so
     SGLang's own handler answers 400, naming the field whose value fails its type (validated alone).
+    The same hook answers 400 for fields the models would drop without a word where a client may have
+    meant a guard threshold (`custom_params` at the top of a /generate body, `extra_body` or
+    `sampling_params` in an OpenAI body), and for /vertex_generate `parameters` that its handler's
+    `GenerateReqInput(**parameters)` has no field for (a TypeError, a 500).
   - `sglang.srt.layers.sampler.apply_custom_logit_processor` (REPLACE): upstream's loop,
     with each processor group applied under `try`; when a group raises (or returns a
     tensor of the wrong shape), its rows are retried one by one so only the rows that
@@ -382,32 +386,45 @@ def _fields_that_do_not_validate(model, body: dict) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _vertex_request() -> tuple[type, frozenset]:
-    """/vertex_generate's body model, and the keys its `parameters` may hold: its handler passes them as
-    keywords to GenerateReqInput beside the prompt it builds itself."""
+def _checked_bodies() -> tuple[type, frozenset, dict]:
+    """/vertex_generate's body model and the keys its `parameters` may hold (its handler passes them as
+    keywords to GenerateReqInput beside the prompt it builds itself); and per body model, the fields
+    clients put in the wrong place, which the model would drop without a word: a guard threshold sent
+    there would never apply."""
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
     from sglang.srt.managers.io_struct import GenerateReqInput, VertexGenerateReqInput
 
     prompt = {"text", "input_ids", "input_embeds", "image_data"}
-    return VertexGenerateReqInput, frozenset(f.name for f in dataclasses.fields(GenerateReqInput) if f.init) - prompt
+    vertex_names = frozenset(f.name for f in dataclasses.fields(GenerateReqInput) if f.init) - prompt
+    openai = {"extra_body": "the OpenAI SDK's extra_body argument: send its keys at the top level of the body",
+              "sampling_params": "a /generate field: OpenAI requests take sampling fields and custom_params "
+                                 "at the top level"}
+    misplaced = {GenerateReqInput: {"custom_params": "on /generate it goes in sampling_params.custom_params"},
+                 ChatCompletionRequest: openai, CompletionRequest: openai}
+    return VertexGenerateReqInput, vertex_names, misplaced
 
 
-def _vertex_parameters_unknown(model, value) -> str | None:
-    vertex, names = _vertex_request()
-    if model is not vertex or not isinstance(value, dict) or not isinstance(value.get("parameters"), dict):
+def _body_problem(model, value) -> str | None:
+    if not isinstance(value, dict):
         return None
-    unknown = sorted(set(value["parameters"]) - names)
-    return f"parameters: unknown field(s) {unknown}" if unknown else None
+    vertex, vertex_names, misplaced = _checked_bodies()
+    if model is vertex and isinstance(value.get("parameters"), dict):
+        unknown = sorted(set(value["parameters"]) - vertex_names)
+        return f"parameters: unknown field(s) {unknown}" if unknown else None
+    wrong = [f"{key}: {why}" for key, why in misplaced.get(model, {}).items() if key in value]
+    return "; ".join(wrong) or None
 
 
 def _body_validator_crash_is_400(original, field, value, *args, **kwargs):
     """FastAPI's ModelField.validate (AROUND): a crash inside a request model's validator becomes a
-    validation error (SGLang's handler answers 400) naming the body's problem instead of a 500; so does
-    a /vertex_generate `parameters` key that its handler's GenerateReqInput(**parameters) has no field for."""
+    validation error (SGLang's handler answers 400) naming the body's problem instead of a 500; so do
+    a /vertex_generate `parameters` key that its handler's GenerateReqInput(**parameters) has no field for,
+    and a field sent where the model drops it (`_checked_bodies`)."""
     loc = kwargs.get("loc", ())
     model = getattr(field.field_info, "annotation", None)
-    unknown = _vertex_parameters_unknown(model, value)
-    if unknown is not None:
-        return None, [{"type": "value_error", "loc": tuple(loc), "msg": unknown, "input": value}]
+    problem = _body_problem(model, value)
+    if problem is not None:
+        return None, [{"type": "value_error", "loc": tuple(loc), "msg": problem, "input": value}]
     try:
         return original(field, value, *args, **kwargs)
     except _VALIDATOR_CRASHES as e:

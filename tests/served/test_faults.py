@@ -562,6 +562,29 @@ def test_requests_upstream_answered_500_get_400(unharmed, case):
     assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
 
 
+# Fields the request models dropped without a word (a 200 as if they were not sent): a guard threshold put
+# there never applied.
+DROPPED_FIELDS = {
+    "generate_custom_params_at_top": ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2},
+                                                    "custom_params": {"probe_stop": {"label_8": 0.0}}},
+                                      "custom_params: on /generate it goes in sampling_params.custom_params"),
+    "chat_extra_body": ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 2,
+                                                 "extra_body": {"custom_params": {"probe_stop": {"label_8": 0.0}}}},
+                        "extra_body: the OpenAI SDK's extra_body argument"),
+    "completion_sampling_params": ("/v1/completions", {"model": "default", "prompt": "hi", "max_tokens": 2,
+                                                       "sampling_params": {"custom_params": {}}},
+                                   "sampling_params: a /generate field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DROPPED_FIELDS))
+def test_a_field_the_body_would_drop_gets_400(unharmed, case):
+    path, body, message = DROPPED_FIELDS[case]
+    r = post(unharmed.url, path, body)
+    assert r.status_code == 400 and message in r.text, (r.status_code, r.text[:300])
+
+
 # Upstream 400s whose message named something the client never sent (found by fuzzing).
 MISLEADING_400S = {
     # was " None" (openai-harmony's NotImplementedError on a dict output)
