@@ -1105,9 +1105,10 @@ def test_exception_inside_an_openai_stream_ends_it_with_an_error_event():
     from sglang_ext.patches import request_isolation as iso
 
     aborted = []
+    request = SimpleNamespace(rid="r7")
 
     class Serving:
-        tokenizer_manager = SimpleNamespace(abort_request=aborted.append)
+        tokenizer_manager = SimpleNamespace(abort_request=aborted.append, rid_to_state={})
 
         @staticmethod
         def create_streaming_error_response(message, err_type, status_code):
@@ -1118,12 +1119,16 @@ def test_exception_inside_an_openai_stream_ends_it_with_an_error_event():
         raise KeyError("channel")
 
     async def collect():
-        return [c async for c in iso._stream_failing_alone(parser_blows_up, Serving(), SimpleNamespace(rid="r7"))]
+        return [c async for c in iso._stream_failing_alone(parser_blows_up, Serving(), request)]
 
-    chunks = asyncio.run(collect())
-    assert chunks[0].startswith("data: {\"choices\"") and chunks[-1] == "data: [DONE]\n\n"
-    error = json.loads(chunks[1][len("data: "):])["error"]
-    assert error["code"] == 500 and "KeyError" in error["message"] and aborted == ["r7"]
+    # The rid held by this stream's own request, then by another client's: only the first is aborted.
+    for holder, want in ((request, ["r7"]), (SimpleNamespace(rid="r7"), [])):
+        aborted.clear()
+        Serving.tokenizer_manager.rid_to_state = {"r7": SimpleNamespace(obj=holder)}
+        chunks = asyncio.run(collect())
+        assert chunks[0].startswith("data: {\"choices\"") and chunks[-1] == "data: [DONE]\n\n"
+        error = json.loads(chunks[1][len("data: "):])["error"]
+        assert error["code"] == 500 and "KeyError" in error["message"] and aborted == want
 
 
 # -- the process dies: clients get a clean error, a restarted server serves again --------------
