@@ -120,7 +120,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux only")
 def test_demo_without_a_vocabulary_stops_with_one_line(monkeypatch, capsys):
     """No cached o200k vocabulary and no package index: the demo says so in one line, no traceback."""
     from sglang_ext.launch import demo, tokenizer
@@ -136,6 +135,7 @@ def test_demo_without_a_vocabulary_stops_with_one_line(monkeypatch, capsys):
     assert err.strip().splitlines()[-1] == f"ERROR: {message}" and "Traceback" not in err
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux only")
 def test_demo_start_keeps_the_server_it_spawned(tmp_path):
     """The parent-death signal follows the thread that spawned the server: the demo's start_with_progress must
     spawn it from the calling thread. (Spawned from a progress helper thread, the demo's server got SIGKILL as
